@@ -1,0 +1,562 @@
+"""Simulated GPUs: a node described by a scenario, with faults injectable by name.
+
+The node's state lives in one JSON state file so that separate processes (SSH sessions, Ansible
+modules, resets) see and change the same node. Every write goes to a temporary file in the
+same folder and is renamed over the old one, so a reader never sees half a file; writers are
+serialised with ``fcntl.flock`` on a side lock file.
+
+Two kinds of fault:
+- *settings* (``power-cap-drift``, ``persistence-off``, ``mig-drift``, ``driver-drift``,
+  ``vbios-drift``) change a stored value, as an operator or a bad package would. Clearing one
+  restores the value it replaced; the agent's setters (power cap, persistence, MIG) overwrite
+  the value and so also retire the fault.
+- *conditions* (ECC, remaps, PCIe, NVLink, XIDs, thermal, power brake, a missing GPU, a stray
+  process) are overlaid on the stored values each time a snapshot is taken; counters that
+  should grow (SBE storm, PCIe replays, NVLink CRC) grow with the time since injection.
+
+The default scenario is an 8x H200 HGX node modelled on the capture in
+``shared/reference/h200``: same driver, VBIOS, InfoROM, limits and value shapes, with 18
+NVLinks per GPU through NVSwitch.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from fleetops import model
+from fleetops.gpu import throttle
+
+STATE_ENV = "FLEETOPS_SIM_STATE"
+STATE_VERSION = 1
+
+# Real HGX H100/H200 baseboards enumerate their eight GPUs on these buses.
+HGX_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+DEFAULT_NODE: dict[str, Any] = {
+    "kernel": "6.8.0-49-generic",
+    "os": "Ubuntu 24.04.1 LTS",
+    "driver_version": "580.159.04",
+    "cuda_driver_version": "13.0",
+    "nvml_version": "13.580.159.04",
+    "services": {"nvidia-fabricmanager": "active", "nvidia-persistenced": "active"},
+    "packages": {
+        "nvidia-driver-580-server": "580.159.04-0ubuntu1",
+        "nvidia-fabricmanager-580": "580.159.04-1",
+        "cuda-toolkit-13-0": "13.0.2-1",
+    },
+}
+
+DEFAULT_GPU: dict[str, Any] = {
+    "name": "NVIDIA H200",
+    "board_part_number": "692-2G520-0282-000",
+    "vbios_version": "96.00.A5.00.1A",
+    "inforom_image": "G520.0282.02.02",
+    "inforom_oem": "2.1",
+    "gsp_firmware": "580.159.04",
+    "persistence_mode": True,
+    "compute_mode": "Default",
+    "power_draw_w": 77.4,
+    "power_limit_w": 700.0,
+    "power_default_limit_w": 700.0,
+    "power_min_limit_w": 200.0,
+    "power_max_limit_w": 700.0,
+    "power_enforced_limit_w": 700.0,
+    "temp_gpu_c": 36.0,
+    "temp_memory_c": 36.0,
+    "temp_slowdown_c": 87.0,
+    "temp_shutdown_c": 93.0,
+    "temp_memory_max_c": 95.0,
+    "clock_sm_mhz": 345,
+    "clock_sm_max_mhz": 1980,
+    "clock_mem_mhz": 3201,
+    "clock_mem_max_mhz": 3201,
+    "clocks_event_mask": 0x1,
+    "utilization_gpu_pct": 0,
+    "utilization_mem_pct": 0,
+    "memory_used_mib": 0,
+    "memory_total_mib": 143771,
+    "ecc_mode_current": True,
+    "ecc_mode_pending": True,
+    "ecc_corrected_volatile": 0,
+    "ecc_uncorrected_volatile": 0,
+    "ecc_corrected_aggregate": 0,
+    "ecc_uncorrected_aggregate": 0,
+    "remapped_rows_corrected": 0,
+    "remapped_rows_uncorrected": 0,
+    "remapped_rows_pending": False,
+    "remapped_rows_failure": False,
+    "pcie_gen_current": 5,
+    "pcie_gen_max": 5,
+    "pcie_width_current": 16,
+    "pcie_width_max": 16,
+    "pcie_replay_counter": 0,
+    "nvlink_count": 18,
+    "mig_mode_current": False,
+    "mig_mode_pending": False,
+    "fabric_state": "completed",
+    "fabric_status": "success",
+    "recovery_action": "none",
+}
+
+# Settings: fault -> (field it changes, value it sets). Node-level ones say "node".
+SETTING_FAULTS: dict[str, tuple[str, str, Any]] = {
+    "power-cap-drift": ("gpu", "power_limit_w", 500.0),
+    "persistence-off": ("gpu", "persistence_mode", False),
+    "mig-drift": ("gpu", "mig_mode_current", True),
+    "vbios-drift": ("gpu", "vbios_version", "96.00.99.00.01"),
+    "driver-drift": ("node", "driver_version", "570.133.20"),
+}
+CONDITION_FAULTS = (
+    "ecc-dbe",
+    "ecc-sbe-storm",
+    "row-remap-pending",
+    "row-remap-failure",
+    "pcie-downgrade",
+    "pcie-replay-storm",
+    "nvlink-down",
+    "nvlink-crc-storm",
+    "thermal-slowdown",
+    "power-brake",
+    "gpu-missing",
+    "stray-process",
+)
+# XIDs the simulator knows how to phrase; any positive code is accepted as xid:<code>.
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Illegal Instruction Encoding",
+    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2e_4a000000",
+    43: "Ch 00000010",
+    45: "Ch 00000010",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 3, subpartition 0.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap row, unable to allocate replacement.",
+    74: "NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate detected",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)",
+    120: "GSP Error: Task 1 raised error code 0x5 for reason 0x0 at 0x8b2c (0 more errors skipped)",
+}
+FAULT_NAMES = tuple(SETTING_FAULTS) + CONDITION_FAULTS
+NODE_FAULTS = ("driver-drift", "gpu-missing")  # gpu-missing takes --gpu, default the last one
+
+SBE_STORM_BASE, SBE_STORM_PER_MIN = 120_000, 20_000
+REPLAY_STORM_BASE, REPLAY_STORM_PER_MIN = 400, 600
+CRC_STORM_BASE, CRC_STORM_PER_MIN = 5_000, 3_000
+STRAY_PID = 48213
+
+
+class SimError(Exception):
+    """Bad scenario, state file, fault name or GPU index; the message names which."""
+
+
+# --- scenario -> state ---------------------------------------------------------------
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def _uuid(hostname: str, index: int) -> str:
+    h = _digest("uuid", hostname, index)
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh state for one node from a scenario mapping (see ``load_scenario``)."""
+    scenario = scenario or {}
+    node = copy.deepcopy(DEFAULT_NODE)
+    node.update(copy.deepcopy(scenario.get("node") or {}))
+    node["hostname"] = hostname
+    node["boot_time"] = time.time() - float(scenario.get("uptime_s", 3 * 86400))
+    count = int(scenario.get("gpu_count", 8))
+    gpu_overrides = scenario.get("gpu") or {}
+    gpus = []
+    for index in range(count):
+        gpu = copy.deepcopy(DEFAULT_GPU)
+        gpu.update(copy.deepcopy(gpu_overrides))
+        bus = HGX_BUSES[index] if index < len(HGX_BUSES) else f"{0xe0 + index:02x}"
+        gpu["index"] = index
+        gpu["bus_id"] = f"0000:{bus}:00.0"
+        gpu["uuid"] = _uuid(hostname, index)
+        gpu["serial"] = str(1654024197000 + int(_digest("serial", hostname, index)[:6], 16) % 10**9)
+        gpu["numa_node"] = 0 if index < count / 2 else 1
+        gpu["cpu_affinity"] = "0-55,112-167" if index < count / 2 else "56-111,168-223"
+        gpus.append(gpu)
+    state: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "hostname": hostname,
+        "node": node,
+        "gpus": gpus,
+        "faults": [],
+        "kernel_log": [],
+        "processes": {},
+    }
+    for entry in scenario.get("faults") or []:
+        name, gpu_index = _parse_fault_entry(entry)
+        _inject(state, name, gpu_index)
+    return state
+
+
+def _parse_fault_entry(entry: Any) -> tuple[str, int | None]:
+    if isinstance(entry, str):
+        name, _, gpu = entry.partition("@")
+        return name, int(gpu) if gpu else None
+    if isinstance(entry, dict) and "fault" in entry:
+        gpu = entry.get("gpu")
+        return str(entry["fault"]), int(gpu) if gpu is not None else None
+    raise SimError(f"faults: entry {entry!r} is neither 'NAME[@GPU]' nor {{fault: NAME, gpu: N}}")
+
+
+def load_scenario(path: str) -> dict[str, Any]:
+    import yaml  # only the controller reads scenarios; the agent reads JSON state
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise SimError(f"{path}: cannot read scenario: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise SimError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SimError(f"{path}: a scenario is a mapping")
+    allowed = {"node", "gpu", "gpu_count", "uptime_s", "faults", "nodes"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise SimError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+    for entry in data.get("faults") or []:
+        name, _ = _parse_fault_entry(entry)
+        check_fault_name(name)
+    return data
+
+
+def check_fault_name(name: str) -> None:
+    if name.startswith("xid:"):
+        code = name[4:]
+        if not code.isdigit() or int(code) <= 0:
+            raise SimError(f"unknown fault {name!r}: xid:<code> takes a positive number, e.g. xid:79")
+        return
+    if name not in FAULT_NAMES:
+        raise SimError(f"unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}, xid:<code>")
+
+
+# --- state file ----------------------------------------------------------------------
+
+
+def read_state(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError as exc:
+        raise SimError(f"{path}: simulator state file not found") from exc
+    except OSError as exc:
+        raise SimError(f"{path}: cannot read simulator state: {exc.strerror}") from exc
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SimError(f"{path}: corrupt simulator state (line {exc.lineno}: {exc.msg})") from exc
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise SimError(f"{path}: not a fleetops simulator state (version {STATE_VERSION} expected)")
+    for key in ("hostname", "node", "gpus", "faults"):
+        if key not in state:
+            raise SimError(f"{path}: corrupt simulator state: missing {key!r}")
+    if not isinstance(state["gpus"], list) or not isinstance(state["faults"], list):
+        raise SimError(f"{path}: corrupt simulator state: 'gpus' and 'faults' must be lists")
+    return state
+
+
+def write_state(path: str, state: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".state.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(state, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def locked_state(path: str) -> Iterator[dict[str, Any]]:
+    """Read, let the caller change, and write back the state under an exclusive lock.
+
+    If the body raises, nothing is written."""
+    lock_path = os.path.abspath(path) + ".lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = read_state(path)
+        yield state
+        write_state(path, state)
+
+
+def init_state(path: str, hostname: str, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
+    state = build_state(hostname, scenario)
+    write_state(path, state)
+    return state
+
+
+# --- faults --------------------------------------------------------------------------
+
+
+def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
+    count = len(state["gpus"])
+    if name in ("driver-drift",):
+        if gpu is not None:
+            raise SimError(f"fault {name!r} is node-wide; it takes no GPU index")
+        return None
+    if gpu is None:
+        return count - 1 if name == "gpu-missing" else 0
+    if not 0 <= gpu < count:
+        raise SimError(f"GPU index {gpu} does not exist on {state['hostname']} (it has GPUs 0-{count - 1})")
+    return gpu
+
+
+def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+    check_fault_name(name)
+    index = _gpu_index(state, name, gpu)
+    for fault in state["faults"]:
+        if fault["name"] == name and fault.get("gpu") == index:
+            return False
+    record: dict[str, Any] = {"name": name, "gpu": index, "since": time.time()}
+    if name in SETTING_FAULTS:
+        scope, field_name, value = SETTING_FAULTS[name]
+        target = state["node"] if scope == "node" else state["gpus"][index]
+        record["saved"] = target.get(field_name)
+        target[field_name] = value
+    if name.startswith("xid:") or name in ("ecc-dbe", "row-remap-failure"):
+        code = int(name[4:]) if name.startswith("xid:") else (48 if name == "ecc-dbe" else 64)
+        _log_xid(state, index, code)
+    state["faults"].append(record)
+    return True
+
+
+def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
+    gpu = state["gpus"][index or 0]
+    bus = gpu["bus_id"]  # 0000:18:00.0 -> PCI:0000:18:00 as the driver prints it
+    pci = "PCI:" + bus.rsplit(".", 1)[0]
+    text = XID_TEXT.get(code, "Unspecified error")
+    boot = float(state["node"].get("boot_time", time.time()))
+    stamp = time.time() - boot
+    if code in (13, 31, 43, 45, 94):
+        line = f"[{stamp:12.6f}] NVRM: Xid ({pci}): {code}, pid=31337, name=python3, {text}"
+    else:
+        line = f"[{stamp:12.6f}] NVRM: Xid ({pci}): {code}, pid='<unknown>', name=<unknown>, {text}"
+    state.setdefault("kernel_log", []).append({"gpu": index, "code": code, "line": line})
+
+
+def inject(path: str, name: str, gpu: int | None = None) -> bool:
+    """Inject ``name`` on the node whose state is at ``path``; False if it was already there."""
+    check_fault_name(name)
+    with locked_state(path) as state:
+        return _inject(state, name, gpu)
+
+
+def clear(path: str, name: str, gpu: int | None = None) -> int:
+    """Clear a fault (every GPU's when ``gpu`` is None, or ``name == "all"``); returns how many."""
+    if name != "all":
+        check_fault_name(name)
+    with locked_state(path) as state:
+        return _clear(state, name, gpu)
+
+
+def _clear(state: dict[str, Any], name: str, gpu: int | None) -> int:
+    kept, removed = [], 0
+    for fault in state["faults"]:
+        hit = (name == "all" or fault["name"] == name) and (gpu is None or fault.get("gpu") == gpu)
+        if not hit:
+            kept.append(fault)
+            continue
+        removed += 1
+        if fault["name"] in SETTING_FAULTS and "saved" in fault:
+            scope, field_name, _ = SETTING_FAULTS[fault["name"]]
+            target = state["node"] if scope == "node" else state["gpus"][fault["gpu"]]
+            target[field_name] = fault["saved"]
+    state["faults"] = kept
+    backed = {(_logs_code(f["name"]), f.get("gpu")) for f in kept}
+    state["kernel_log"] = [e for e in state.get("kernel_log", []) if (e["code"], e["gpu"]) in backed]
+    return removed
+
+
+def _logs_code(name: str) -> int | None:
+    """The XID a fault writes to the kernel log when injected, if any."""
+    if name.startswith("xid:"):
+        return int(name[4:])
+    return {"ecc-dbe": 48, "row-remap-failure": 64}.get(name)
+
+
+def retire_setting_fault(state: dict[str, Any], field_name: str, gpu: int | None) -> None:
+    """The agent set ``field_name`` itself: a setting fault on it no longer applies."""
+    state["faults"] = [
+        f
+        for f in state["faults"]
+        if not (f["name"] in SETTING_FAULTS and SETTING_FAULTS[f["name"]][1] == field_name and f.get("gpu") == gpu)
+    ]
+
+
+# --- snapshot ------------------------------------------------------------------------
+
+
+def _apply_condition(gpu: dict[str, Any], name: str, elapsed_min: float, links: list[dict[str, Any]]) -> None:
+    if name == "ecc-dbe":
+        gpu["ecc_uncorrected_volatile"] += 2
+        gpu["ecc_uncorrected_aggregate"] += 2
+    elif name == "ecc-sbe-storm":
+        grown = SBE_STORM_BASE + int(SBE_STORM_PER_MIN * elapsed_min)
+        gpu["ecc_corrected_volatile"] += grown
+        gpu["ecc_corrected_aggregate"] += grown
+    elif name == "row-remap-pending":
+        gpu["remapped_rows_pending"] = True
+        gpu["remapped_rows_uncorrected"] += 1
+    elif name == "row-remap-failure":
+        gpu["remapped_rows_failure"] = True
+    elif name == "pcie-downgrade":
+        gpu["pcie_gen_current"] = 4
+        gpu["pcie_width_current"] = 8
+    elif name == "pcie-replay-storm":
+        gpu["pcie_replay_counter"] += REPLAY_STORM_BASE + int(REPLAY_STORM_PER_MIN * elapsed_min)
+    elif name == "nvlink-down" and links:
+        links[min(3, len(links) - 1)]["state"] = "down"
+    elif name == "nvlink-crc-storm" and links:
+        links[0]["crc_errors"] += CRC_STORM_BASE + int(CRC_STORM_PER_MIN * elapsed_min)
+        links[0]["replay_errors"] += 12
+    elif name == "thermal-slowdown":
+        gpu["temp_gpu_c"] = gpu["temp_slowdown_c"] + 2
+        gpu["temp_memory_c"] = 88.0
+        gpu["clocks_event_mask"] = (gpu["clocks_event_mask"] & ~0x1) | 0x8 | 0x20 | 0x40
+        gpu["clock_sm_mhz"] = 1110
+    elif name == "power-brake":
+        gpu["clocks_event_mask"] = (gpu["clocks_event_mask"] & ~0x1) | 0x8 | 0x80
+        gpu["clock_sm_mhz"] = 810
+
+
+def _nvlinks(state: dict[str, Any], gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    count = int(gpu.get("nvlink_count", 0))
+    links = []
+    for link in range(count):
+        links.append(
+            {
+                "link": link,
+                "state": "down" if gpu.get("mig_mode_current") else "up",
+                "remote_bus_id": f"0000:{0x05 + link // 3:02x}:00.{link % 3}",
+                "remote_type": "switch",
+                "crc_errors": 0,
+                "replay_errors": 0,
+                "recovery_errors": 0,
+            }
+        )
+    return links
+
+
+def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The node's snapshot as a ``model.Node``-shaped dict (without the collector's timing)."""
+    now = time.time() if now is None else now
+    node = state["node"]
+    faults = state["faults"]
+    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    for fault in faults:
+        if fault.get("gpu") is not None:
+            by_gpu.setdefault(fault["gpu"], []).append(fault)
+
+    lost = set()  # GPUs the driver no longer enumerates
+    for fault in faults:
+        if fault["name"] in ("gpu-missing", "xid:79") and fault.get("gpu") is not None:
+            lost.add(fault["gpu"])
+
+    gpus = []
+    for raw in state["gpus"]:
+        index = raw["index"]
+        if index in lost:
+            continue
+        gpu = {k: v for k, v in raw.items() if k != "nvlink_count"}
+        links = _nvlinks(state, raw)
+        for fault in by_gpu.get(index, []):
+            _apply_condition(gpu, fault["name"], max(0.0, (now - fault["since"]) / 60.0), links)
+            if fault["name"] == "stray-process":
+                gpu["memory_used_mib"] = gpu.get("memory_used_mib", 0) + 20480
+        procs = [dict(p) for p in state.get("processes", {}).get(str(index), [])]
+        if any(f["name"] == "stray-process" for f in by_gpu.get(index, [])):
+            procs.append({"pid": STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480})
+        gpu["processes"] = procs
+        gpu["power_enforced_limit_w"] = gpu["power_limit_w"]
+        gpu["clocks_event_reasons"] = throttle.decode(gpu["clocks_event_mask"])
+        gpu["nvlinks"] = links
+        gpu["mig_instances"] = [] if gpu.get("mig_mode_current") else None
+        if not gpu.get("mig_mode_current"):
+            gpu.setdefault("unavailable", {})["mig_instances"] = "MIG disabled"
+        gpus.append(gpu)
+    gpus.sort(key=lambda g: g["bus_id"])
+    for new_index, gpu in enumerate(gpus):
+        gpu["index"] = new_index  # the driver renumbers what it still sees
+
+    bus_ids = [g["bus_id"] for g in gpus]
+    n = len(gpus)
+    links_matrix: list[list[str | None]] = []
+    counts: list[list[int | None]] = []
+    for i in range(n):
+        row_l: list[str | None] = []
+        row_c: list[int | None] = []
+        for j in range(n):
+            if i == j:
+                row_l.append("X")
+                row_c.append(0)
+            else:
+                up = min(gpus[i]["nvlinks"].__len__(), gpus[j]["nvlinks"].__len__())
+                row_l.append(f"NV{up}" if up else ("NODE" if gpus[i]["numa_node"] == gpus[j]["numa_node"] else "SYS"))
+                row_c.append(up)
+        links_matrix.append(row_l)
+        counts.append(row_c)
+    kernel_log = [entry["line"] for entry in state.get("kernel_log", [])]
+    return {
+        "schema": model.SCHEMA_ID,
+        "hostname": state["hostname"],
+        "backend": "sim",
+        "kernel": node.get("kernel"),
+        "os": node.get("os"),
+        "uptime_s": round(now - float(node.get("boot_time", now)), 1),
+        "driver_version": node.get("driver_version"),
+        "cuda_driver_version": node.get("cuda_driver_version"),
+        "nvml_version": node.get("nvml_version"),
+        "services": dict(node.get("services", {})),
+        "packages": dict(node.get("packages", {})),
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "topology": {
+            "gpus": bus_ids,
+            "links": links_matrix,
+            "nvlink_counts": counts,
+            "numa": {g["bus_id"]: g["numa_node"] for g in gpus},
+        },
+        "_kernel_log": list(kernel_log),
+    }
+
+
+# --- setters used by the agent (power, persistence, MIG) and by reset -----------------
+
+
+def gpu_position(state: dict[str, Any], uuid_or_bus: str) -> int | None:
+    """Position in ``state["gpus"]`` of the GPU with this UUID or bus id, if the driver sees it."""
+    visible = {g["uuid"] for g in snapshot(state)["gpus"]}
+    key = uuid_or_bus.strip()
+    for pos, gpu in enumerate(state["gpus"]):
+        if gpu["uuid"] == key or (not key.upper().startswith("GPU-") and _same_bus(gpu["bus_id"], key)):
+            return pos if gpu["uuid"] in visible else None
+    return None
+
+
+def _same_bus(a: str, b: str) -> bool:
+    try:
+        return model.normalize_bus_id(a) == model.normalize_bus_id(b)
+    except ValueError:
+        return False

@@ -1,0 +1,374 @@
+"""The node snapshot and finding types: one versioned JSON schema for NVML and the simulator.
+
+Conventions, relied on by every check:
+- A value the backend could not read is ``None`` and its field name is a key of the owning
+  object's ``unavailable`` map, whose value says why (``"NotSupported"``, ``"NoPermission"``,
+  ``"GpuIsLost"``, ``"not collected: MIG enabled"`` ...). Checks turn ``None`` into *unknown*,
+  never into a fault.
+- GPUs are identified by ``uuid`` and ``bus_id`` (``0000:18:00.0`` form, lower case, 4-digit
+  domain); ``index`` is informational.
+- This module imports only the standard library: it is on the agent's hot path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+SCHEMA_ID = f"fleetops.snapshot/v{SCHEMA_VERSION}"
+FINDINGS_SCHEMA_ID = "fleetops.audit/v1"
+
+SEVERITIES = ("ok", "info", "unknown", "warn", "crit")
+# Order used to pick the "worst" of several severities. unknown ranks below warn: an
+# unreadable value must not outrank a real fault, but it does outrank ok.
+SEVERITY_RANK = {"ok": 0, "info": 1, "unknown": 2, "warn": 3, "crit": 4}
+
+
+class SchemaError(ValueError):
+    """A snapshot document does not match the schema; the message names the field path."""
+
+
+@dataclass
+class NvLink:
+    link: int
+    state: str | None = None  # "up" | "down" | None when unreadable
+    remote_bus_id: str | None = None
+    remote_type: str | None = None  # "gpu" | "switch" | "ibmnpu" | None
+    crc_errors: int | None = None  # DL CRC flit errors
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str | None = None
+    used_memory_mib: int | None = None
+
+
+@dataclass
+class MigInstance:
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    profile: str | None = None  # e.g. "1g.18gb"
+    uuid: str | None = None
+    in_use: bool = False
+
+
+@dataclass
+class XidEvent:
+    code: int
+    bus_id: str | None = None  # normalised 0000:bb:dd.f, None when the line did not say
+    gpu_uuid: str | None = None  # filled by the collector when the bus id maps to a GPU
+    gpu_index: int | None = None
+    pid: int | None = None
+    process_name: str | None = None
+    message: str = ""
+    timestamp: float | None = None  # epoch seconds when known
+    uptime_s: float | None = None  # dmesg "[  123.456]" form
+    source: str = "kernel"  # "dmesg" | "journal" | "sim" | "kernel"
+    raw: str = ""
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    bus_id: str
+    name: str | None = None
+    serial: str | None = None
+    board_part_number: str | None = None
+    vbios_version: str | None = None
+    inforom_image: str | None = None
+    inforom_oem: str | None = None
+    gsp_firmware: str | None = None
+    persistence_mode: bool | None = None
+    compute_mode: str | None = None  # "Default" | "Exclusive_Process" | "Prohibited"
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    power_default_limit_w: float | None = None
+    power_min_limit_w: float | None = None
+    power_max_limit_w: float | None = None
+    power_enforced_limit_w: float | None = None
+    temp_gpu_c: float | None = None
+    temp_memory_c: float | None = None
+    temp_slowdown_c: float | None = None
+    temp_shutdown_c: float | None = None
+    temp_memory_max_c: float | None = None
+    clock_sm_mhz: int | None = None
+    clock_sm_max_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    clock_mem_max_mhz: int | None = None
+    clocks_event_mask: int | None = None
+    clocks_event_reasons: list[str] | None = None  # decoded names, see gpu.throttle
+    utilization_gpu_pct: int | None = None
+    utilization_mem_pct: int | None = None
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+    ecc_mode_current: bool | None = None
+    ecc_mode_pending: bool | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_replay_counter: int | None = None
+    nvlinks: list[NvLink] | None = None
+    mig_mode_current: bool | None = None
+    mig_mode_pending: bool | None = None
+    mig_instances: list[MigInstance] | None = None
+    processes: list[GpuProcess] | None = None
+    fabric_state: str | None = None  # "completed" | "in_progress" | "not_started" | "not_supported"
+    fabric_status: str | None = None  # "success" or the NVML error name
+    cpu_affinity: str | None = None  # "0-55,112-167" list form
+    numa_node: int | None = None
+    recovery_action: str | None = None  # "none" | "gpu_reset" | "node_reboot" | "drain_p2p" | "drain_and_reset"
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nvlinks_up(self) -> int | None:
+        if self.nvlinks is None:
+            return None
+        return sum(1 for link in self.nvlinks if link.state == "up")
+
+
+@dataclass
+class Topology:
+    """GPU-to-GPU link matrix in ``nvidia-smi topo -m`` vocabulary ("X", "NV18", "SYS", "NODE",
+    "PHB", "PXB", "PIX") indexed like ``gpus`` (bus ids), NVLink counts, and GPU-to-NUMA."""
+
+    gpus: list[str] = field(default_factory=list)
+    links: list[list[str | None]] = field(default_factory=list)
+    nvlink_counts: list[list[int | None]] = field(default_factory=list)
+    numa: dict[str, int | None] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Node:
+    hostname: str
+    schema: str = SCHEMA_ID
+    backend: str = "unknown"  # "nvml" | "sim"
+    collected_at: float = 0.0  # epoch seconds
+    collect_ms: float | None = None
+    kernel: str | None = None
+    os: str | None = None
+    uptime_s: float | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # "13.0"
+    nvml_version: str | None = None
+    services: dict[str, str | None] = field(default_factory=dict)  # unit -> "active" | "inactive" | ...
+    packages: dict[str, str] = field(default_factory=dict)  # installed NVIDIA packages -> version
+    gpu_count: int | None = None  # what the driver enumerates (a lost GPU is not counted)
+    gpus: list[Gpu] = field(default_factory=list)
+    topology: Topology | None = None
+    xids: list[XidEvent] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:
+        key = normalize_bus_id(bus_id)
+        return next((g for g in self.gpus if g.bus_id == key), None)
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+@dataclass
+class Finding:
+    check: str
+    severity: str
+    node: str
+    message: str
+    gpu: dict[str, Any] | None = None  # {"index", "uuid", "bus_id"} or None for node-level
+    observed: Any = None
+    expected: Any = None
+    action: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity,
+            "node": self.node,
+            "gpu": self.gpu,
+            "observed": self.observed,
+            "expected": self.expected,
+            "message": self.message,
+            "action": self.action,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            check=data["check"],
+            severity=data["severity"],
+            node=data["node"],
+            message=data.get("message", ""),
+            gpu=data.get("gpu"),
+            observed=data.get("observed"),
+            expected=data.get("expected"),
+            action=data.get("action"),
+        )
+
+    @property
+    def key(self) -> str:
+        """Identity of a finding across audits (for new/resolved/persisting)."""
+        gpu = (self.gpu or {}).get("uuid") or ""
+        return f"{self.node}|{self.check}|{gpu}"
+
+
+def gpu_ref(gpu: Gpu) -> dict[str, Any]:
+    return {"index": gpu.index, "uuid": gpu.uuid, "bus_id": gpu.bus_id}
+
+
+def worst(severities: typing.Iterable[str]) -> str:
+    best = "ok"
+    for sev in severities:
+        if SEVERITY_RANK.get(sev, 0) > SEVERITY_RANK[best]:
+            best = sev
+    return best
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``00000000:18:00.0`` (NVML), ``0000:18:00.0`` (sysfs), ``18:00.0`` (kernel log) and
+    ``PCI:0000:18:00`` (XID lines, no function) all become ``0000:18:00.0``."""
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    parts = text.split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    if len(parts) != 3:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    domain, bus, devfn = parts
+    if "." not in devfn:
+        devfn = f"{devfn}.0"
+    dev, fn = devfn.split(".", 1)
+    try:
+        return f"{int(domain, 16) & 0xFFFF:04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16):x}"
+    except ValueError as exc:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}") from exc
+
+
+# --- JSON (de)serialisation -------------------------------------------------------------
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def node_to_json(node: Node, pretty: bool = False) -> str:
+    if pretty:
+        return json.dumps(to_dict(node), indent=2, sort_keys=False)
+    return json.dumps(to_dict(node), separators=(",", ":"))
+
+
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS_CACHE.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS_CACHE[cls] = hints
+    return hints
+
+
+def _build(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise SchemaError(f"{path}: null where a value is required")
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _build(non_none[0], value, path)
+        for arg in non_none:
+            try:
+                return _build(arg, value, path)
+            except SchemaError:
+                continue
+        raise SchemaError(f"{path}: unexpected value {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_build(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
+        _, vt = typing.get_args(tp)
+        return {str(k): _build(vt, v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise SchemaError(f"{path}: expected an object, got {type(value).__name__}")
+        hints = _hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _build(hints[f.name], value[f.name], f"{path}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SchemaError(f"{path}.{f.name}: missing")
+        return tp(**kwargs)
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SchemaError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SchemaError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SchemaError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise SchemaError(f"{path}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def node_from_dict(data: Any) -> Node:
+    if not isinstance(data, dict):
+        raise SchemaError("snapshot: expected a JSON object")
+    schema = data.get("schema")
+    if schema != SCHEMA_ID:
+        raise SchemaError(f"snapshot.schema: expected {SCHEMA_ID!r}, got {schema!r}")
+    node = _build(Node, data, "snapshot")
+    assert isinstance(node, Node)
+    return node
+
+
+def node_from_json(text: str) -> Node:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"snapshot: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    return node_from_dict(data)
