@@ -1,0 +1,94 @@
+"""``fleetops-agent``: the node side, started over SSH or by Ansible modules.
+
+Output contract: a command prints one JSON document on stdout and exits 0, or prints a
+one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. Nothing heavy
+is imported here (no textual, rich, ansible, paramiko): this starts on every node every few
+seconds during an incident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(kind: str, message: str, code: int = EXIT_FAIL) -> int:
+    sys.stderr.write(json.dumps({"error": message, "kind": kind}) + "\n")
+    return code
+
+
+def _emit(doc: Any, pretty: bool) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2 if pretty else None, separators=None if pretty else (",", ":")))
+    sys.stdout.write("\n")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.exit(_fail("usage", f"{self.prog}: {message}", EXIT_USAGE))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--backend", default="auto", help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)")
+        p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
+        p.add_argument("--pretty", action="store_true", help="indented JSON")
+        p.add_argument("--json", action="store_true", help="JSON output (always on; accepted for scripts)")
+
+    p = sub.add_parser("collect", help="print one snapshot of this node as JSON")
+    common(p)
+
+    p = sub.add_parser("topology", help="print the GPU topology; check it against an expected file")
+    common(p)
+    p.add_argument("--expected", help="expected topology (JSON or YAML): gpu_count, link, links, numa")
+
+    p = sub.add_parser("set", help="set power cap, persistence or MIG mode (idempotent)")
+    common(p)
+    p.add_argument("setting", help="power|persistence|mig")
+    p.add_argument("value", help="watts for power; on/off for persistence and mig")
+    p.add_argument("--gpu", default="all", help="all, a UUID, a bus id or an index")
+    p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from fleetops.agent.collect import CollectError, collect
+
+    try:
+        if args.command == "collect":
+            from fleetops.model import to_dict
+
+            _emit(to_dict(collect(args.backend, args.state)), args.pretty)
+            return EXIT_OK
+        if args.command == "topology":
+            from fleetops.agent import topology
+
+            node = collect(args.backend, args.state)
+            report = topology.report(node, args.expected)
+            _emit(report, args.pretty)
+            return EXIT_OK if report["ok"] else EXIT_FAIL
+        if args.command == "set":
+            from fleetops.agent.setters import apply
+
+            _emit(apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state), args.pretty)
+            return EXIT_OK
+    except CollectError as exc:
+        return _fail("collect", str(exc))
+    except Exception as exc:  # every failure becomes one JSON line, never a traceback on stdout
+        kind = type(exc).__name__
+        known = {"SetError", "TopologyError", "SimError", "SchemaError"}
+        if kind not in known:
+            return _fail("internal", f"{kind}: {exc}")
+        return _fail(kind, str(exc))
+    return _fail("usage", f"unknown command {args.command!r}", EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""``fleetops``: the controller command.
+
+Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 only unknowns (e.g. unreachable hosts), 4 usage or
+input error. Other commands: 0 success, 1 failure, 4 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EXIT_USAGE = 4
+
+
+class UsageError(Exception):
+    """Bad input the user can fix: the message names the file, host or field."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+def resolve_baselines(hosts: list[Any], baseline_path: str | None, inventory: str) -> dict[str, Any]:
+    from fleetops import baseline as bl
+
+    if baseline_path:
+        one = bl.load_file(baseline_path)
+        return {h.name: one for h in hosts}
+    cache: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    for host in hosts:
+        data = host.vars.get("fleetops_baseline")
+        if data is None:
+            out[host.name] = None
+            continue
+        key = json.dumps(data, sort_keys=True, default=str)
+        if key not in cache:
+            cache[key] = bl.from_mapping(data, source=f"{inventory}: fleetops_baseline of host {host.name}")
+        out[host.name] = cache[key]
+    return out
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from fleetops.fleet import audit, inventory
+    from fleetops.fleet.store import Store
+
+    hosts = inventory.load(args.inventory, args.limit)
+    baselines = resolve_baselines(hosts, args.baseline, args.inventory)
+    store = None if args.no_history else Store(args.db)
+    previous = store.previous_snapshots([h.name for h in hosts]) if store else {}
+
+    progress = None
+    bar_ctx = None
+    if sys.stderr.isatty() and not args.quiet:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar_ctx = Progress(
+            TextColumn("collecting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[last]}"),
+            TimeElapsedColumn(),
+            console=_stderr_console(),
+            transient=True,
+        )
+        task = bar_ctx.add_task("collect", total=len(hosts), last="")
+
+        def progress(host: str, ok: bool) -> None:
+            bar_ctx.update(task, advance=1, last=host if ok else f"{host} (failed)")
+
+        bar_ctx.start()
+    try:
+        result = audit.run(
+            hosts,
+            baselines,
+            previous,
+            forks=args.forks,
+            connect_timeout=args.connect_timeout,
+            command_timeout=args.timeout,
+            known_hosts=args.known_hosts,
+            accept_new_hostkeys=args.accept_new_hostkeys,
+            on_progress=progress,
+            inventory=os.path.abspath(args.inventory),
+        )
+    finally:
+        if bar_ctx is not None:
+            bar_ctx.stop()
+    code = audit.exit_code(result.findings, args.fail_on)
+    if store:
+        store.record(result, code)
+        store.close()
+    _write_report(result, code, args.format, args.output)
+    return code
+
+
+def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
+    from fleetops.report import json_report, junit, prometheus, table
+
+    if fmt == "table":
+        from rich.console import Console
+
+        if output:
+            with open(output, "w", encoding="utf-8") as fh:
+                table.render(result, code, Console(file=fh, width=160, no_color=True))
+        else:
+            table.render(result, code, Console())
+        return
+    text = {"json": json_report.render, "junit": junit.render, "prom": prometheus.render}[fmt](result, code)
+    if output:
+        tmp = f"{output}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, output)  # node-exporter must never read half a file
+    else:
+        sys.stdout.write(text)
+
+
+# --- history -----------------------------------------------------------------------------
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from fleetops.fleet.store import Store, parse_since
+
+    since = parse_since(args.since) if args.since else None
+    import time as _t
+
+    with Store(args.db) as store:
+        rows = store.audits(args.node, since, args.last)
+        if args.format == "json":
+            doc = []
+            for row in rows:
+                diff = store.diff(row.id, args.node)
+                doc.append(
+                    {
+                        "id": row.id,
+                        "started_at": row.started_at,
+                        "worst": row.worst,
+                        "exit_code": row.exit_code,
+                        "summary": row.summary,
+                        **{k: [f.to_dict() for f in v] for k, v in diff.items()},
+                    }
+                )
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            return 0
+        if not rows:
+            print("no audits recorded" + (f" for {args.node}" if args.node else "") + f" in {store.path}")
+            return 0
+        for row in rows:
+            diff = store.diff(row.id, args.node)
+            stamp = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(row.started_at))
+            s = row.summary
+            print(
+                f"#{row.id} {stamp}  {row.worst.upper():7} {s.get('nodes', '?')} nodes, "
+                f"{s.get('unreachable', 0)} unreachable, exit {row.exit_code}  "
+                f"new {len(diff['new'])}, resolved {len(diff['resolved'])}, persisting {len(diff['persisting'])}"
+            )
+            for label, sign in (("new", "+"), ("resolved", "-"), ("persisting", "=")):
+                if label == "persisting" and not args.verbose:
+                    continue
+                for f in diff[label]:
+                    gpu = f" GPU{f.gpu['index']} {f.gpu['uuid']}" if f.gpu else ""
+                    print(f"    {sign} [{f.severity}] {f.node}{gpu} {f.check}: {f.message}")
+    return 0
+
+
+# --- sim ---------------------------------------------------------------------------------
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from fleetops.sim import fleet
+
+    if args.sim_command == "up":
+        info = fleet.up(args.nodes, args.dir, args.scenario, install=args.install)
+        print(f"started {len(info['nodes'])} simulated nodes in {args.dir}")
+        print(f"inventory:   {os.path.join(args.dir, 'inventory.yml')}")
+        print(f"known_hosts: {os.path.join(args.dir, 'known_hosts')}")
+        print(f"try:         fleetops audit -i {os.path.join(args.dir, 'inventory.yml')}")
+        return 0
+    if args.sim_command == "down":
+        n = fleet.down(args.dir)
+        print(f"stopped {n} sshd processes")
+        return 0
+    if args.sim_command in ("inject", "clear"):
+        fn = fleet.inject if args.sim_command == "inject" else fleet.clear
+        fn(args.dir, args.node, args.fault, args.gpu)
+        where = f" GPU {args.gpu}" if args.gpu is not None else ""
+        print(f"{args.sim_command}: {args.fault} on {args.node}{where}")
+        return 0
+    if args.sim_command == "status":
+        rows = fleet.status(args.dir)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                faults = ", ".join(row.get("faults") or []) or "-"
+                print(f"{row['node']:10} {row['address']:16} {row['status']:6} {faults}")
+        return 0
+    raise UsageError(f"unknown sim command {args.sim_command!r}")
+
+
+# --- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fleetops", description="Audit and keep consistent a fleet of NVIDIA GPU nodes.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("audit", help="collect every node's GPU state and report drift and faults")
+    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    p.add_argument("--baseline", help="baseline YAML (default: fleetops_baseline from the inventory's group_vars)")
+    p.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
+    p.add_argument("--format", choices=("table", "json", "junit", "prom"), default="table")
+    p.add_argument("-o", "--output", help="write the report to this file (atomically)")
+    p.add_argument("--forks", type=int, default=50, help="hosts collected in parallel (default 50)")
+    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the agent to answer")
+    p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
+    p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
+    p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
+    p.add_argument("--no-history", action="store_true", help="do not record this audit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings")
+    p.add_argument("node", nargs="?", help="only audits that included this node, and only its findings")
+    p.add_argument("--since", help="2h, 7d, or an ISO date")
+    p.add_argument("--last", type=int, default=20, help="how many audits (default 20)")
+    p.add_argument("--db", help="history database")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("-v", "--verbose", action="store_true", help="also list persisting findings")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("sim", help="a simulated fleet: real sshd on loopback with simulated GPUs")
+    ssub = p.add_subparsers(dest="sim_command", required=True, parser_class=_Parser)
+    q = ssub.add_parser("up", help="start N simulated nodes")
+    q.add_argument("--nodes", type=int, default=8)
+    q.add_argument("--dir", required=True, help="folder for keys, state, inventory.yml and known_hosts")
+    q.add_argument("--scenario", help="scenario YAML (defaults, per-node overrides and faults)")
+    q.add_argument("--install", action="store_true", help="apt-get install openssh-server when sshd is missing")
+    q = ssub.add_parser("down", help="stop every sshd the fleet started")
+    q.add_argument("--dir", required=True)
+    for name in ("inject", "clear"):
+        q = ssub.add_parser(name, help=f"{name} a fault on a running node")
+        q.add_argument("--dir", required=True)
+        q.add_argument("node")
+        q.add_argument("fault", help="e.g. ecc-dbe, xid:79, host-down, host-hang" + (", all" if name == "clear" else ""))
+        q.add_argument("--gpu", type=int, help="GPU index (default: GPU 0, or the last for gpu-missing)")
+    q = ssub.add_parser("status", help="nodes, addresses, up/down/hung, faults")
+    q.add_argument("--dir", required=True)
+    q.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_sim)
+
+    for module in _feature_modules():
+        module.register(sub)
+    return parser
+
+
+def _feature_modules() -> list[Any]:
+    """Commands that live with their feature (rollout/apply, reset/remediate, tui, docs)."""
+    import importlib
+
+    mods = []
+    for name in ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.tui.cli", "fleetops.docs.cli"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real missing dependency, not an absent feature
+                raise
+    return mods
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [UsageError, FileNotFoundError]
+    for mod, attr in (
+        ("fleetops.fleet.inventory", "InventoryError"),
+        ("fleetops.baseline", "BaselineError"),
+        ("fleetops.fleet.store", "StoreError"),
+        ("fleetops.gpu.sim", "SimError"),
+        ("fleetops.sim.fleet", "SimFleetError"),
+    ):
+        try:
+            module = __import__(mod, fromlist=[attr])
+            errors.append(getattr(module, attr))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        sys.stderr.write("fleetops: interrupted\n")
+        return 130
+    except _input_errors() as exc:
+        sys.stderr.write(f"fleetops: error: {exc}\n")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

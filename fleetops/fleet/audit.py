@@ -1,0 +1,232 @@
+"""One audit: collect every host's snapshot in parallel, run the checks, return the result.
+
+Transport problems (unreachable, hung, no agent, garbage output) become findings of severity
+``unknown`` for that host; they never stop the audit of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fleetops import model
+
+AGENT_COMMAND_VAR = "fleetops_agent_path"
+DEFAULT_AGENT = "fleetops-agent"
+
+
+@dataclass
+class NodeResult:
+    name: str
+    reachable: bool
+    error: str | None = None
+    snapshot: model.Node | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass
+class AuditResult:
+    started_at: float
+    duration_s: float
+    nodes: list[NodeResult]
+    findings: list[model.Finding]
+    inventory: str | None = None
+    checks_run: dict[str, list[str]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        counts = {sev: 0 for sev in model.SEVERITIES}
+        for f in self.findings:
+            counts[f.severity] = counts.get(f.severity, 0) + 1
+        per_node: dict[str, str] = {n.name: "ok" for n in self.nodes}
+        for f in self.findings:
+            per_node[f.node] = model.worst([per_node.get(f.node, "ok"), f.severity])
+        node_counts = {sev: 0 for sev in model.SEVERITIES}
+        for sev in per_node.values():
+            node_counts[sev] += 1
+        gpus_total = sum(len(n.snapshot.gpus) for n in self.nodes if n.snapshot)
+        bad_gpus = {
+            (f.node, f.gpu["uuid"])
+            for f in self.findings
+            if f.gpu and f.severity in ("warn", "crit") and f.gpu.get("uuid")
+        }
+        return {
+            "nodes": len(self.nodes),
+            "reachable": sum(1 for n in self.nodes if n.reachable),
+            "unreachable": sum(1 for n in self.nodes if not n.reachable),
+            "gpus": gpus_total,
+            "gpus_with_faults": len(bad_gpus),
+            "findings": counts,
+            "nodes_by_severity": node_counts,
+            "worst": model.worst(per_node.values()) if per_node else "ok",
+            "started_at": self.started_at,
+            "duration_s": round(self.duration_s, 3),
+        }
+
+    def node_severity(self) -> dict[str, str]:
+        per_node: dict[str, str] = {n.name: "ok" for n in self.nodes}
+        for f in self.findings:
+            per_node[f.node] = model.worst([per_node.get(f.node, "ok"), f.severity])
+        return per_node
+
+
+def exit_code(findings: list[model.Finding], fail_on: str = "warn") -> int:
+    """0 ok, 1 warn, 2 crit, 3 only unknowns; ``fail_on=crit`` lets warnings pass with 0."""
+    sevs = {f.severity for f in findings}
+    if "crit" in sevs:
+        return 2
+    if "warn" in sevs and fail_on == "warn":
+        return 1
+    if "unknown" in sevs:
+        return 3
+    return 0
+
+
+def parse_agent_output(host: str, stdout: str) -> model.Node:
+    text = stdout.strip()
+    if not text:
+        raise model.SchemaError("agent printed nothing")
+    node = model.node_from_json(text)
+    return node
+
+
+def _transport_finding(host: str, kind: str, message: str, action: str) -> model.Finding:
+    return model.Finding(
+        check=f"transport.{kind}",
+        severity="unknown",
+        node=host,
+        message=message,
+        observed=kind,
+        expected="snapshot",
+        action=action,
+    )
+
+
+_ACTIONS = {
+    "unreachable": "Check the node is up and sshd listens (ping, console/BMC); drain it if it stays down.",
+    "timeout": "The node accepts connections but does not answer: check it from its console/BMC "
+    "(hung kernel, D-state processes after an XID); drain and reboot if it stays hung.",
+    "auth": "Fix SSH credentials for this host (ansible_user, ansible_ssh_private_key_file).",
+    "hostkey": "Verify the host key out of band, then add it to known_hosts (or run once with --accept-new-hostkeys).",
+    "agent": "Install the agent on the node: ansible-playbook playbooks/site.yml --tags fleetops_agent "
+    "(role fleetops_agent).",
+    "output": "The agent answered something that is not a snapshot: run 'fleetops-agent collect' on the node "
+    "by hand and check its version matches the controller's.",
+}
+
+
+def node_from_result(host: str, result: Any) -> tuple[NodeResult, model.Finding | None]:
+    """Turn one transport result into a node result, or a finding saying why there is none."""
+    elapsed = getattr(result, "elapsed_s", None)
+    if result.ok:
+        try:
+            node = parse_agent_output(host, result.stdout)
+        except model.SchemaError as exc:
+            msg = f"agent output unusable: {exc}"
+            return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
+        return NodeResult(host, True, None, node, elapsed), None
+    kind = result.error_kind or "unreachable"
+    detail = (result.error or "").strip()
+    if kind == "command":
+        stderr = (result.stderr or "").strip()
+        agent_error = _agent_error(stderr)
+        if result.exit_status == 127 or "not found" in stderr:
+            msg = f"fleetops-agent not found on the node ({stderr or detail})"
+            return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "agent", msg, _ACTIONS["agent"])
+        msg = f"agent failed (exit {result.exit_status}): {agent_error or stderr or detail}"
+        return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
+    msg = f"{kind}: {detail}" if detail else kind
+    action = _ACTIONS.get(kind, _ACTIONS["unreachable"])
+    return NodeResult(host, False, msg, None, elapsed), _transport_finding(host, kind, msg, action)
+
+
+def _agent_error(stderr: str) -> str | None:
+    for line in reversed(stderr.splitlines()):
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and "error" in doc:
+            return str(doc["error"])
+    return None
+
+
+def run(
+    hosts: list[Any],
+    baselines: dict[str, Any],
+    previous: dict[str, model.Node],
+    forks: int = 50,
+    connect_timeout: float = 5.0,
+    command_timeout: float = 30.0,
+    known_hosts: str | None = None,
+    accept_new_hostkeys: bool = False,
+    on_progress: Callable[[str, bool], None] | None = None,
+    inventory: str | None = None,
+) -> AuditResult:
+    """Audit ``hosts`` (``fleet.inventory.Host``); ``baselines`` maps host name -> Baseline|None."""
+    from fleetops import checks
+    from fleetops.fleet import transport
+
+    started = time.time()
+    t0 = time.perf_counter()
+    by_agent: dict[str, list[Any]] = {}
+    for host in hosts:
+        by_agent.setdefault(str(host.vars.get(AGENT_COMMAND_VAR, DEFAULT_AGENT)), []).append(host)
+
+    def progress(result: Any) -> None:
+        if on_progress:
+            on_progress(result.host, bool(result.ok))
+
+    results: dict[str, Any] = {}
+    for agent, group in by_agent.items():
+        results.update(
+            transport.run_all(
+                group,
+                [agent, "collect"],
+                forks=forks,
+                connect_timeout=connect_timeout,
+                command_timeout=command_timeout,
+                known_hosts=known_hosts,
+                accept_new_hostkeys=accept_new_hostkeys,
+                on_result=progress,
+            )
+        )
+    nodes: list[NodeResult] = []
+    findings: list[model.Finding] = []
+    checks_run: dict[str, list[str]] = {}
+    for host in hosts:
+        node_result, problem = node_from_result(host.name, results[host.name])
+        if node_result.snapshot is not None:
+            # the inventory name is the node's identity in reports and history
+            node_result.snapshot.hostname = host.name
+        nodes.append(node_result)
+        if problem:
+            findings.append(problem)
+            continue
+        snap = node_result.snapshot
+        assert snap is not None
+        base = baselines.get(host.name)
+        findings.extend(checks.run_node_checks(snap, base, previous.get(host.name)))
+        checks_run[host.name] = checks.checks_run(snap, base)
+    # fleet-wide checks, per distinct baseline (groups may carry different ones)
+    groups: dict[int, tuple[Any, list[model.Node]]] = {}
+    for n in nodes:
+        if n.snapshot is None:
+            continue
+        base = baselines.get(n.name)
+        groups.setdefault(id(base), (base, []))[1].append(n.snapshot)
+    for base, snaps in groups.values():
+        findings.extend(checks.run_fleet_checks(snaps, base))
+    order = {n.name: i for i, n in enumerate(nodes)}
+    findings.sort(
+        key=lambda f: (-model.SEVERITY_RANK.get(f.severity, 0), order.get(f.node, 0), (f.gpu or {}).get("index", -1), f.check)
+    )
+    return AuditResult(
+        started_at=started,
+        duration_s=time.perf_counter() - t0,
+        nodes=nodes,
+        findings=findings,
+        inventory=inventory,
+        checks_run=checks_run,
+    )

@@ -1,0 +1,29 @@
+"""The audit as one JSON document (schema ``fleetops.audit/v1``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleetops import model
+
+
+def document(result: Any, exit_code: int) -> dict[str, Any]:
+    return {
+        "schema": model.FINDINGS_SCHEMA_ID,
+        "summary": {**result.summary(), "exit_code": exit_code},
+        "nodes": [
+            {
+                "name": n.name,
+                "reachable": n.reachable,
+                "error": n.error,
+                "snapshot": model.to_dict(n.snapshot) if n.snapshot else None,
+            }
+            for n in result.nodes
+        ],
+        "findings": [f.to_dict() for f in result.findings],
+    }
+
+
+def render(result: Any, exit_code: int) -> str:
+    return json.dumps(document(result, exit_code), indent=2) + "\n"

@@ -1,0 +1,97 @@
+"""Prometheus node-exporter textfile: per-node and per-GPU gauges plus finding counts.
+
+Write it to the textfile collector's folder atomically (``-o DIR/fleetops.prom``; the CLI
+writes a temporary file and renames it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetops import model
+
+SEV_VALUE = {"ok": 0, "info": 0, "unknown": 1, "warn": 2, "crit": 3}
+
+
+def _esc(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**kw: object) -> str:
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in kw.items()) + "}"
+
+
+GPU_GAUGES = (
+    ("fleetops_gpu_temperature_celsius", "temp_gpu_c", "GPU core temperature"),
+    ("fleetops_gpu_memory_temperature_celsius", "temp_memory_c", "HBM temperature"),
+    ("fleetops_gpu_power_draw_watts", "power_draw_w", "Power draw"),
+    ("fleetops_gpu_power_limit_watts", "power_limit_w", "Configured power limit"),
+    ("fleetops_gpu_ecc_uncorrected_volatile_total", "ecc_uncorrected_volatile", "Uncorrectable ECC errors since driver load"),
+    ("fleetops_gpu_ecc_corrected_volatile_total", "ecc_corrected_volatile", "Correctable ECC errors since driver load"),
+    ("fleetops_gpu_remapped_rows_uncorrected", "remapped_rows_uncorrected", "Rows remapped for uncorrectable errors"),
+    ("fleetops_gpu_pcie_replay_total", "pcie_replay_counter", "PCIe replay counter"),
+    ("fleetops_gpu_pcie_link_width", "pcie_width_current", "Current PCIe link width"),
+    ("fleetops_gpu_pcie_link_gen", "pcie_gen_current", "Current PCIe link generation"),
+    ("fleetops_gpu_nvlinks_up", "nvlinks_up", "NVLinks in state up"),
+)
+
+
+def render(result: Any, exit_code: int) -> str:
+    out: list[str] = []
+    summary = result.summary()
+    out += [
+        "# HELP fleetops_audit_timestamp_seconds When the audit started.",
+        "# TYPE fleetops_audit_timestamp_seconds gauge",
+        f"fleetops_audit_timestamp_seconds {summary['started_at']:.3f}",
+        "# HELP fleetops_audit_duration_seconds How long the audit took.",
+        "# TYPE fleetops_audit_duration_seconds gauge",
+        f"fleetops_audit_duration_seconds {summary['duration_s']:.3f}",
+        "# HELP fleetops_audit_exit_code The audit's exit code (0 ok, 1 warn, 2 crit, 3 unknown).",
+        "# TYPE fleetops_audit_exit_code gauge",
+        f"fleetops_audit_exit_code {exit_code}",
+    ]
+    sev = result.node_severity()
+    out += [
+        "# HELP fleetops_node_up 1 when the node answered with a snapshot.",
+        "# TYPE fleetops_node_up gauge",
+    ]
+    out += [f"fleetops_node_up{_labels(node=n.name)} {1 if n.snapshot else 0}" for n in result.nodes]
+    out += [
+        "# HELP fleetops_node_health Worst finding on the node: 0 ok, 1 unknown, 2 warn, 3 crit.",
+        "# TYPE fleetops_node_health gauge",
+    ]
+    out += [f"fleetops_node_health{_labels(node=n.name)} {SEV_VALUE[sev[n.name]]}" for n in result.nodes]
+    out += [
+        "# HELP fleetops_node_gpus GPUs the driver enumerates on the node.",
+        "# TYPE fleetops_node_gpus gauge",
+    ]
+    out += [f"fleetops_node_gpus{_labels(node=n.name)} {len(n.snapshot.gpus)}" for n in result.nodes if n.snapshot]
+    counts: dict[tuple[str, str, str], int] = {}
+    for f in result.findings:
+        k = (f.node, f.check, f.severity)
+        counts[k] = counts.get(k, 0) + 1
+    out += [
+        "# HELP fleetops_findings Findings by node, check and severity.",
+        "# TYPE fleetops_findings gauge",
+    ]
+    out += [f"fleetops_findings{_labels(node=n, check=c, severity=s)} {v}" for (n, c, s), v in sorted(counts.items())]
+    for metric, attr, help_text in GPU_GAUGES:
+        rows = []
+        for n in result.nodes:
+            if not n.snapshot:
+                continue
+            for g in n.snapshot.gpus:
+                value = getattr(g, attr)
+                if value is None:
+                    continue
+                rows.append(f"{metric}{_labels(node=n.name, gpu=g.index, uuid=g.uuid, bus_id=g.bus_id)} {float(value):g}")
+        if rows:
+            out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} gauge", *rows]
+    return "\n".join(out) + "\n"
+
+
+def severity_value(severity: str) -> int:
+    return SEV_VALUE.get(severity, 0)
+
+
+__all__ = ["render", "severity_value", "model"]

@@ -1,0 +1,70 @@
+"""The terminal report: one summary line per node, then findings grouped by severity.
+
+Written for a person at a terminal during maintenance or an incident: worst first, every
+finding with the action it calls for.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fleetops import model
+
+STYLE = {"ok": "green", "info": "cyan", "unknown": "magenta", "warn": "yellow", "crit": "bold red"}
+HEAD = {"crit": "CRITICAL", "warn": "WARNING", "unknown": "UNKNOWN (could not tell)", "info": "INFO"}
+
+
+def render(result: Any, exit_code: int, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    sev = result.node_severity()
+    by_node: dict[str, list[model.Finding]] = {}
+    for f in result.findings:
+        by_node.setdefault(f.node, []).append(f)
+    table = Table(title="fleetops audit", title_justify="left", expand=False, pad_edge=False)
+    for col in ("node", "health", "GPUs", "driver", "CUDA", "worst finding"):
+        table.add_column(col, no_wrap=col != "worst finding", overflow="fold")
+    for node in result.nodes:
+        s = sev[node.name]
+        snap = node.snapshot
+        worst_f = next(
+            (f for f in sorted(by_node.get(node.name, []), key=lambda f: -model.SEVERITY_RANK[f.severity])), None
+        )
+        worst_text = f"{worst_f.check}: {worst_f.message}" if worst_f and worst_f.severity != "ok" else ""
+        if snap is None:
+            gpus, driver, cuda = "-", "-", "-"
+        else:
+            bad = {f.gpu["uuid"] for f in by_node.get(node.name, []) if f.gpu and f.severity in ("warn", "crit")}
+            gpus = f"{len(snap.gpus) - len(bad)}/{len(snap.gpus)}"
+            driver, cuda = snap.driver_version or "?", snap.cuda_driver_version or "?"
+        table.add_row(node.name, Text(s.upper(), style=STYLE[s]), gpus, driver, cuda, worst_text)
+    console.print(table)
+    for level in ("crit", "warn", "unknown", "info"):
+        group = [f for f in result.findings if f.severity == level]
+        if not group:
+            continue
+        console.print(Text(f"\n{HEAD[level]} ({len(group)})", style=STYLE[level]))
+        for f in group:
+            where = f.node
+            if f.gpu:
+                where += f" GPU{f.gpu['index']} {f.gpu['uuid']} ({f.gpu['bus_id']})"
+            line = Text("  ")
+            line.append(f"{where}", style="bold")
+            line.append(f"  [{f.check}] {f.message}")
+            console.print(line)
+            if f.observed is not None or f.expected is not None:
+                console.print(f"      observed {f.observed!r}  expected {f.expected!r}", style="dim", markup=False)
+            if f.action:
+                console.print(Text(f"      -> {f.action}", style="italic"))
+    s = result.summary()
+    n = s["nodes_by_severity"]
+    console.print(
+        f"\n{s['nodes']} nodes ({n['ok'] + n['info']} ok, {n['warn']} warn, {n['crit']} crit, "
+        f"{n['unknown']} unknown; {s['unreachable']} unreachable), {s['gpus']} GPUs "
+        f"({s['gpus_with_faults']} with faults) in {s['duration_s']:.1f} s "
+        f"at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s['started_at']))}; exit {exit_code}",
+        markup=False,
+        highlight=False,
+    )

@@ -1,0 +1,121 @@
+"""The agent as a process: output contract, errors, import hygiene."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fleetops import model
+from fleetops.gpu import sim
+
+AGENT = [sys.executable, "-m", "fleetops.agent.main"]
+
+
+def run_agent(args, state=None, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k != sim.STATE_ENV}
+    if state:
+        env[sim.STATE_ENV] = str(state)
+    env.update(env_extra or {})
+    return subprocess.run(AGENT + args, capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.fixture
+def state(tmp_path):
+    path = tmp_path / "node.json"
+    sim.init_state(str(path), "node007", {"faults": ["ecc-dbe@3", "xid:79@5"]})
+    return path
+
+
+def test_collect_prints_one_snapshot_with_xids_attributed_to_gpus(state):
+    proc = run_agent(["collect"], state)
+    assert proc.returncode == 0, proc.stderr
+    node = model.node_from_json(proc.stdout)
+    assert node.hostname == "node007" and node.backend == "sim"
+    assert node.gpu_count == 7
+    dbe = [g for g in node.gpus if g.ecc_uncorrected_volatile]
+    assert [g.bus_id for g in dbe] == ["0000:5d:00.0"]
+    codes = {(x.code, x.bus_id) for x in node.xids}
+    assert (79, "0000:ab:00.0") in codes and (48, "0000:5d:00.0") in codes
+    lost = next(x for x in node.xids if x.code == 79)
+    assert lost.gpu_uuid is None  # the GPU fell off the bus: no longer enumerated
+    dbe_event = next(x for x in node.xids if x.code == 48)
+    assert dbe_event.gpu_uuid == dbe[0].uuid
+    assert node.collect_ms is not None and node.collected_at > 0
+
+
+def test_unknown_backend_is_a_one_line_json_error(state):
+    proc = run_agent(["collect", "--backend", "cuda"], state)
+    assert proc.returncode != 0 and proc.stdout == ""
+    err = json.loads(proc.stderr.strip())
+    assert "unknown backend 'cuda'" in err["error"]
+
+
+def test_corrupt_state_file_is_named_and_not_overwritten(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    proc = run_agent(["collect"], path)
+    assert proc.returncode == 1
+    err = json.loads(proc.stderr.strip())
+    assert str(path) in err["error"] and "corrupt" in err["error"]
+    assert path.read_text() == "{not json"
+
+
+def test_missing_state_file_is_named(tmp_path):
+    proc = run_agent(["collect", "--backend", "sim", "--state", str(tmp_path / "nope.json")])
+    assert proc.returncode == 1
+    assert "nope.json" in json.loads(proc.stderr)["error"]
+
+
+def test_set_power_is_idempotent_and_dry_run_changes_nothing(state):
+    sim.inject(str(state), "power-cap-drift", 2)
+    before = state.read_bytes()
+    dry = json.loads(run_agent(["set", "power", "700", "--dry-run"], state).stdout)
+    assert dry["changed"] is True and [g["index"] for g in dry["gpus"] if g["changed"]] == [2]
+    assert state.read_bytes() == before
+    real = json.loads(run_agent(["set", "power", "700"], state).stdout)
+    assert real["changed"] is True
+    again = json.loads(run_agent(["set", "power", "700"], state).stdout)
+    assert again["changed"] is False
+    assert sim.read_state(str(state))["faults"] == [f for f in sim.read_state(str(state))["faults"] if f["name"] != "power-cap-drift"]
+
+
+def test_set_refuses_out_of_range_power_and_unknown_gpu(state):
+    before = state.read_bytes()
+    proc = run_agent(["set", "power", "900"], state)
+    assert proc.returncode == 1 and "outside" in json.loads(proc.stderr)["error"]
+    proc = run_agent(["set", "persistence", "off", "--gpu", "GPU-00000000-dead-beef-0000-000000000000"], state)
+    assert proc.returncode == 1 and "no such GPU" in json.loads(proc.stderr)["error"]
+    proc = run_agent(["set", "power", "600", "--gpu", "12"], state)
+    assert proc.returncode == 1 and "'12'" in json.loads(proc.stderr)["error"]
+    assert state.read_bytes() == before
+
+
+def test_topology_check_against_expected_file(state, tmp_path):
+    good = tmp_path / "topo.json"
+    good.write_text(json.dumps({"gpu_count": 8, "link": "NV18"}))
+    proc = run_agent(["topology", "--expected", str(good)], state)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1  # xid:79 took a GPU away
+    assert doc["ok"] is False and any("gpu_count: 7" in m for m in doc["mismatches"])
+    sim.clear(str(state), "xid:79", 5)
+    proc = run_agent(["topology", "--expected", str(good)], state)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_agent_import_path_pulls_in_nothing_heavy(state):
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['fleetops-agent', 'collect']\n"
+        "from fleetops.agent import main\n"
+        "import io, contextlib\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main.main()\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('textual', 'rich', 'ansible', 'paramiko', 'yaml', 'ansible_runner')]\n"
+        "print(heavy)\n"
+    )
+    env = dict(os.environ, **{sim.STATE_ENV: str(state)})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
