@@ -143,6 +143,7 @@ XID_TEXT = {
     94: "Contained: SM (0x1). RST: No, D-RST: No",
     95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
     119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)",
+    154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
     120: "GSP Error: Task 1 raised error code 0x5 for reason 0x0 at 0x8b2c (0 more errors skipped)",
 }
 FAULT_NAMES = tuple(SETTING_FAULTS) + CONDITION_FAULTS
