@@ -185,7 +185,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from fleetops.sim import fleet
 
     if args.sim_command == "up":
-        info = fleet.up(args.nodes, args.dir, args.scenario, install=args.install)
+        info = fleet.up(
+            args.nodes, args.dir, args.scenario, first_address=args.first_address, port=args.port, install=args.install
+        )
         print(f"started {len(info['nodes'])} simulated nodes in {args.dir}")
         print(f"inventory:   {os.path.join(args.dir, 'inventory.yml')}")
         print(f"known_hosts: {os.path.join(args.dir, 'known_hosts')}")
@@ -253,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dir", required=True, help="folder for keys, state, inventory.yml and known_hosts")
     q.add_argument("--scenario", help="scenario YAML (defaults, per-node overrides and faults)")
     q.add_argument("--install", action="store_true", help="apt-get install openssh-server when sshd is missing")
+    q.add_argument("--first-address", default="127.0.10.1", help="first loopback address (default 127.0.10.1)")
+    q.add_argument("--port", type=int, default=2222, help="sshd port on every address (default 2222)")
     q = ssub.add_parser("down", help="stop every sshd the fleet started")
     q.add_argument("--dir", required=True)
     for name in ("inject", "clear"):
@@ -280,7 +284,7 @@ def _feature_modules() -> list[Any]:
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency, not an absent feature
+            if exc.name is None or not name.startswith(exc.name):  # a missing dependency, not an absent feature
                 raise
     return mods
 

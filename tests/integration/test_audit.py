@@ -1,0 +1,277 @@
+"""fleetops audit over real SSH against a simulated fleet: faults land on the right node and GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetops.gpu import sim
+
+pytestmark = [pytest.mark.root]
+
+NODES = 6
+CLI = [sys.executable, "-m", "fleetops.cli"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASELINE = os.path.join(REPO, "examples", "baseline.yml")
+
+
+def _can_run_fleet() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to start sshd"
+    from fleetops.sim import fleet
+
+    if not fleet.find_sshd():
+        return "sshd not installed (apt-get install -y openssh-server)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def simfleet(tmp_path_factory):
+    reason = _can_run_fleet()
+    if reason:
+        pytest.skip(reason)
+    from fleetops.sim import fleet
+
+    d = str(tmp_path_factory.mktemp("auditfleet"))
+    fleet.up(NODES, d, first_address="127.0.20.1", port=2222)
+    yield d
+    fleet.down(d)
+
+
+def audit(d, *extra, db=None):
+    args = [*CLI, "audit", "-i", os.path.join(d, "inventory.yml"), "--format", "json", "-q"]
+    args += ["--db", db] if db else ["--no-history"]
+    args += ["--connect-timeout", "2", "--timeout", "10", *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    doc = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+    return proc.returncode, doc, proc.stderr
+
+
+def gpu_uuid(d, node, index):
+    return sim.read_state(os.path.join(d, "state", f"{node}.json"))["gpus"][index]["uuid"]
+
+
+def test_clean_fleet_exits_0_with_no_warn_or_crit(simfleet):
+    rc, doc, err = audit(simfleet, "--baseline", BASELINE)
+    assert doc is not None, err
+    bad = [f for f in doc["findings"] if f["severity"] in ("warn", "crit", "unknown")]
+    assert bad == [] and rc == 0
+    assert doc["summary"]["nodes"] == NODES and doc["summary"]["gpus"] == NODES * 8
+    assert all(n["reachable"] and n["snapshot"]["gpu_count"] == 8 for n in doc["nodes"])
+
+
+# fault -> (gpu or None, check-id prefix, severities accepted, words the action must contain)
+FAULTS = {
+    "ecc-dbe": (2, "memory.", {"crit"}, "reset"),
+    "ecc-sbe-storm": (1, "memory.", {"warn", "crit"}, ""),
+    "row-remap-pending": (3, "memory.", {"warn"}, "reset"),
+    "row-remap-failure": (4, "memory.", {"crit"}, ""),
+    "pcie-downgrade": (5, "pcie.", {"warn", "crit"}, ""),
+    "nvlink-down": (6, "nvlink.", {"crit", "warn"}, ""),
+    "thermal-slowdown": (7, "thermal_power.", {"warn", "crit"}, ""),
+    "power-brake": (0, "thermal_power.", {"warn", "crit"}, ""),
+    "power-cap-drift": (1, "thermal_power.", {"warn", "crit"}, "power"),
+    "persistence-off": (2, "config.", {"warn", "crit"}, ""),
+    "vbios-drift": (3, "versions.", {"warn", "crit"}, ""),
+    "stray-process": (4, "config.", {"warn", "crit"}, ""),
+    "mig-drift": (5, "config.", {"warn", "crit"}, ""),
+    "xid:48": (6, "xid.", {"crit"}, ""),
+    "xid:94": (7, "xid.", {"warn", "crit"}, ""),
+    "xid:13": (0, "xid.", {"info", "warn"}, ""),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_fault_is_found_on_the_right_node_and_gpu(simfleet, fault):
+    from fleetops.sim import fleet
+
+    gpu, prefix, severities, action_word = FAULTS[fault]
+    node = "node003"
+    fleet.inject(simfleet, node, fault, gpu)
+    try:
+        rc, doc, err = audit(simfleet, "--baseline", BASELINE)
+    finally:
+        fleet.clear(simfleet, node, fault, gpu)
+    assert doc is not None, err
+    uuid = gpu_uuid(simfleet, node, gpu)
+    hits = [f for f in doc["findings"] if f["check"].startswith(prefix) and f["severity"] in severities]
+    assert hits, f"no {prefix}* finding for {fault}: {[(f['check'], f['severity']) for f in doc['findings']]}"
+    assert {f["node"] for f in hits} == {node}
+    assert {(f["gpu"] or {}).get("uuid") for f in hits} == {uuid}
+    assert all(f["action"] for f in hits)
+    if action_word:
+        assert any(action_word in f["action"].lower() for f in hits)
+    others = [f for f in doc["findings"] if f["node"] != node and f["severity"] in ("warn", "crit")]
+    assert others == []
+    worst = "crit" if "crit" in {f["severity"] for f in doc["findings"]} else "warn"
+    assert rc == {"crit": 2, "warn": 1}[worst] or (worst == "warn" and severities == {"info", "warn"} and rc in (0, 1))
+
+
+def test_gpu_fallen_off_the_bus_is_critical_with_reboot_advice(simfleet):
+    from fleetops.sim import fleet
+
+    fleet.inject(simfleet, "node002", "xid:79", 6)
+    try:
+        rc, doc, _ = audit(simfleet, "--baseline", BASELINE)
+    finally:
+        fleet.clear(simfleet, "node002", "xid:79", 6)
+    assert rc == 2
+    node_findings = [f for f in doc["findings"] if f["node"] == "node002" and f["severity"] == "crit"]
+    checks = {f["check"] for f in node_findings}
+    assert any(c.startswith("xid.") for c in checks)
+    assert any("count" in c for c in checks), checks
+    assert any("reboot" in (f["action"] or "").lower() for f in node_findings)
+
+
+def test_gpu_missing_is_a_gpu_count_finding(simfleet):
+    from fleetops.sim import fleet
+
+    fleet.inject(simfleet, "node004", "gpu-missing", 7)
+    try:
+        rc, doc, _ = audit(simfleet, "--baseline", BASELINE)
+    finally:
+        fleet.clear(simfleet, "node004", "gpu-missing", 7)
+    assert rc == 2
+    hits = [f for f in doc["findings"] if "count" in f["check"] and f["severity"] == "crit"]
+    assert [f["node"] for f in hits] == ["node004"]
+    assert hits[0]["observed"] == 7 and hits[0]["expected"] == 8
+
+
+def test_rates_need_two_audits_and_then_catch_replay_and_crc_storms(simfleet, tmp_path):
+    from fleetops.sim import fleet
+
+    db = str(tmp_path / "h.db")
+    fleet.inject(simfleet, "node005", "pcie-replay-storm", 2)
+    fleet.inject(simfleet, "node005", "nvlink-crc-storm", 3)
+    try:
+        audit(simfleet, "--baseline", BASELINE, db=db)
+        # the storms grow with time; the rate checks refuse intervals under rate_min_interval_s
+        time.sleep(11)
+        rc, doc, _ = audit(simfleet, "--baseline", BASELINE, db=db)
+    finally:
+        fleet.clear(simfleet, "node005", "pcie-replay-storm", 2)
+        fleet.clear(simfleet, "node005", "nvlink-crc-storm", 3)
+    pcie = [f for f in doc["findings"] if f["check"].startswith("pcie.") and f["severity"] in ("warn", "crit")]
+    nvl = [f for f in doc["findings"] if f["check"].startswith("nvlink.") and f["severity"] in ("warn", "crit")]
+    assert [f["gpu"]["uuid"] for f in pcie] == [gpu_uuid(simfleet, "node005", 2)]
+    assert gpu_uuid(simfleet, "node005", 3) in {f["gpu"]["uuid"] for f in nvl}
+    assert rc in (1, 2)
+
+
+def test_drift_without_baseline_names_the_minority_nodes(simfleet):
+    from fleetops.sim import fleet
+
+    fleet.inject(simfleet, "node006", "driver-drift")
+    try:
+        rc, doc, _ = audit(simfleet)
+    finally:
+        fleet.clear(simfleet, "node006", "driver-drift")
+    drift = [f for f in doc["findings"] if f["check"].startswith("versions.") and f["severity"] in ("warn", "crit")]
+    assert drift, doc["findings"]
+    assert {f["node"] for f in drift} == {"node006"}
+    assert any("570.133.20" in json.dumps(f["observed"]) for f in drift)
+    assert rc in (1, 2)
+
+
+def test_host_down_and_host_hang_are_reported_within_the_timeout(simfleet):
+    from fleetops.sim import fleet
+
+    fleet.inject(simfleet, "node001", "host-down")
+    fleet.inject(simfleet, "node002", "host-hang")
+    try:
+        t0 = time.monotonic()
+        rc, doc, _ = audit(simfleet, "--baseline", BASELINE)
+        elapsed = time.monotonic() - t0
+    finally:
+        fleet.clear(simfleet, "node001", "host-down")
+        fleet.clear(simfleet, "node002", "host-hang")
+    assert elapsed < 20, f"audit took {elapsed:.1f} s with one host hung"
+    by_node = {n["name"]: n for n in doc["nodes"]}
+    assert not by_node["node001"]["reachable"] and "unreachable" in by_node["node001"]["error"]
+    assert not by_node["node002"]["reachable"] and "timeout" in by_node["node002"]["error"]
+    assert all(by_node[f"node00{i}"]["snapshot"] for i in range(3, NODES + 1))
+    unknown = {f["node"]: f for f in doc["findings"] if f["severity"] == "unknown"}
+    assert set(unknown) == {"node001", "node002"}
+    assert rc == 3
+
+
+def test_history_records_each_audit_and_tells_new_and_resolved(simfleet, tmp_path):
+    from fleetops.sim import fleet
+
+    db = str(tmp_path / "hist.db")
+    fleet.inject(simfleet, "node003", "ecc-dbe", 1)
+    try:
+        rc1, _, _ = audit(simfleet, "--baseline", BASELINE, db=db)
+    finally:
+        fleet.clear(simfleet, "node003", "ecc-dbe", 1)
+    rc2, _, _ = audit(simfleet, "--baseline", BASELINE, db=db)
+    assert (rc1, rc2) == (2, 0)
+    out = subprocess.run([*CLI, "history", "--db", db, "--format", "json"], capture_output=True, text=True)
+    rows = json.loads(out.stdout)
+    assert len(rows) == 2
+    latest, first = rows
+    assert [f["check"] for f in latest["resolved"]] and not latest["new"]
+    assert all(f["node"] == "node003" for f in first["new"])
+    text = subprocess.run([*CLI, "history", "node003", "--db", db], capture_output=True, text=True).stdout
+    assert "resolved 1" in text or "resolved" in text
+
+
+def test_bad_inputs_exit_4_and_write_no_history(simfleet, tmp_path):
+    db = str(tmp_path / "none.db")
+    inv = os.path.join(simfleet, "inventory.yml")
+    bad_baseline = tmp_path / "bad.yml"
+    bad_baseline.write_text("driver_version: '580.159.04'\npower_limt_w: 700\n")
+    bad_inventory = tmp_path / "bad.ini"
+    bad_inventory.write_text("[gpu\nnode1 ansible_host=127.0.20.1\n")
+    cases = [
+        (["-i", inv, "--baseline", str(bad_baseline)], ["bad.yml", "power_limt_w", ":2"]),
+        (["-i", str(bad_inventory)], ["bad.ini"]),
+        (["-i", inv, "--limit", "nosuchhost*"], ["nosuchhost"]),
+        (["-i", str(tmp_path / "missing.yml")], ["missing.yml"]),
+    ]
+    for args, words in cases:
+        proc = subprocess.run([*CLI, "audit", *args, "--db", db, "-q"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 4, (args, proc.stderr)
+        for word in words:
+            assert word in proc.stderr, (word, proc.stderr)
+    if os.path.exists(db):
+        assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM audits").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("fmt", ["junit", "prom", "table"])
+def test_other_formats_render_the_same_audit(simfleet, fmt, tmp_path):
+    from fleetops.sim import fleet
+
+    out = tmp_path / f"report.{fmt}"
+    fleet.inject(simfleet, "node003", "ecc-dbe", 2)
+    try:
+        proc = subprocess.run(
+            [*CLI, "audit", "-i", os.path.join(simfleet, "inventory.yml"), "--baseline", BASELINE,
+             "--format", fmt, "-o", str(out), "--no-history", "-q"],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        fleet.clear(simfleet, "node003", "ecc-dbe", 2)
+    assert proc.returncode == 2, proc.stderr
+    text = out.read_text()
+    uuid = gpu_uuid(simfleet, "node003", 2)
+    if fmt == "junit":
+        import xml.etree.ElementTree as ET
+
+        root = ET.fromstring(text)
+        suites = {s.get("name"): s for s in root.iter("testsuite")}
+        assert set(suites) == {f"node00{i}" for i in range(1, NODES + 1)}
+        assert int(suites["node003"].get("failures")) >= 1 and suites["node001"].get("failures") == "0"
+        assert uuid in text
+    elif fmt == "prom":
+        assert 'fleetops_node_health{node="node003"} 3' in text
+        assert 'fleetops_node_health{node="node001"} 0' in text
+        assert f'fleetops_gpu_ecc_uncorrected_volatile_total{{node="node003",gpu="2",uuid="{uuid}",bus_id="0000:3a:00.0"}} 2' in text
+    else:
+        assert "node003" in text and "CRITICAL" in text and uuid in text
