@@ -1,0 +1,627 @@
+"""Run one command on many hosts in parallel: SSH through paramiko, or locally.
+
+``run_all`` connects to every host (at most ``forks`` at a time), runs the command, and returns
+one ``Result`` per host; ``SessionPool`` keeps one connection per host open and re-runs a command
+on demand (a TUI refreshing every few seconds).
+
+Every failure comes back as a ``Result`` with an ``error_kind``, never as an exception:
+
+- ``unreachable``: refused, no route, unknown name, connection lost
+- ``timeout``: TCP connect, SSH banner/negotiation, authentication or the command ran out of time.
+  A host that accepts TCP but never says anything (a hung sshd) comes back after about
+  ``connect_timeout`` and never holds up the others.
+- ``auth``: the key was refused
+- ``hostkey``: the host key is unknown (refused unless ``accept_new_hostkeys``) or changed (always
+  refused). Keys are checked against the host's ``UserKnownHostsFile`` from
+  ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` when set, else the ``known_hosts``
+  argument, else ``~/.ssh/known_hosts``; ``StrictHostKeyChecking=accept-new`` (or ``no``) there
+  accepts new keys for that host, as ``accept_new_hostkeys`` does (changed keys stay refused).
+- ``command``: it ran and exited non-zero (stderr kept; a missing program is exit 127, "not found")
+- ``local``: a problem on this side (unreadable key file, cannot start a local process)
+
+The command is a list of arguments, quoted with ``shlex.join`` for the remote shell; ``env`` is
+passed as ``env K=V ...`` in front of it (sshd drops most environment requests).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import getpass
+import logging
+import os
+import re
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Self
+
+import paramiko
+
+ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local")
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_READ_CHUNK = 65536
+
+# paramiko logs every failed handshake with a traceback from its own thread; with no handler
+# configured, logging's last resort prints that on stderr. Each failure is in its Result.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+@dataclass(frozen=True)
+class Result:
+    host: str
+    ok: bool
+    exit_status: int | None
+    stdout: str
+    stderr: str
+    error_kind: str | None
+    error: str | None
+    elapsed_s: float
+
+
+class _Failure(Exception):
+    """A classified failure on one host; becomes a Result."""
+
+    def __init__(
+        self, kind: str, message: str, stdout: str = "", stderr: str = "", exit_status: int | None = None
+    ):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+        self.stdout, self.stderr, self.exit_status = stdout, stderr, exit_status
+
+
+def command_line(command: Sequence[str], env: dict[str, str] | None = None) -> str:
+    """The remote shell line for ``command``: ``shlex.join``, with ``env K=V`` in front if asked."""
+    if isinstance(command, (str, bytes)):
+        raise TypeError("command is a list of arguments (quoted with shlex.join), not a shell string")
+    argv = [str(a) for a in command]
+    if not argv:
+        raise ValueError("command is empty")
+    if env:
+        bad = [k for k in env if not _ENV_NAME.match(str(k))]
+        if bad:
+            raise ValueError(f"env: not valid variable names: {bad}")
+        argv = ["env"] + [f"{k}={v}" for k, v in env.items()] + argv
+    return shlex.join(argv)
+
+
+def _ssh_options(host: Any) -> dict[str, str]:
+    """``-o Key=Value`` options from the host's ansible_ssh_common_args/extra_args (keys lowercased)."""
+    vars_ = getattr(host, "vars", None) or {}
+    text = " ".join(str(vars_.get(k) or "") for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
+    if "-o" not in text:
+        return {}
+    try:
+        tokens = shlex.split(text)
+    except ValueError:
+        return {}
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        opt = None
+        if tok == "-o" and i + 1 < len(tokens):
+            opt, i = tokens[i + 1], i + 1
+        elif tok.startswith("-o") and len(tok) > 2:
+            opt = tok[2:]
+        i += 1
+        if opt:
+            key, sep, value = opt.partition("=")
+            if not sep:
+                key, _, value = opt.strip().partition(" ")
+            options.setdefault(key.strip().lower(), value.strip())
+    return options
+
+
+def _hostkey_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class _KnownHosts:
+    """known_hosts files, each read once and shared by all connections; appends are locked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, paramiko.HostKeys] = {}
+
+    def _get(self, path: str) -> paramiko.HostKeys:
+        keys = self._files.get(path)
+        if keys is None:
+            keys = paramiko.HostKeys()
+            if os.path.exists(path):
+                try:
+                    keys.load(path)
+                except (OSError, paramiko.SSHException, ValueError) as exc:
+                    raise _Failure("local", f"cannot read known_hosts {path}: {exc}") from exc
+            self._files[path] = keys
+        return keys
+
+    def lookup(self, paths: list[str], name: str) -> dict[str, paramiko.PKey]:
+        found: dict[str, paramiko.PKey] = {}
+        with self._lock:
+            for path in paths:
+                entry = self._get(path).lookup(name)
+                if entry:
+                    for keytype in entry:
+                        found.setdefault(keytype, entry[keytype])
+        return found
+
+    def add(self, path: str, name: str, key: paramiko.PKey) -> None:
+        with self._lock:
+            keys = self._get(path)
+            if keys.lookup(name) and keys.lookup(name).get(key.get_name()) == key:
+                return
+            keys.add(name, key.get_name(), key)
+            folder = os.path.dirname(path)
+            if folder:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko when the host's key is not among those we loaded for it."""
+
+    def __init__(self, store: _KnownHosts, files: list[str], accept_new: bool) -> None:
+        self.store, self.files, self.accept_new = store, files, accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.accept_new:
+            try:
+                self.store.add(self.files[0], hostname, key)
+            except OSError as exc:
+                raise _Failure("local", f"cannot record the host key in {self.files[0]}: {exc}") from exc
+            return
+        raise _Failure(
+            "hostkey",
+            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {', '.join(self.files)}: "
+            "verify it and add it (ssh-keyscan), or accept new keys (--accept-new-hostkeys)",
+        )
+
+
+class _Runner:
+    """Connects, runs and classifies; shared by run_all and SessionPool."""
+
+    def __init__(
+        self,
+        connect_timeout: float,
+        command_timeout: float,
+        known_hosts: str | None,
+        accept_new_hostkeys: bool,
+    ) -> None:
+        self.connect_timeout = float(connect_timeout)
+        self.command_timeout = float(command_timeout)
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new_hostkeys
+        self.store = _KnownHosts()
+        self._keys: dict[str, paramiko.PKey] = {}
+        self._keys_lock = threading.Lock()
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _pkey(self, path: str) -> paramiko.PKey:
+        path = os.path.expanduser(path)
+        with self._keys_lock:
+            key = self._keys.get(path)
+            if key is None:
+                try:
+                    key = paramiko.PKey.from_path(path)
+                except paramiko.PasswordRequiredException as exc:
+                    raise _Failure("local", f"key file {path} is encrypted; use an unencrypted key") from exc
+                except (OSError, paramiko.SSHException, ValueError) as exc:
+                    raise _Failure("local", f"cannot read key file {path}: {exc}") from exc
+                self._keys[path] = key
+            return key
+
+    def hostkey_settings(self, host: Any) -> tuple[list[str], bool]:
+        options = _ssh_options(host)
+        files = options.get("userknownhostsfile", "").split()
+        if not files:
+            files = [self.known_hosts or DEFAULT_KNOWN_HOSTS]
+        files = [os.path.expanduser(f) for f in files]
+        strict = options.get("stricthostkeychecking", "").lower()
+        return files, self.accept_new or strict in ("accept-new", "no", "off")
+
+    # -- connect ----------------------------------------------------------------------------
+
+    def connect(self, host: Any) -> paramiko.SSHClient:
+        address, port = str(host.address), int(host.port or 22)
+        files, accept_new = self.hostkey_settings(host)
+        name = _hostkey_name(address, port)
+        client = paramiko.SSHClient()
+        for keytype, key in self.store.lookup(files, name).items():
+            client.get_host_keys().add(name, keytype, key)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.store, files, accept_new))
+        key_file = getattr(host, "key_file", None)
+        pkey = self._pkey(key_file) if key_file else None
+        started = time.monotonic()
+        try:
+            client.connect(
+                address,
+                port=port,
+                username=getattr(host, "user", None) or getpass.getuser(),
+                pkey=pkey,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+                look_for_keys=pkey is None,
+                allow_agent=pkey is None,
+            )
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                raise paramiko.SSHException("no SSH session after connecting")
+            return client
+        except BaseException as exc:
+            client.close()
+            if isinstance(exc, _Failure):
+                raise
+            if isinstance(exc, Exception):
+                raise self._classify_connect(exc, f"{address}:{port}", time.monotonic() - started) from exc
+            raise
+
+    def _classify_connect(self, exc: Exception, where: str, elapsed: float) -> _Failure:
+        t = self.connect_timeout
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return _Failure(
+                "hostkey",
+                f"host key of {where} CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, known "
+                f"{exc.expected_key.fingerprint}; if the host was reinstalled, verify and replace its known_hosts entry",
+            )
+        if isinstance(exc, paramiko.AuthenticationException):
+            if "timeout" in str(exc).lower():
+                return _Failure("timeout", f"authentication timed out after {t:g}s on {where}")
+            return _Failure("auth", f"authentication failed on {where}: {exc}")
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+            reasons = {os.strerror(e.errno) if e.errno else str(e) for e in exc.errors.values()}
+            return _Failure("unreachable", f"{where}: {'; '.join(sorted(reasons)).lower()}")
+        if isinstance(exc, socket.gaierror):
+            return _Failure("unreachable", f"{where}: cannot resolve the name ({exc.strerror or exc})")
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return _Failure("timeout", f"{where}: TCP connect timed out after {t:g}s")
+        if isinstance(exc, paramiko.SSHException):
+            text = str(exc)
+            low = text.lower()
+            if "banner" in low or "timed out" in low or "timeout" in low or elapsed >= 0.9 * t:
+                return _Failure(
+                    "timeout",
+                    f"{where}: no SSH banner/handshake within {t:g}s (host accepts TCP but does not answer)",
+                )
+            return _Failure("unreachable", f"{where}: SSH negotiation failed: {text}")
+        if isinstance(exc, EOFError):
+            return _Failure("unreachable", f"{where}: connection closed by the host during the SSH handshake")
+        if isinstance(exc, OSError):
+            if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNRESET):
+                return _Failure("unreachable", f"{where}: {os.strerror(exc.errno).lower()}")
+            return _Failure("unreachable", f"{where}: {exc}")
+        return _Failure("local", f"{where}: {type(exc).__name__}: {exc}")
+
+    # -- run --------------------------------------------------------------------------------
+
+    def execute(self, client: paramiko.SSHClient, line: str) -> tuple[int, str, str]:
+        """Run ``line`` on an open connection; (exit status, stdout, stderr) or a _Failure."""
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise _Failure("unreachable", "connection lost")
+        timed_out = threading.Event()
+
+        def expire() -> None:  # unblocks paramiko calls that have no timeout of their own
+            timed_out.set()
+            transport.close()
+
+        watchdog = threading.Timer(self.command_timeout, expire)
+        watchdog.daemon = True
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + self.command_timeout
+        chan = None
+        watchdog.start()
+        try:
+            try:
+                open_timeout = min(self.connect_timeout, self.command_timeout)
+                try:
+                    chan = transport.open_session(timeout=open_timeout)
+                except paramiko.SSHException as exc:
+                    if "timeout" in str(exc).lower():
+                        raise _Failure(
+                            "timeout", f"no answer to opening a session within {open_timeout:g}s"
+                        ) from exc
+                    raise
+                chan.exec_command(line)
+                while True:
+                    busy = False
+                    while chan.recv_ready():
+                        out += chan.recv(_READ_CHUNK)
+                        busy = True
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(_READ_CHUNK)
+                        busy = True
+                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    if busy:
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or timed_out.is_set():
+                        raise TimeoutError
+                    select.select([chan], [], [], min(remaining, 0.25))
+                status = chan.recv_exit_status()
+            except (TimeoutError, paramiko.SSHException, EOFError, OSError) as exc:
+                stdout, stderr = _text(out), _text(err)
+                if (
+                    timed_out.is_set()
+                    or isinstance(exc, (TimeoutError, socket.timeout))
+                    or "timeout" in str(exc).lower()
+                ):
+                    raise _Failure(
+                        "timeout", f"command did not finish within {self.command_timeout:g}s", stdout, stderr
+                    ) from exc
+                raise _Failure(
+                    "unreachable", f"connection lost during the command: {exc}", stdout, stderr
+                ) from exc
+        finally:
+            watchdog.cancel()
+            if chan is not None:
+                chan.close()
+        if timed_out.is_set():
+            raise _Failure(
+                "timeout", f"command did not finish within {self.command_timeout:g}s", _text(out), _text(err)
+            )
+        if status == -1:
+            if not transport.is_active():
+                raise _Failure("unreachable", "connection lost during the command", _text(out), _text(err))
+            raise _Failure(
+                "command",
+                "the command ended without an exit status (killed by a signal?)",
+                _text(out),
+                _text(err),
+            )
+        return status, _text(out), _text(err)
+
+    def run_local(self, host: Any, command: Sequence[str], env: dict[str, str] | None) -> Result:
+        started = time.monotonic()
+        name = str(host.name)
+        argv = [str(a) for a in command]
+        full_env = dict(os.environ, **{str(k): str(v) for k, v in (env or {}).items()})
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                timeout=self.command_timeout,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except FileNotFoundError:
+            msg = f"{argv[0]}: command not found"
+            return Result(
+                name, False, 127, "", msg + "\n", "command", f"exit status 127: {msg}", _since(started)
+            )
+        except subprocess.TimeoutExpired as exc:
+            return Result(
+                name,
+                False,
+                None,
+                _text(exc.stdout or b""),
+                _text(exc.stderr or b""),
+                "timeout",
+                f"command did not finish within {self.command_timeout:g}s",
+                _since(started),
+            )
+        except OSError as exc:
+            return Result(name, False, None, "", "", "local", f"cannot run {argv[0]}: {exc}", _since(started))
+        return _finish(name, done.returncode, _text(done.stdout), _text(done.stderr), started)
+
+    def run_once(self, host: Any, command: Sequence[str], env: dict[str, str] | None) -> Result:
+        """Connect, run, disconnect."""
+        if getattr(host, "connection", "ssh") == "local":
+            return self.run_local(host, command, env)
+        started = time.monotonic()
+        try:
+            line = command_line(command, env)
+            client = self.connect(host)
+            try:
+                status, stdout, stderr = self.execute(client, line)
+            finally:
+                client.close()
+        except _Failure as f:
+            return _failed(str(host.name), f, started)
+        except Exception as exc:  # noqa: BLE001 - one host's surprise must not take the whole run down
+            return Result(
+                str(host.name), False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started)
+            )
+        return _finish(str(host.name), status, stdout, stderr, started)
+
+
+def _text(data: bytes | bytearray) -> str:
+    return bytes(data).decode("utf-8", errors="replace")
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 4)
+
+
+def _failed(host: str, f: _Failure, started: float) -> Result:
+    return Result(host, False, f.exit_status, f.stdout, f.stderr, f.kind, f.message, _since(started))
+
+
+def _finish(host: str, status: int, stdout: str, stderr: str, started: float) -> Result:
+    if status == 0:
+        return Result(host, True, 0, stdout, stderr, None, None, _since(started))
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    message = f"exit status {status}" + (f": {last[:300]}" if last else "")
+    return Result(host, False, status, stdout, stderr, "command", message, _since(started))
+
+
+def _callback(
+    on_result: Callable[[Result], None] | None, errors: list[BaseException]
+) -> Callable[[Result], Result]:
+    def deliver(result: Result) -> Result:
+        if on_result is not None:
+            try:
+                on_result(result)
+            except BaseException as exc:  # noqa: BLE001 - raised again once every host is done
+                errors.append(exc)
+        return result
+
+    return deliver
+
+
+def run_all(
+    hosts: Iterable[Any],
+    command: Sequence[str],
+    forks: int = 50,
+    connect_timeout: float = 5.0,
+    command_timeout: float = 20.0,
+    known_hosts: str | None = None,
+    accept_new_hostkeys: bool = False,
+    env: dict[str, str] | None = None,
+    on_result: Callable[[Result], None] | None = None,
+) -> dict[str, Result]:
+    """Run ``command`` on every host, ``forks`` at a time; host name -> Result, in the hosts' order.
+
+    ``hosts`` are ``fleetops.fleet.inventory.Host`` (or anything with name, address, port, user,
+    key_file, connection, vars). ``on_result`` is called from the worker thread as each host
+    finishes."""
+    hosts = list(hosts)
+    command_line(command, env)  # bad command or env: fail now, not once per host
+    if not hosts:
+        return {}
+    runner = _Runner(connect_timeout, command_timeout, known_hosts, accept_new_hostkeys)
+    errors: list[BaseException] = []
+    deliver = _callback(on_result, errors)
+    workers = max(1, min(int(forks), len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetops-ssh") as pool:
+        futures = [pool.submit(lambda h=h: deliver(runner.run_once(h, command, env))) for h in hosts]
+        results = {h.name: fut.result() for h, fut in zip(hosts, futures)}
+    if errors:
+        raise errors[0]
+    return results
+
+
+class SessionPool:
+    """One persistent SSH connection per host; ``run`` re-runs a command on all (or some) of them.
+
+    A connection that broke is reopened on the next run (once within the same run if it was a
+    reused one that turned out dead). A host whose previous command is still running answers
+    ``timeout`` at once instead of queueing. Use as a context manager, or call ``close``."""
+
+    def __init__(
+        self,
+        hosts: Iterable[Any],
+        forks: int = 50,
+        connect_timeout: float = 5.0,
+        command_timeout: float = 20.0,
+        known_hosts: str | None = None,
+        accept_new_hostkeys: bool = False,
+        keepalive_s: float = 15.0,
+    ) -> None:
+        self.hosts = {h.name: h for h in hosts}
+        self.keepalive_s = keepalive_s
+        self._runner = _Runner(connect_timeout, command_timeout, known_hosts, accept_new_hostkeys)
+        self._clients: dict[str, paramiko.SSHClient] = {}
+        self._locks = {name: threading.Lock() for name in self.hosts}
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, min(int(forks), len(self.hosts) or 1)), thread_name_prefix="fleetops-pool"
+        )
+        self._closed = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connected(self) -> list[str]:
+        """Hosts with an open connection now."""
+        out = []
+        for name, client in list(self._clients.items()):
+            transport = client.get_transport()
+            if transport is not None and transport.is_active():
+                out.append(name)
+        return sorted(out)
+
+    def drop(self, name: str) -> None:
+        client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for name in list(self._clients):
+            self.drop(name)
+
+    def run_one(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Result:
+        if self._closed:
+            raise RuntimeError("SessionPool is closed")
+        host = self.hosts[name]
+        if getattr(host, "connection", "ssh") == "local":
+            return self._runner.run_local(host, command, env)
+        started = time.monotonic()
+        lock = self._locks[name]
+        if not lock.acquire(blocking=False):
+            return Result(
+                name,
+                False,
+                None,
+                "",
+                "",
+                "timeout",
+                "the previous command on this host has not finished",
+                0.0,
+            )
+        try:
+            line = command_line(command, env)
+            for attempt in (1, 2):
+                client = self._clients.get(name)
+                transport = client.get_transport() if client is not None else None
+                reused = transport is not None and transport.is_active()
+                try:
+                    if not reused:
+                        self.drop(name)
+                        client = self._runner.connect(host)
+                        client.get_transport().set_keepalive(int(self.keepalive_s))  # type: ignore[union-attr]
+                        self._clients[name] = client
+                    assert client is not None
+                    status, stdout, stderr = self._runner.execute(client, line)
+                except _Failure as f:
+                    if f.kind in ("timeout", "unreachable"):
+                        self.drop(name)
+                    if reused and attempt == 1 and f.kind == "unreachable":
+                        continue  # a stale connection: reconnect once
+                    return _failed(name, f, started)
+                return _finish(name, status, stdout, stderr, started)
+            raise AssertionError("unreachable")
+        except Exception as exc:  # noqa: BLE001 - as in run_once: a Result, never an exception
+            self.drop(name)
+            return Result(name, False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started))
+        finally:
+            lock.release()
+
+    def run(
+        self,
+        command: Sequence[str],
+        hosts: Iterable[str] | None = None,
+        env: dict[str, str] | None = None,
+        on_result: Callable[[Result], None] | None = None,
+    ) -> dict[str, Result]:
+        """Run ``command`` on ``hosts`` (names; default all) in parallel; name -> Result."""
+        command_line(command, env)
+        names = list(self.hosts) if hosts is None else list(hosts)
+        unknown = [n for n in names if n not in self.hosts]
+        if unknown:
+            raise KeyError(f"not in this pool: {', '.join(unknown[:5])}")
+        errors: list[BaseException] = []
+        deliver = _callback(on_result, errors)
+        futures = [self._pool.submit(lambda n=n: deliver(self.run_one(n, command, env))) for n in names]
+        results = {n: fut.result() for n, fut in zip(names, futures)}
+        if errors:
+            raise errors[0]
+        return results

@@ -1,0 +1,310 @@
+"""Parallel SSH against real sshd processes of the simulated fleet (needs root and openssh-server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from fleetops import model
+from fleetops.fleet import transport
+from fleetops.fleet.inventory import Host
+from fleetops.sim import fleet
+
+pytestmark = pytest.mark.root
+
+COLLECT = ["fleetops-agent", "collect"]
+
+
+def without_inventory_known_hosts(hosts):
+    """The hosts as if the inventory named no UserKnownHostsFile (so the argument decides)."""
+    return [
+        dataclasses.replace(h, vars={k: v for k, v in h.vars.items() if k != "ansible_ssh_common_args"})
+        for h in hosts
+    ]
+
+
+def test_collect_from_every_node_is_a_valid_snapshot(clean_fleet):
+    results = transport.run_all(clean_fleet.hosts, COLLECT, forks=50)
+    assert list(results) == [h.name for h in clean_fleet.hosts]
+    for host in clean_fleet.hosts:
+        res = results[host.name]
+        assert res.ok, res
+        assert res.error_kind is None and res.exit_status == 0
+        node = model.node_from_json(res.stdout)
+        assert node.hostname == host.name  # each sshd has its own node identity
+        assert node.backend == "sim" and node.gpu_count == 8
+        assert res.elapsed_s > 0
+
+
+def test_each_node_has_its_own_state_file(clean_fleet):
+    results = transport.run_all(clean_fleet.hosts, ["printenv", "FLEETOPS_SIM_STATE", "HOME"])
+    seen = set()
+    for host in clean_fleet.hosts:
+        state, home = results[host.name].stdout.split()
+        assert state == host.vars["fleetops_sim_state"]
+        assert home.endswith(f"/home/{host.name}")
+        seen.add(state)
+    assert len(seen) == len(clean_fleet.hosts)
+
+
+def test_garbage_output_is_still_ok(clean_fleet):
+    res = transport.run_all(clean_fleet.hosts[:2], ["echo", "garbage"])
+    for r in res.values():
+        assert r.ok and r.stdout == "garbage\n" and r.stderr == ""
+
+
+def test_arguments_are_quoted_not_interpreted(clean_fleet):
+    host = clean_fleet.hosts[0]
+    res = transport.run_all([host], ["echo", "$(id -u)", "a;b", "it's"])[host.name]
+    assert res.ok and res.stdout == "$(id -u) a;b it's\n"
+    res = transport.run_all([host], ["printenv", "FOO"], env={"FOO": "x y;$z"})[host.name]
+    assert res.ok and res.stdout == "x y;$z\n"
+
+
+def test_nonzero_exit_is_a_command_error_with_stderr(clean_fleet):
+    host = clean_fleet.hosts[0]
+    res = transport.run_all([host], ["sh", "-c", "echo partial; echo broken >&2; exit 3"])[host.name]
+    assert not res.ok
+    assert res.error_kind == "command" and res.exit_status == 3
+    assert res.stdout == "partial\n" and res.stderr == "broken\n"
+    assert "broken" in res.error
+
+
+def test_agent_missing_from_path_is_command_not_found(clean_fleet):
+    fleet.inject(clean_fleet.directory, "node004", "agent-missing")
+    results = transport.run_all(clean_fleet.hosts, COLLECT)
+    bad = results["node004"]
+    assert not bad.ok and bad.error_kind == "command" and bad.exit_status == 127
+    assert "not found" in bad.error and "fleetops-agent" in bad.stderr
+    assert all(r.ok for name, r in results.items() if name != "node004")
+    fleet.clear(clean_fleet.directory, "node004", "agent-missing")
+    assert transport.run_all([clean_fleet.host("node004")], COLLECT)["node004"].ok
+
+
+def test_host_down_is_unreachable_and_host_hang_times_out_without_stalling_others(clean_fleet):
+    fleet.inject(clean_fleet.directory, "node005", "host-down")
+    fleet.inject(clean_fleet.directory, "node006", "host-hang")
+    finished: list[tuple[str, float]] = []
+    start = time.monotonic()
+    results = transport.run_all(
+        clean_fleet.hosts,
+        COLLECT,
+        connect_timeout=3.0,
+        on_result=lambda r: finished.append((r.host, time.monotonic() - start)),
+    )
+    total = time.monotonic() - start
+    down, hung = results["node005"], results["node006"]
+    assert down.error_kind == "unreachable" and "refused" in down.error
+    assert down.elapsed_s < 1.0
+    assert hung.error_kind == "timeout" and not hung.ok and "3s" in hung.error
+    assert 2.5 <= hung.elapsed_s <= 5.5, hung  # about connect_timeout, never much more
+    assert total <= 6.5
+    for name in ("node001", "node002", "node003", "node004"):
+        assert results[name].ok, results[name]
+        assert results[name].elapsed_s < hung.elapsed_s  # not held up by the hung one
+    assert finished[-1][0] == "node006"
+    assert sorted(n for n, _ in finished) == sorted(results)
+
+
+def test_on_result_errors_surface_after_all_hosts(clean_fleet):
+    calls = []
+
+    def boom(result):
+        calls.append(result.host)
+        raise RuntimeError("progress bar broke")
+
+    with pytest.raises(RuntimeError, match="progress bar broke"):
+        transport.run_all(clean_fleet.hosts, ["true"], on_result=boom)
+    assert sorted(calls) == sorted(h.name for h in clean_fleet.hosts)
+
+
+def test_forks_bound_concurrency(clean_fleet):
+    active, peak, lock = [0], [0], threading.Lock()
+    original = transport._Runner.run_once
+
+    def counting(self, host, command, env):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            return original(self, host, command, env)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    transport._Runner.run_once = counting
+    try:
+        results = transport.run_all(clean_fleet.hosts, ["sleep", "0.2"], forks=2)
+    finally:
+        transport._Runner.run_once = original
+    assert all(r.ok for r in results.values())
+    assert peak[0] == 2
+
+
+def test_command_timeout(clean_fleet):
+    host = clean_fleet.hosts[0]
+    start = time.monotonic()
+    res = transport.run_all([host], ["sh", "-c", "echo started; sleep 30"], command_timeout=1.0)[host.name]
+    assert time.monotonic() - start < 3.0
+    assert res.error_kind == "timeout" and "1s" in res.error
+    assert res.stdout == "started\n"  # what came before the timeout is kept
+
+
+def test_unknown_host_key_refused_by_default_and_accepted_when_asked(clean_fleet, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    hosts = without_inventory_known_hosts(clean_fleet.hosts)
+    refused = transport.run_all(hosts, ["true"], known_hosts=str(known))
+    for r in refused.values():
+        assert r.error_kind == "hostkey" and "not in" in r.error and str(known) in r.error
+    accepted = transport.run_all(hosts, ["true"], known_hosts=str(known), accept_new_hostkeys=True)
+    assert all(r.ok for r in accepted.values()), accepted
+    lines = known.read_text().splitlines()
+    assert len(lines) == len(hosts)
+    assert all(line.split()[1] == "ssh-ed25519" for line in lines)
+    again = transport.run_all(hosts, ["true"], known_hosts=str(known))  # now known: plain verify
+    assert all(r.ok for r in again.values())
+
+
+def test_inventory_known_hosts_wins_and_default_is_home(clean_fleet, tmp_path, monkeypatch):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    # the inventory's UserKnownHostsFile (the fleet's, complete) is used over the argument
+    res = transport.run_all(clean_fleet.hosts[:1], ["true"], known_hosts=str(empty))
+    assert all(r.ok for r in res.values())
+    # no inventory setting, no argument: ~/.ssh/known_hosts of a HOME with nothing in it
+    monkeypatch.setenv("HOME", str(tmp_path))
+    res = transport.run_all(without_inventory_known_hosts(clean_fleet.hosts[:1]), ["true"])
+    r = next(iter(res.values()))
+    assert r.error_kind == "hostkey" and os.path.join(str(tmp_path), ".ssh", "known_hosts") in r.error
+
+
+def test_changed_host_key_refused_even_with_accept_new(clean_fleet, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    host = without_inventory_known_hosts(clean_fleet.hosts[:1])[0]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{host.address}]:{host.port} {other}\n")
+    for accept in (False, True):
+        res = transport.run_all([host], ["true"], known_hosts=str(known), accept_new_hostkeys=accept)[
+            host.name
+        ]
+        assert res.error_kind == "hostkey" and "CHANGED" in res.error
+    assert known.read_text().count("\n") == 1  # nothing appended
+
+
+def test_wrong_key_is_auth_error(clean_fleet, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = tmp_path / "stranger"
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+    )
+    host = dataclasses.replace(clean_fleet.hosts[0], key_file=str(key))
+    res = transport.run_all([host], ["true"])[host.name]
+    assert res.error_kind == "auth", res
+    missing = dataclasses.replace(clean_fleet.hosts[0], key_file=str(tmp_path / "nope"))
+    res = transport.run_all([missing], ["true"])[missing.name]
+    assert res.error_kind == "local" and "nope" in res.error
+
+
+def free_port(address):
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def test_refused_port_and_unresolvable_name_are_unreachable(clean_fleet):
+    base = clean_fleet.hosts[0]
+    closed = dataclasses.replace(base, name="closed", port=free_port(base.address))
+    nowhere = dataclasses.replace(base, name="nowhere", address="no-such-host.invalid")
+    results = transport.run_all([closed, nowhere], ["true"], connect_timeout=2.0)
+    assert results["closed"].error_kind == "unreachable" and "refused" in results["closed"].error
+    assert results["nowhere"].error_kind == "unreachable"
+
+
+def test_local_connection_runs_here():
+    here = Host(name="localhost", address="localhost", connection="local")
+    res = transport.run_all([here], ["echo", "$HOME", "a b"])["localhost"]
+    assert res.ok and res.stdout == "$HOME a b\n"
+    res = transport.run_all([here], ["sh", "-c", "exit 4"])["localhost"]
+    assert res.error_kind == "command" and res.exit_status == 4
+    res = transport.run_all([here], ["no-such-program-fleetops"])["localhost"]
+    assert res.error_kind == "command" and res.exit_status == 127 and "not found" in res.error
+    res = transport.run_all([here], ["sleep", "5"], command_timeout=0.5)["localhost"]
+    assert res.error_kind == "timeout"
+    res = transport.run_all([here], ["printenv", "FOO"], env={"FOO": "bar"})["localhost"]
+    assert res.stdout == "bar\n"
+
+
+def test_command_must_be_a_list():
+    with pytest.raises(TypeError):
+        transport.run_all([], "fleetops-agent collect")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        transport.run_all([], [])
+    with pytest.raises(ValueError):
+        transport.run_all([], ["true"], env={"BAD NAME": "x"})
+    assert transport.run_all([], ["true"]) == {}
+
+
+def test_inject_and_clear_through_the_fleet_change_the_snapshot(clean_fleet):
+    def ecc(name):
+        res = transport.run_all([clean_fleet.host(name)], COLLECT)[name]
+        assert res.ok, res
+        return {g.index: g.ecc_uncorrected_volatile for g in model.node_from_json(res.stdout).gpus}
+
+    assert set(ecc("node002").values()) == {0}
+    assert fleet.inject(clean_fleet.directory, "node002", "ecc-dbe", 3) is True
+    after = ecc("node002")
+    assert after[3] == 2
+    assert all(v == 0 for i, v in after.items() if i != 3)
+    assert set(ecc("node001").values()) == {0}
+    assert fleet.clear(clean_fleet.directory, "node002", "ecc-dbe", 3) == 1
+    assert set(ecc("node002").values()) == {0}
+
+
+def test_session_pool_reuses_connections_and_recovers(clean_fleet):
+    hosts = clean_fleet.hosts
+    with transport.SessionPool(hosts, connect_timeout=2.0, command_timeout=5.0) as pool:
+        first = pool.run(COLLECT)
+        assert all(r.ok for r in first.values())
+        assert pool.connected() == sorted(h.name for h in hosts)
+        start = time.monotonic()
+        second = pool.run(["true"])
+        assert all(r.ok for r in second.values())
+        assert time.monotonic() - start < 2.0
+
+        # node003 restarts: its old connection is dead, the pool reconnects in the same run
+        fleet.inject(clean_fleet.directory, "node003", "host-down")
+        down = pool.run(["true"], hosts=["node003"])["node003"]
+        assert down.error_kind == "unreachable"
+        fleet.clear(clean_fleet.directory, "node003", "host-down")
+        assert pool.run(["true"], hosts=["node003"])["node003"].ok
+
+        # node004 hangs with a connection open: timeout, then back once it continues
+        fleet.inject(clean_fleet.directory, "node004", "host-hang")
+        start = time.monotonic()
+        hung = pool.run(["true"])
+        assert hung["node004"].error_kind == "timeout"
+        assert time.monotonic() - start < 4.0
+        assert all(r.ok for n, r in hung.items() if n != "node004")
+        fleet.clear(clean_fleet.directory, "node004", "host-hang")
+        assert pool.run(["true"], hosts=["node004"])["node004"].ok
+        with pytest.raises(KeyError):
+            pool.run(["true"], hosts=["node999"])
+    assert pool.connected() == []
