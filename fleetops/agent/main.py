@@ -1,7 +1,9 @@
 """``fleetops-agent``: the node side, started over SSH or by Ansible modules.
 
 Output contract: a command prints one JSON document on stdout and exits 0, or prints a
-one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. Nothing heavy
+one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. ``reset`` and
+``mig`` print their report on stdout also when they refuse or fail (exit 1, with the error line
+on stderr); a usage error (an index given to ``reset``) is exit 2 with the error line only. Nothing heavy
 is imported here (no textual, rich, ansible, paramiko): this starts on every node every few
 seconds during an incident.
 """
@@ -54,7 +56,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("value", help="watts for power; on/off for persistence and mig")
     p.add_argument("--gpu", default="all", help="all, a UUID, a bus id or an index")
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+
+    p = sub.add_parser("reset", help="safely reset one GPU: every precondition checked and reported first")
+    common(p)
+    p.add_argument("--gpu", required=True, help="the GPU's UUID or PCI bus id (never an index)")
+    p.add_argument("--bus-id", help="the bus id the caller expects --gpu (a UUID) to be at; refused if not")
+    p.add_argument("--dry-run", action="store_true", help="evaluate every precondition; change nothing")
+    p.add_argument("--kill-processes", action="store_true", help="end the GPU's compute processes first")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--reset-timeout", type=float, default=120.0, help="seconds for the reset and the GPU's return")
+    p.add_argument(
+        "--clients",
+        help="comma-separated systemd units stopped before and restarted after the reset "
+        "(default: $FLEETOPS_RESET_CLIENTS or nvidia-persistenced,nvidia-dcgm,dcgm-exporter; '' for none)",
+    )
+    p.add_argument("--log", help="audit log, JSON lines (default /var/log/fleetops/reset.jsonl; sim: by the state)")
+    p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
+    p.add_argument("--no-syslog", action="store_true", help="do not send the attempt to syslog")
+
+    p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
+    common(p)
+    p.add_argument("action", choices=["reset"], help="reset")
+    p.add_argument("--gpu", default="all", help="all (the MIG-enabled GPUs), a UUID or a bus id")
+    p.add_argument("--profiles", help="comma-separated profiles to create (default: the current layout)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
+    p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
     return parser
+
+
+def _verdict(doc: dict[str, Any], code: int, pretty: bool) -> int:
+    """reset/mig: the document always goes to stdout; a non-zero exit adds the one-line error."""
+    _emit(doc, pretty)
+    if code != EXIT_OK:
+        kind = {"error": "no-such-gpu"}.get(str(doc.get("result")), str(doc.get("result") or "failed"))
+        sys.stderr.write(json.dumps({"error": doc.get("message") or kind, "kind": kind}) + "\n")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,11 +115,23 @@ def main(argv: list[str] | None = None) -> int:
 
             _emit(apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state), args.pretty)
             return EXIT_OK
+        if args.command in ("reset", "mig"):
+            if args.command == "reset":
+                from fleetops.agent.reset import ResetError as ActionError
+                from fleetops.agent.reset import main_args
+            else:
+                from fleetops.agent.mig import MigError as ActionError
+                from fleetops.agent.mig import main_args
+            try:
+                doc, code = main_args(args)
+            except ActionError as exc:
+                return _fail(exc.kind, str(exc), exc.exit_code)
+            return _verdict(doc, code, args.pretty)
     except CollectError as exc:
         return _fail("collect", str(exc))
     except Exception as exc:  # every failure becomes one JSON line, never a traceback on stdout
         kind = type(exc).__name__
-        known = {"SetError", "TopologyError", "SimError", "SchemaError"}
+        known = {"SetError", "TopologyError", "SimError", "SchemaError", "LockError", "LockHeld", "DryRunViolation"}
         if kind not in known:
             return _fail("internal", f"{kind}: {exc}")
         return _fail(kind, str(exc))

@@ -493,7 +493,8 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         gpu["power_enforced_limit_w"] = gpu["power_limit_w"]
         gpu["clocks_event_reasons"] = throttle.decode(gpu["clocks_event_mask"])
         gpu["nvlinks"] = links
-        gpu["mig_instances"] = [] if gpu.get("mig_mode_current") else None
+        # configured instances (see mig_reset); a state without any shows an empty list, as before
+        gpu["mig_instances"] = [dict(m) for m in raw.get("mig_instances") or []] if gpu.get("mig_mode_current") else None
         if not gpu.get("mig_mode_current"):
             gpu.setdefault("unavailable", {})["mig_instances"] = "MIG disabled"
         gpus.append(gpu)
@@ -561,3 +562,211 @@ def _same_bus(a: str, b: str) -> bool:
         return model.normalize_bus_id(a) == model.normalize_bus_id(b)
     except ValueError:
         return False
+
+
+# --- reset, processes, services and MIG instances (fleetops.agent.reset / .mig) -------
+#
+# What a GPU reset does in the simulator, condition by condition. A reset re-initialises the
+# GPU: its volatile counters (ECC, NVLink error counters, PCIe replays) start again from zero,
+# a pending row remap is applied, the XIDs it had pending are gone and its clocks return to
+# their defaults. What comes from outside the GPU, or from hardware that is broken, stays:
+# a failed row remap (no spare rows: drain and inspect), a downtrained PCIe link or a link that
+# is down for a physical reason, and the thermal slowdown / power brake (the reset restores the
+# clocks, but the slowdown returns at once while the cooling or power condition persists, so
+# the fault stays and the next snapshot shows it). A GPU that fell off the bus (xid:79) or is
+# not enumerated (gpu-missing) cannot be reached by a reset at all: only a reboot brings it back.
+# Settings (power cap, persistence, MIG mode, VBIOS, driver) are not the reset's business.
+
+RESET_CLEARS = ("ecc-dbe", "ecc-sbe-storm", "row-remap-pending", "nvlink-crc-storm", "pcie-replay-storm")
+RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "thermal-slowdown", "power-brake")
+LOST_FAULTS = ("xid:79", "gpu-missing")
+CLOCK_FIELDS = ("clock_sm_mhz", "clock_mem_mhz", "clocks_event_mask")
+
+
+def lost_reason(state: dict[str, Any], position: int) -> str | None:
+    """The fault that keeps the GPU at ``position`` from being enumerated, if any."""
+    for fault in state["faults"]:
+        if fault.get("gpu") == position and fault["name"] in LOST_FAULTS:
+            return str(fault["name"])
+    return None
+
+
+def find_gpu(state: dict[str, Any], key: str) -> tuple[int | None, str | None]:
+    """(position in ``state["gpus"]``, why the driver does not enumerate it) of the GPU whose
+    UUID or bus id is ``key``; ``(None, None)`` when no GPU of this node ever had it. Unlike
+    ``gpu_position`` this also finds a GPU that fell off the bus."""
+    key = key.strip()
+    for pos, gpu in enumerate(state["gpus"]):
+        if gpu["uuid"] == key or (not key.upper().startswith("GPU-") and _same_bus(gpu["bus_id"], key)):
+            return pos, lost_reason(state, pos)
+    return None, None
+
+
+def gpu_processes(state: dict[str, Any], position: int) -> list[dict[str, Any]]:
+    """Compute processes on the GPU at ``position``, as the snapshot lists them (with the
+    ``real`` flag of processes a test registered with ``add_process``)."""
+    procs = [dict(p) for p in state.get("processes", {}).get(str(position), [])]
+    if any(f["name"] == "stray-process" and f.get("gpu") == position for f in state["faults"]):
+        procs.append({"pid": STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480})
+    return procs
+
+
+def add_process(
+    state: dict[str, Any], position: int, pid: int, name: str, used_memory_mib: int = 1024, real: bool = False
+) -> None:
+    """Show ``pid`` as a compute process on the GPU at ``position``. ``real=True`` says it is a
+    process of this machine that the agent may signal; the others are only records."""
+    entry: dict[str, Any] = {"pid": int(pid), "name": name, "used_memory_mib": int(used_memory_mib)}
+    if real:
+        entry["real"] = True
+    state.setdefault("processes", {}).setdefault(str(position), []).append(entry)
+
+
+def end_process(state: dict[str, Any], position: int, pid: int) -> bool:
+    """The process ``pid`` on the GPU at ``position`` has ended: drop it (ending the stray
+    process retires the ``stray-process`` fault). False when it was not there."""
+    found = False
+    table = state.setdefault("processes", {})
+    entries = table.get(str(position), [])
+    kept = [p for p in entries if int(p.get("pid", -1)) != int(pid)]
+    if len(kept) != len(entries):
+        found = True
+        if kept:
+            table[str(position)] = kept
+        else:
+            table.pop(str(position), None)
+    if int(pid) == STRAY_PID:
+        before = len(state["faults"])
+        state["faults"] = [
+            f for f in state["faults"] if not (f["name"] == "stray-process" and f.get("gpu") == position)
+        ]
+        found = found or len(state["faults"]) != before
+    return found
+
+
+def set_service(state: dict[str, Any], unit: str, status: str) -> str | None:
+    """Record ``unit`` as ``status`` ("active"/"inactive") on the node; returns what it was."""
+    services = state["node"].setdefault("services", {})
+    before = services.get(unit)
+    services[unit] = status
+    return before
+
+
+def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) -> dict[str, Any]:
+    """Reset the GPU at ``position`` as ``nvidia-smi -r`` would (see the table above).
+
+    Raises SimError, changing nothing, when the GPU is not enumerated or still has compute
+    processes (the driver refuses a reset of a GPU in use). Returns what the reset did."""
+    now = time.time() if now is None else now
+    if not 0 <= position < len(state["gpus"]):
+        raise SimError(f"GPU position {position} does not exist on {state['hostname']}")
+    gpu = state["gpus"][position]
+    lost = lost_reason(state, position)
+    if lost:
+        raise SimError(
+            f"GPU {gpu['uuid']} ({gpu['bus_id']}) is not enumerated ({lost}): a reset cannot reach it; reboot the node"
+        )
+    procs = gpu_processes(state, position)
+    if procs:
+        pids = ", ".join(str(p["pid"]) for p in procs)
+        raise SimError(f"GPU {gpu['uuid']} ({gpu['bus_id']}) is in use by pid {pids}: the driver refuses the reset")
+    cleared: list[str] = []
+    kept: list[str] = []
+    applied: list[str] = []
+    faults = []
+    for fault in state["faults"]:
+        name = fault["name"]
+        if fault.get("gpu") != position or name in SETTING_FAULTS:
+            faults.append(fault)
+            if fault.get("gpu") == position:
+                kept.append(name)
+            continue
+        if name in RESET_CLEARS or name.startswith("xid:"):
+            elapsed_min = max(0.0, (now - float(fault.get("since", now))) / 60.0)
+            # the aggregate (lifetime) counters keep what the volatile ones counted
+            if name == "ecc-dbe":
+                gpu["ecc_uncorrected_aggregate"] = int(gpu.get("ecc_uncorrected_aggregate") or 0) + 2
+            elif name == "ecc-sbe-storm":
+                grown = SBE_STORM_BASE + int(SBE_STORM_PER_MIN * elapsed_min)
+                gpu["ecc_corrected_aggregate"] = int(gpu.get("ecc_corrected_aggregate") or 0) + grown
+            elif name == "row-remap-pending":
+                gpu["remapped_rows_uncorrected"] = int(gpu.get("remapped_rows_uncorrected") or 0) + 1
+                applied.append("pending row remap applied")
+            cleared.append(name)
+            continue
+        faults.append(fault)
+        kept.append(name)
+    state["faults"] = faults
+    gpu["ecc_corrected_volatile"] = 0
+    gpu["ecc_uncorrected_volatile"] = 0
+    gpu["pcie_replay_counter"] = 0
+    gpu["remapped_rows_pending"] = False
+    for name in CLOCK_FIELDS:
+        gpu[name] = DEFAULT_GPU[name]
+    backed = {(_logs_code(f["name"]), f.get("gpu")) for f in faults}
+    log = state.get("kernel_log", [])
+    xids_cleared = [e["code"] for e in log if e.get("gpu") == position and (e["code"], e["gpu"]) not in backed]
+    state["kernel_log"] = [e for e in log if e.get("gpu") != position or (e["code"], e["gpu"]) in backed]
+    record = {
+        "uuid": gpu["uuid"],
+        "bus_id": gpu["bus_id"],
+        "at": now,
+        "cleared": cleared,
+        "kept": kept,
+        "applied": applied,
+        "xids_cleared": xids_cleared,
+    }
+    state.setdefault("resets", []).append({"gpu": position, **record})
+    return record
+
+
+# MIG profiles the simulator knows for an H200 (name -> GPU instance profile size in slices).
+MIG_PROFILES = {"1g.18gb": 1, "1g.35gb": 1, "2g.35gb": 2, "3g.71gb": 3, "4g.71gb": 4, "7g.141gb": 7}
+
+
+def _mig_uuid(gpu_uuid: str, generation: int, slot: int) -> str:
+    h = _digest("mig", gpu_uuid, generation, slot)
+    return f"MIG-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def set_mig_instances(state: dict[str, Any], position: int, profiles: list[str], in_use: list[int] | None = None) -> list[dict[str, Any]]:
+    """Configure MIG instances of ``profiles`` on the GPU at ``position`` (MIG mode must be on);
+    ``in_use`` lists the slots (0-based) that have a workload."""
+    gpu = state["gpus"][position]
+    if not gpu.get("mig_mode_current"):
+        raise SimError(f"GPU {gpu['uuid']}: MIG mode is off; set it on first")
+    slices = 0
+    for profile in profiles:
+        if profile not in MIG_PROFILES:
+            raise SimError(f"unknown MIG profile {profile!r}; known: {', '.join(MIG_PROFILES)}")
+        slices += MIG_PROFILES[profile]
+    if slices > 7:
+        raise SimError(f"MIG profiles {profiles} need {slices} slices; an H200 has 7")
+    generation = int(gpu.get("mig_generation", 0)) + 1
+    gpu["mig_generation"] = generation
+    busy = set(in_use or [])
+    gpu["mig_instances"] = [
+        {
+            "gpu_instance_id": slot + 1,
+            "compute_instance_id": 0,
+            "profile": profile,
+            "uuid": _mig_uuid(gpu["uuid"], generation, slot),
+            "in_use": slot in busy,
+        }
+        for slot, profile in enumerate(profiles)
+    ]
+    return gpu["mig_instances"]
+
+
+def mig_reset(state: dict[str, Any], position: int, profiles: list[str] | None = None) -> dict[str, Any]:
+    """Destroy the GPU's MIG instances and create them again (the same profiles, or
+    ``profiles``); refuses, changing nothing, while any instance is in use."""
+    gpu = state["gpus"][position]
+    before = [dict(m) for m in gpu.get("mig_instances") or []]
+    busy = [m for m in before if m.get("in_use")]
+    if busy:
+        names = ", ".join(f"{m['profile']} GI {m['gpu_instance_id']} ({m['uuid']})" for m in busy)
+        raise SimError(f"GPU {gpu['uuid']}: MIG instances in use: {names}")
+    wanted = list(profiles) if profiles is not None else [m["profile"] for m in before]
+    after = set_mig_instances(state, position, wanted)
+    return {"uuid": gpu["uuid"], "destroyed": before, "created": [dict(m) for m in after]}

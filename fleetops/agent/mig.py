@@ -1,0 +1,184 @@
+"""``fleetops-agent mig reset``: destroy and recreate a GPU's MIG instances, when none is in use.
+
+The layout recreated is the GPU's current one (its instances' profiles, in order) or the one
+given with ``--profiles``. All-or-nothing: if any selected GPU has an instance in use (or its
+instances cannot be listed), nothing is changed on any GPU and the busy instances are named.
+The change holds the node's maintenance lock (``agent.lock``), like a GPU reset. A dry run
+reports the plan and changes nothing.
+
+On the simulator the instances live in the state file (``gpu.sim.mig_reset``); on a real node
+the agent runs ``nvidia-smi mig -i UUID -dci``, ``-dgi`` and ``-cgi PROFILES -C`` (argument
+lists, no shell), then reads the instances back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from fleetops import model
+from fleetops.agent import lock as node_lock
+
+
+class MigError(Exception):
+    def __init__(self, message: str, kind: str = "mig", exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.exit_code = exit_code
+
+
+def _select(node: model.Node, selector: str) -> tuple[list[model.Gpu], bool]:
+    """(GPUs, explicitly named). ``all`` means the GPUs with MIG enabled."""
+    text = (selector or "all").strip()
+    if text == "all":
+        return [g for g in node.gpus if g.mig_mode_current], False
+    if text.isdigit():
+        raise MigError(f"--gpu {text}: give a UUID or a bus id, never an index", "usage", 2)
+    if text.upper().startswith("GPU-"):
+        gpu = node.gpu_by_uuid(text)
+    else:
+        try:
+            gpu = node.gpu_by_bus_id(text)
+        except ValueError:
+            raise MigError(f"--gpu {text!r}: not 'all', a GPU UUID or a bus id", "usage", 2) from None
+    if gpu is None:
+        present = ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in node.gpus) or "none"
+        raise MigError(f"--gpu {text}: no such GPU on {node.hostname} (present: {present})", "no-such-gpu")
+    return [gpu], True
+
+
+def _inst(m: model.MigInstance) -> dict[str, Any]:
+    return {"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id, "profile": m.profile,
+            "uuid": m.uuid, "in_use": m.in_use}
+
+
+def plan(node: model.Node, selector: str, profiles: list[str] | None) -> list[dict[str, Any]]:
+    """One entry per selected GPU: status ``ready`` | ``refused`` | ``skipped`` with detail."""
+    gpus, explicit = _select(node, selector)
+    out = []
+    for gpu in gpus:
+        entry: dict[str, Any] = {"uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "before": [], "after": None}
+        if not gpu.mig_mode_current:
+            entry.update(status="refused" if explicit else "skipped", detail="MIG mode is off on this GPU",
+                         remedy="enable MIG first (fleetops apply mig)")
+        elif gpu.mig_instances is None:
+            entry.update(status="refused", detail=f"cannot list MIG instances ({gpu.unavailable.get('mig_instances', 'unknown')})",
+                         remedy="list them with nvidia-smi mig -lgi and retry")
+        else:
+            entry["before"] = [_inst(m) for m in gpu.mig_instances]
+            busy = [m for m in gpu.mig_instances if m.in_use]
+            layout = list(profiles) if profiles is not None else [m.profile or "?" for m in gpu.mig_instances]
+            if busy:
+                names = ", ".join(f"GI {m.gpu_instance_id} {m.profile} {m.uuid}" for m in busy)
+                entry.update(status="refused", detail=f"MIG instances in use: {names}",
+                             remedy="stop the workloads on those instances (drain the GPU), then retry", in_use=[_inst(m) for m in busy])
+            elif not layout:
+                entry.update(status="refused", detail="no instances configured and no --profiles given: nothing to recreate",
+                             remedy="give the layout with --profiles")
+            else:
+                entry.update(status="ready", profiles=layout,
+                             detail=f"destroy {len(gpu.mig_instances)} instance(s), create {', '.join(layout)}")
+        out.append(entry)
+    return out
+
+
+def _smi(args: list[str], timeout: float = 120.0) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(["nvidia-smi", "mig", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return 127, "nvidia-smi not found"
+    except subprocess.TimeoutExpired:
+        return 124, "nvidia-smi mig timed out"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _recreate_nvml(entry: dict[str, Any]) -> tuple[bool, str]:
+    uuid = entry["uuid"]
+    steps = [["-i", uuid, "-dci"], ["-i", uuid, "-dgi"], ["-i", uuid, "-cgi", ",".join(entry["profiles"]), "-C"]]
+    said = []
+    for step in steps:
+        rc, out = _smi(step)
+        said.append(f"nvidia-smi mig {' '.join(step)}: exit {rc}")
+        # destroying when there is nothing to destroy is not an error worth stopping for
+        if rc != 0 and step[-1] not in ("-dci", "-dgi"):
+            return False, "; ".join(said) + (f": {out}" if out else "")
+    return True, "; ".join(said)
+
+
+def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, state_path: str | None,
+        lock_path: str | None) -> tuple[dict[str, Any], int]:
+    from fleetops.agent import reset as reset_mod
+    from fleetops.agent.collect import collect
+
+    started = time.time()
+    try:
+        back = reset_mod.make_backend(backend, state_path, dry_run)
+    except reset_mod.ResetError as exc:
+        raise MigError(str(exc), exc.kind, exc.exit_code) from exc
+    node = back.snapshot()
+    entries = plan(node, selector, profiles)
+    doc: dict[str, Any] = {"action": "mig reset", "node": node.hostname, "backend": back.name, "dry_run": dry_run,
+                           "gpus": entries, "refused": False, "result": None, "message": ""}
+    refused = [e for e in entries if e["status"] == "refused"]
+    ready = [e for e in entries if e["status"] == "ready"]
+    if refused:
+        doc.update(refused=True, result="refused",
+                   message="refused: " + "; ".join(f"{e['uuid']}: {e['detail']}" for e in refused))
+        return doc, 1
+    if not ready:
+        doc.update(result="nothing-to-do", message="no GPU with MIG enabled: nothing to recreate")
+        return doc, 0
+    if dry_run:
+        for e in ready:
+            e["status"] = "would-recreate"
+        doc.update(result="would-recreate", message=f"dry run: would recreate MIG instances on {len(ready)} GPU(s)")
+        return doc, 0
+    path = lock_path or back.default_lock()
+    try:
+        held = node_lock.acquire(path, "mig reset", ",".join(e["uuid"] for e in ready))
+    except node_lock.LockHeld as exc:
+        doc.update(refused=True, result="refused", message=str(exc), holder=exc.holder)
+        return doc, 1
+    try:
+        failed = False
+        for e in ready:
+            if back.name == "sim":
+                from fleetops.gpu import sim
+
+                assert isinstance(back, reset_mod.SimBackend)
+                try:
+                    with sim.locked_state(back.path) as st:
+                        pos, _ = sim.find_gpu(st, e["uuid"])
+                        assert pos is not None
+                        sim.mig_reset(st, pos, e["profiles"])
+                    ok, detail = True, "simulated: destroyed and recreated"
+                except sim.SimError as exc:
+                    ok, detail = False, str(exc)
+            else:
+                ok, detail = _recreate_nvml(e)
+            e["status"] = "recreated" if ok else "failed"
+            e["detail"] = detail
+            failed = failed or not ok
+        after = collect(back.name, getattr(back, "path", None))
+        for e in ready:
+            gpu = after.gpu_by_uuid(e["uuid"])
+            e["after"] = [_inst(m) for m in (gpu.mig_instances or [])] if gpu else None
+            got = [m["profile"] for m in e["after"] or []]
+            if e["status"] == "recreated" and sorted(got) != sorted(e["profiles"]):
+                e["status"] = "failed"
+                e["detail"] += f"; read back {got}, expected {e['profiles']}"
+                failed = True
+    finally:
+        held.release()
+    doc["elapsed_s"] = round(time.time() - started, 3)
+    if failed:
+        doc.update(result="failed", message="MIG reset failed on " + ", ".join(e["uuid"] for e in ready if e["status"] == "failed"))
+        return doc, 1
+    doc.update(result="recreated", message=f"recreated MIG instances on {len(ready)} GPU(s)")
+    return doc, 0
+
+
+def main_args(args: Any) -> tuple[dict[str, Any], int]:
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
+    return run(args.gpu, profiles, bool(args.dry_run), args.backend, args.state, args.lock_file)

@@ -1,0 +1,1 @@
+"""Remediation: GPU resets and plans from audit findings (controller side)."""

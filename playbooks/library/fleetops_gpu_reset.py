@@ -1,0 +1,204 @@
+#!/usr/bin/python
+"""Reset one GPU safely through ``fleetops-agent reset``."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleetops_gpu_reset
+short_description: Reset one GPU through fleetops-agent, every precondition checked first
+description:
+  - Runs C(fleetops-agent reset --gpu GPU --json) on the node. The agent checks and reports each
+    precondition (the GPU exists and its UUID matches its bus id, the node's maintenance lock, no
+    compute processes, no MIG instance in use, no NVLink peer set, Fabric Manager on NVSwitch
+    systems, the GPU clients it stops and restarts), resets the GPU, and verifies it came back healthy.
+  - A refusal fails the task with the agent's remedy (reboot the node, drain and inspect, reset the
+    peer set, ...).
+  - In check mode the agent runs with C(--dry-run): it evaluates every precondition and changes nothing.
+options:
+  gpu:
+    description: The GPU's UUID or PCI bus id. Never an index (indices change when a GPU falls off the bus).
+    type: str
+    required: true
+  bus_id:
+    description: The bus id the GPU named by UUID is expected at; the reset is refused when it is elsewhere.
+    type: str
+  kill_processes:
+    description: End the GPU's compute processes first (SIGTERM, then SIGKILL after I(grace)).
+    type: bool
+    default: false
+  grace:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: int
+    default: 10
+  clients:
+    description: Systemd units stopped before and restarted after the reset; the agent's default when unset.
+    type: list
+    elements: str
+  agent:
+    description: Path of fleetops-agent; found on PATH, in /usr/local/bin or /opt/fleetops/venv/bin when unset.
+    type: path
+  sim_state:
+    description: Simulator state file of a simulated node (passed as C(--backend sim --state)).
+    type: path
+    aliases: [state_file]
+  backend:
+    description: Agent backend.
+    type: str
+    default: auto
+    choices: [auto, nvml, sim]
+  timeout:
+    description: Seconds the agent may take (unused by the agent; kept for the shared options).
+    type: int
+    default: 120
+author: fleetops
+"""
+
+EXAMPLES = r"""
+- name: Reset the GPU that logged XID 48
+  fleetops_gpu_reset:
+    gpu: GPU-589545c7-6f94-1a58-7729-1bca2ce1a718
+    kill_processes: true
+"""
+
+RETURN = r"""
+result:
+  description: The agent's verdict, C(reset), C(would-reset) (check mode), C(refused), C(failed) or C(error).
+  returned: always
+  type: str
+preconditions:
+  description: Each precondition the agent evaluated (name, status ok/failed/skipped, detail, remedy).
+  returned: always
+  type: list
+  elements: dict
+actions:
+  description: What the agent did (ended processes, stopped and started services, the reset).
+  returned: always
+  type: list
+  elements: dict
+verified:
+  description: Whether the GPU came back with the same UUID and no critical finding.
+  returned: always
+  type: bool
+remedy:
+  description: What to do instead, when the reset was refused or failed.
+  returned: always
+  type: str
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+# Self-contained, like the other fleetops modules: a playbook-adjacent module_utils folder is not
+# importable where ansible-lint and the unit tests load modules in-process.
+AGENT_ARGUMENT_SPEC = dict(
+    agent=dict(type="path"),
+    sim_state=dict(type="path", aliases=["state_file"]),
+    backend=dict(type="str", default="auto", choices=["auto", "nvml", "sim"]),
+    timeout=dict(type="int", default=120),
+)
+AGENT_DIRS = ("/usr/local/bin", "/opt/fleetops/venv/bin", "/opt/fleetops/bin")
+
+
+def agent_command(module):
+    """How to start fleetops-agent here: the given path, one found on PATH or in the usual
+    folders, else this Python's fleetops package."""
+    path = module.params.get("agent")
+    if path:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            module.fail_json(msg="fleetops-agent not found or not executable at %s" % path, kind="missing-agent")
+        return [path]
+    found = module.get_bin_path("fleetops-agent", required=False, opt_dirs=list(AGENT_DIRS) + [os.path.dirname(sys.executable)])
+    if found:
+        return [found]
+    if importlib.util.find_spec("fleetops") is not None:
+        return [sys.executable, "-m", "fleetops.agent.main"]
+    module.fail_json(msg="fleetops-agent is not installed on this node; run the fleetops_agent role first",
+                     kind="missing-agent")
+    return []
+
+
+def backend_args(module):
+    """A simulated node's state file is named explicitly (Ansible may not pass sshd's environment)."""
+    state = module.params.get("sim_state")
+    backend = module.params.get("backend") or "auto"
+    if state:
+        return ["--backend", "sim" if backend == "auto" else backend, "--state", state]
+    return ["--backend", backend] if backend != "auto" else []
+
+
+def _error_line(stderr):
+    for line in reversed((stderr or "").strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "error" in doc:
+            return doc
+    return None
+
+
+def main():
+    spec = dict(
+        gpu=dict(type="str", required=True),
+        bus_id=dict(type="str"),
+        kill_processes=dict(type="bool", default=False),
+        grace=dict(type="int", default=10),
+        clients=dict(type="list", elements="str"),
+    )
+    spec.update(AGENT_ARGUMENT_SPEC)
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    p = module.params
+    argv = ["reset", "--gpu", p["gpu"], "--json", "--timeout", str(p["grace"])] + backend_args(module)
+    if p["bus_id"]:
+        argv += ["--bus-id", p["bus_id"]]
+    if p["kill_processes"]:
+        argv.append("--kill-processes")
+    if p["clients"] is not None:
+        argv += ["--clients", ",".join(p["clients"])]
+    if module.check_mode:
+        argv.append("--dry-run")
+    cmd = agent_command(module) + argv
+    rc, out, err = module.run_command(cmd, check_rc=False, environ_update={"LC_ALL": "C"})
+    try:
+        doc = json.loads(out) if out.strip() else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        error = _error_line(err) or {}
+        module.fail_json(
+            msg=error.get("error") or "fleetops-agent reset failed (exit %d): %s" % (rc, (err or out).strip()[-2000:]),
+            kind=error.get("kind", "agent"),
+            rc=rc,
+            cmd=cmd,
+        )
+    result = dict(
+        changed=doc.get("result") == "reset" or any(a.get("ok") for a in doc.get("actions") or []),
+        result=doc.get("result"),
+        gpu=doc.get("gpu"),
+        preconditions=doc.get("preconditions") or [],
+        actions=doc.get("actions") or [],
+        verified=bool(doc.get("verified")),
+        verification=doc.get("verification"),
+        remedy=doc.get("remedy"),
+        msg=doc.get("message") or doc.get("result"),
+    )
+    if module._diff:
+        gpu = doc.get("gpu") or {}
+        name = "%s (%s)" % (gpu.get("uuid"), gpu.get("bus_id"))
+        result["diff"] = dict(
+            before="%s: not reset\n" % name,
+            after="%s: %s\n" % (name, "reset" if doc.get("result") in ("reset", "would-reset") else "not reset"),
+        )
+    if rc != 0:
+        module.fail_json(rc=rc, **result)
+    if module.check_mode:
+        result["changed"] = True  # it would reset the GPU
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

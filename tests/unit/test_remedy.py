@@ -1,0 +1,229 @@
+"""fleetops reset / remediate without SSH: the plan from findings, the index -> UUID resolution,
+the confirmation, and carrying out the plan (the agent runs locally on simulator state)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetops import checks, cli, model
+from fleetops.agent.collect import collect
+from fleetops.fleet import audit
+from fleetops.fleet.store import Store
+from fleetops.fleet.transport import Result
+from fleetops.gpu import sim
+from fleetops.remedy import cli as remedy_cli
+from fleetops.remedy import plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def finding(check, severity="crit", node="node001", gpu=0, action=None, observed=None):
+    ref = {"index": gpu, "uuid": f"GPU-{node}-{gpu}", "bus_id": f"0000:{0x18 + gpu:02x}:00.0"} if gpu is not None else None
+    return model.Finding(check=check, severity=severity, node=node, message=f"{check} on {gpu}", gpu=ref,
+                         observed=observed, action=action)
+
+
+def node_findings(tmp_path, name, faults):
+    path = tmp_path / f"{name}.json"
+    sim.init_state(str(path), name, {"faults": faults})
+    snap = collect("sim", str(path))
+    return path, snap, checks.run_node_checks(snap)
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+
+def test_each_fault_gets_the_action_the_catalog_and_checks_give(tmp_path):
+    _, _, found = node_findings(
+        tmp_path, "node001", ["ecc-dbe@1", "row-remap-failure@2", "xid:13@3", "row-remap-pending@4", "xid:119@5"]
+    )
+    p = plan.build(found, ["node001"])
+    (node,) = p.nodes
+    by_index = {i.gpu["index"]: i.action for i in node.items if i.gpu}
+    assert by_index == {1: "reset_gpu", 2: "drain_and_inspect", 3: "restart_app", 4: "reset_gpu", 5: "reset_gpu"}
+    assert node.action == "drain_and_inspect"
+    assert [i.gpu["index"] for i in node.resets] == [1, 4, 5]
+
+
+def test_a_gpu_off_the_bus_makes_the_node_reboot_and_supersedes_its_resets(tmp_path):
+    _, _, found = node_findings(tmp_path, "node002", ["xid:79@6", "ecc-dbe@0"])
+    p = plan.build(found, ["node002"])
+    (node,) = p.nodes
+    assert node.action == "reboot_node"
+    reset_item = next(i for i in node.items if i.gpu and i.gpu["index"] == 0)
+    assert reset_item.action == "reset_gpu" and reset_item.superseded_by == "reboot_node"
+    assert p.resets == []
+    text = plan.render(p)
+    assert "drain and reboot the node" in text and "superseded: reboot node" in text
+
+
+def test_worst_action_per_gpu_wins_and_info_and_unknown_plan_nothing():
+    found = [
+        finding("memory.ecc_dbe_volatile"),
+        finding("memory.row_remap_failure"),
+        finding("pcie.replay_rate", "info", gpu=1),
+        finding("transport.unreachable", "unknown", node="node009", gpu=None, action="Check the node is up"),
+    ]
+    p = plan.build(found, ["node001", "node009"])
+    assert [(n.node, n.action) for n in p.nodes] == [("node001", "drain_and_inspect"), ("node009", "none")]
+    assert [i.action for i in p.nodes[0].items] == ["drain_and_inspect"]
+    assert p.nodes[1].cannot_plan[0]["check"] == "transport.unreachable"
+    assert "cannot plan" in plan.render(p)
+
+
+def test_xid_findings_follow_the_xid_catalog():
+    def xid(code, sev="crit", name="x"):
+        return finding("xid.recent", sev, observed=[{"code": code, "name": name, "severity": sev, "count": 1, "sxid": False}])
+
+    assert plan.action_for(xid(48)) == "reset_gpu"
+    assert plan.action_for(xid(79)) == "reboot_node"
+    assert plan.action_for(xid(13, "warn")) == "restart_app"
+    assert plan.action_for(xid(74)) == "reset_gpu"  # check NVLink, then reset
+    assert plan.action_for(xid(154, "crit", "GPU recovery action changed: node_reboot")) == "reboot_node"
+    assert plan.action_for(finding("xid.recovery_action", observed="drain_p2p")) == "reset_gpu"
+
+
+def test_unknown_checks_fall_back_to_their_action_text():
+    assert plan.action_for(finding("new.check", action="Drain the node and reboot it.")) == "reboot_node"
+    assert plan.action_for(finding("new.check", action="Reset it: fleetops reset n g")) == "reset_gpu"
+    assert plan.action_for(finding("new.check", action="Open an RMA.")) == "drain_and_inspect"
+    assert plan.action_for(finding("new.check", action="Look at the graphs.")) == "none"
+    # a reset with no GPU to aim at becomes a drain
+    p = plan.build([finding("new.check", gpu=None, action="fleetops reset NODE GPU")])
+    assert p.nodes[0].items[0].action == "drain"
+
+
+# --- the commands, with the agent run locally instead of over SSH ----------------------------
+
+
+class LocalAgent:
+    """Stands in for SSH: runs the agent command in a subprocess against the node's state."""
+
+    def __init__(self, states):
+        self.states = states
+        self.calls = []
+
+    def __call__(self, args, host, argv, timeout):
+        self.calls.append(list(argv))
+        env = {k: v for k, v in os.environ.items() if k != sim.STATE_ENV}
+        env.update({sim.STATE_ENV: str(self.states[host.name]), "PYTHONPATH": str(REPO)})
+        proc = subprocess.run([sys.executable, "-m", "fleetops.agent.main", *argv[1:], "--no-syslog"]
+                              if argv[1] == "reset" else [sys.executable, "-m", "fleetops.agent.main", *argv[1:]],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+        ok = proc.returncode == 0
+        return Result(host.name, ok, proc.returncode, proc.stdout, proc.stderr, None if ok else "command",
+                      None if ok else f"exit {proc.returncode}", 0.1)
+
+
+@pytest.fixture
+def two_nodes(tmp_path, monkeypatch):
+    states = {}
+    for name, faults in (("node001", ["ecc-dbe@3", "stray-process@3"]), ("node002", ["xid:79@5", "row-remap-pending@1"])):
+        states[name] = tmp_path / f"{name}.json"
+        sim.init_state(str(states[name]), name, {"faults": faults})
+    agent = LocalAgent(states)
+    monkeypatch.setattr(remedy_cli, "_run", agent)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal
+    return states, agent
+
+
+def test_reset_by_index_resolves_the_uuid_shows_it_and_refuses_without_yes_or_tty(two_nodes, capsys):
+    states, agent = two_nodes
+    before = states["node001"].read_bytes()
+    code = cli.main(["reset", "node001", "3", "-i", "node001,node002,"])
+    err = capsys.readouterr().err
+    uuid = sim.read_state(str(states["node001"]))["gpus"][3]["uuid"]
+    assert code == 4
+    assert f"GPU index 3 on node001 is {uuid} at 0000:5d:00.0" in err and "--yes" in err
+    assert [c[1] for c in agent.calls] == ["collect"]  # asked, never reset
+    assert states["node001"].read_bytes() == before
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("answer", ["\n", "n\n", ""])
+def test_confirmation_on_a_terminal_defaults_to_no(two_nodes, capsys, monkeypatch, answer):
+    states, agent = two_nodes
+    monkeypatch.setattr(sys, "stdin", Tty(answer))
+    before = states["node001"].read_bytes()
+    assert cli.main(["reset", "node001", "3", "-i", "node001,", "--kill-processes"]) == 1
+    err = capsys.readouterr().err
+    assert "[y/N]" in err and "not confirmed" in err
+    assert states["node001"].read_bytes() == before
+
+
+def test_confirmed_reset_passes_uuid_and_bus_id_and_kills_processes(two_nodes, capsys, monkeypatch):
+    states, agent = two_nodes
+    monkeypatch.setattr(sys, "stdin", Tty("y\n"))
+    assert cli.main(["reset", "node001", "3", "-i", "node001,", "--kill-processes"]) == 0
+    out = capsys.readouterr().out
+    uuid = sim.read_state(str(states["node001"]))["gpus"][3]["uuid"]
+    reset_call = agent.calls[-1]
+    assert reset_call[1:] == ["reset", "--gpu", uuid, "--json", "--bus-id", "0000:5d:00.0", "--kill-processes"]
+    assert f"end pid {sim.STRAY_PID} (python3 train.py): SIGTERM: ended" in out
+    assert "verify  ok" in out
+    assert sim.read_state(str(states["node001"]))["faults"] == []
+
+
+def test_reset_of_a_lost_gpu_prints_the_agents_refusal(two_nodes, capsys):
+    states, _ = two_nodes
+    lost = sim.read_state(str(states["node002"]))["gpus"][5]
+    assert cli.main(["reset", "node002", lost["uuid"], "-i", "node002,", "--yes"]) == 1
+    out = capsys.readouterr().out
+    assert "refused" in out and "remedy: reboot the node" in out
+
+
+def test_unknown_node_is_a_usage_error(two_nodes, capsys):
+    assert cli.main(["reset", "node404", "0", "-i", "node001,"]) == 4
+    assert "node404" in capsys.readouterr().err
+
+
+def _record_audit(db, states):
+    nodes, found = [], []
+    for name, path in states.items():
+        snap = collect("sim", str(path))
+        nodes.append(audit.NodeResult(name, True, None, snap, 0.1))
+        found += checks.run_node_checks(snap)
+    result = audit.AuditResult(started_at=time.time(), duration_s=0.1, nodes=nodes, findings=found)
+    with Store(str(db)) as store:
+        return store.record(result, audit.exit_code(found))
+
+
+def test_remediate_plans_from_the_latest_audit_and_yes_carries_out_the_resets(two_nodes, tmp_path, capsys):
+    states, agent = two_nodes
+    db = tmp_path / "history.db"
+    audit_id = _record_audit(db, states)
+    inv = "node001,node002,"
+
+    assert cli.main(["remediate", "-i", inv, "--db", str(db), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"]["audit_id"] == audit_id and doc["source"]["fresh"] is False
+    actions = {n["node"]: n["action"] for n in doc["plan"]["nodes"]}
+    assert actions == {"node001": "none", "node002": "reboot_node"}
+    assert agent.calls == []  # planning asks no node anything
+
+    assert cli.main(["remediate", "-i", inv, "--db", str(db), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "refused" in out and "--kill-processes" in out  # node001 GPU 3 is busy
+    assert all("--dry-run" in c for c in agent.calls)
+
+    agent.calls.clear()
+    assert cli.main(["remediate", "-i", inv, "--db", str(db), "--yes", "--kill-processes"]) == 0
+    out = capsys.readouterr().out
+    assert "Reboot (drain first" in out and "node002" in out
+    # one reset: node001's GPU 3; node002 reboots (its pending remap waits for the reboot)
+    resets = [c for c in agent.calls if c[1] == "reset"]
+    assert len(resets) == 1 and sim.read_state(str(states["node001"]))["gpus"][3]["uuid"] in resets[0]
+    assert sim.read_state(str(states["node001"]))["faults"] == []
+    assert {f["name"] for f in sim.read_state(str(states["node002"]))["faults"]} == {"xid:79", "row-remap-pending"}
