@@ -173,7 +173,7 @@ def test_drift_without_baseline_names_the_minority_nodes(simfleet):
     finally:
         fleet.clear(simfleet, "node006", "driver-drift")
     drift = [f for f in doc["findings"] if f["check"].startswith("versions.") and f["severity"] in ("warn", "crit")]
-    assert drift, doc["findings"]
+    assert drift, [(f["node"], f["check"], f["message"]) for f in doc["findings"]]
     assert {f["node"] for f in drift} == {"node006"}
     assert any("570.133.20" in json.dumps(f["observed"]) for f in drift)
     assert rc in (1, 2)
