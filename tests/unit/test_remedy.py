@@ -117,7 +117,7 @@ class LocalAgent:
         env.update({sim.STATE_ENV: str(self.states[host.name]), "PYTHONPATH": str(REPO)})
         proc = subprocess.run([sys.executable, "-m", "fleetops.agent.main", *argv[1:], "--no-syslog"]
                               if argv[1] == "reset" else [sys.executable, "-m", "fleetops.agent.main", *argv[1:]],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+                              capture_output=True, text=True, check=False, env=env, timeout=timeout)
         ok = proc.returncode == 0
         return Result(host.name, ok, proc.returncode, proc.stdout, proc.stderr, None if ok else "command",
                       None if ok else f"exit {proc.returncode}", 0.1)
@@ -154,7 +154,7 @@ class Tty(io.StringIO):
 
 @pytest.mark.parametrize("answer", ["\n", "n\n", ""])
 def test_confirmation_on_a_terminal_defaults_to_no(two_nodes, capsys, monkeypatch, answer):
-    states, agent = two_nodes
+    states, _agent = two_nodes
     monkeypatch.setattr(sys, "stdin", Tty(answer))
     before = states["node001"].read_bytes()
     assert cli.main(["reset", "node001", "3", "-i", "node001,", "--kill-processes"]) == 1

@@ -30,7 +30,7 @@ def run_agent(args, state=None, env_extra=None, timeout=60):
     if state:
         env[sim.STATE_ENV] = str(state)
     env.update(env_extra or {})
-    return subprocess.run(AGENT + args, capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(AGENT + args, capture_output=True, text=True, check=False, env=env, timeout=timeout)
 
 
 def reset_doc(state, *args, env_extra=None):
@@ -423,7 +423,7 @@ def test_the_reset_path_imports_nothing_heavy(state):
         """
     )
     env = dict(os.environ, **{sim.STATE_ENV: str(state)})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
@@ -479,7 +479,7 @@ def test_a_stale_lock_from_a_killed_run_is_recovered(state):
     holder.kill()
     holder.wait()
     assert json.loads(lock_path(state).read_text())["pid"] == holder.pid  # left behind
-    dry_proc, dry = reset_doc(state, "--gpu", uuid_of(state, 0), "--dry-run")
+    _dry_proc, dry = reset_doc(state, "--gpu", uuid_of(state, 0), "--dry-run")
     assert pre(dry, "maintenance_lock")["status"] == "ok" and "stale" in pre(dry, "maintenance_lock")["detail"]
     proc, doc = reset_doc(state, "--gpu", uuid_of(state, 0))
     assert proc.returncode == 0, proc.stderr
