@@ -1,0 +1,279 @@
+"""``fleetops rollout driver`` and ``fleetops apply power|mig|firmware``.
+
+``register(subparsers)`` adds both commands to the main CLI; each sets ``func(args) -> int``.
+Exit codes: 0 every host ok, 1 a host failed, was unreachable or was not reached because the run
+stopped, 2 the playbook run itself failed, 4 usage or input error (also: a change refused
+without ``--yes``). Heavy imports (ansible-runner, rich) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+EXIT_OK, EXIT_HOSTS_FAILED, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2, 4
+
+APPLY_PLAYBOOKS = {"power": "power_caps.yml", "mig": "mig.yml", "firmware": "firmware.yml"}
+APPLY_WHAT = {
+    "power": "enforce and persist GPU power caps",
+    "mig": "change MIG mode (nodes are drained first)",
+    "firmware": "audit GPU firmware",
+}
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+_BATCH = re.compile(r"^([1-9][0-9]*)(%?)$")
+
+
+def batch_size(text: str) -> str:
+    """``N`` hosts or ``P%`` (1-100) of them, as Ansible's ``serial`` takes it."""
+    found = _BATCH.match(text.strip())
+    if not found or (found.group(2) and int(found.group(1)) > 100):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a host count (e.g. 4) nor a percentage 1-100% (e.g. 25%)"
+        )
+    return text.strip()
+
+
+def driver_version(text: str) -> str:
+    if not _VERSION.match(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exact driver version such as 580.159.04")
+    return text.strip()
+
+
+def extra_var(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    import json
+
+    try:
+        parsed: Any = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key, parsed
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-i",
+        "--inventory",
+        action="append",
+        required=True,
+        metavar="INVENTORY",
+        help="Ansible inventory (file or folder); repeat for several",
+    )
+    p.add_argument("--limit", help="Ansible host pattern to narrow the run to")
+    p.add_argument(
+        "--check", action="store_true", help="dry run: report what would change (with diffs), change nothing"
+    )
+    p.add_argument("--yes", action="store_true", help="do not ask before changing nodes")
+    p.add_argument("--forks", type=int, default=None, help="parallel hosts (default: ansible.cfg's 20)")
+    p.add_argument(
+        "-e",
+        "--extra-var",
+        dest="extra_vars",
+        action="append",
+        type=extra_var,
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra variable for the playbook (JSON values accepted)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="also print unchanged task results")
+    p.add_argument(
+        "--artifacts", help="ansible-runner private data dir (default: ~/.local/state/fleetops/rollout)"
+    )
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "rollout",
+        help="rolling upgrade of the pinned driver stack",
+        description="Rolling upgrade through playbooks/driver_rollout.yml: a canary batch, then batches; "
+        "drain, install the pinned driver, fabric manager and CUDA, reboot or reload, verify, audit gate, resume.",
+    )
+    what = p.add_subparsers(dest="rollout_what", required=True, metavar="WHAT")
+    d = what.add_parser(
+        "driver", help="roll out an exact NVIDIA driver version (fabric manager pinned to it)"
+    )
+    d.add_argument(
+        "--version", required=True, type=driver_version, help="exact driver version, e.g. 580.159.04"
+    )
+    d.add_argument(
+        "--batch",
+        type=batch_size,
+        default="25%",
+        help="hosts per batch after the canary: N or P%% (default 25%%)",
+    )
+    d.add_argument(
+        "--canary",
+        type=int,
+        default=1,
+        help="hosts in the canary batch (default 1); any failure there stops the rollout",
+    )
+    d.add_argument(
+        "--max-fail-percentage",
+        type=int,
+        default=0,
+        help="stop when more than this percentage of a batch fails (default 0: any failure)",
+    )
+    d.add_argument(
+        "--activation",
+        choices=["reboot", "reload", "none"],
+        help="how the new driver is loaded (default: the inventory's, else reboot)",
+    )
+    d.add_argument("--no-cuda", action="store_true", help="leave the CUDA toolkit alone")
+    _common(d)
+    d.set_defaults(func=rollout_driver)
+
+    a = subparsers.add_parser(
+        "apply",
+        help="apply GPU settings: power caps, MIG mode, firmware",
+        description="Runs playbooks/power_caps.yml, mig.yml or firmware.yml through ansible-runner.",
+    )
+    a.add_argument("what", choices=sorted(APPLY_PLAYBOOKS), help="power, mig or firmware")
+    a.add_argument(
+        "--update-firmware",
+        action="store_true",
+        help="firmware: run the nvfwupd update path (one node at a time, drained first)",
+    )
+    _common(a)
+    a.set_defaults(func=apply)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def rollout_driver(args: argparse.Namespace) -> int:
+    if args.canary < 1:
+        return _usage("--canary must be at least 1")
+    if not 0 <= args.max_fail_percentage <= 100:
+        return _usage("--max-fail-percentage must be 0-100")
+    extravars: dict[str, Any] = {
+        "fleetops_driver_version": args.version,
+        "fleetops_rollout_batch": args.batch,
+        "fleetops_rollout_canary": args.canary,
+        "fleetops_rollout_max_fail_percentage": args.max_fail_percentage,
+    }
+    if args.activation:
+        extravars["nvidia_driver_activation"] = args.activation
+    if args.no_cuda:
+        extravars["fleetops_rollout_cuda"] = False
+    action = f"roll out NVIDIA driver {args.version} (drain, install, {args.activation or 'reboot'}, resume)"
+    return _run(args, "driver_rollout.yml", extravars, action, ident="rollout-driver")
+
+
+def apply(args: argparse.Namespace) -> int:
+    extravars: dict[str, Any] = {}
+    action = APPLY_WHAT[args.what]
+    if args.update_firmware:
+        if args.what != "firmware":
+            return _usage("--update-firmware goes with 'apply firmware'")
+        extravars["gpu_firmware_update"] = True
+        action = "update GPU firmware with nvfwupd (one node at a time, drained first)"
+    elif args.what == "firmware":
+        # Without --update-firmware the firmware playbook only reads: no confirmation needed.
+        args.yes = True
+    return _run(args, APPLY_PLAYBOOKS[args.what], extravars, action, ident=f"apply-{args.what}")
+
+
+def _usage(message: str) -> int:
+    sys.stderr.write(f"fleetops: {message}\n")
+    return EXIT_USAGE
+
+
+def confirm(
+    action: str, args: argparse.Namespace, stdin: TextIO | None = None, stdout: TextIO | None = None
+) -> bool:
+    """Destructive runs need --yes, or a typed 'yes' on a terminal."""
+    if args.check or args.yes:
+        return True
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    if not stdin.isatty():
+        return False
+    where = args.limit or "every host"
+    stdout.write(f"About to {action} on {where} of {', '.join(args.inventory)}.\nType 'yes' to go on: ")
+    stdout.flush()
+    return stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _printer(stream: TextIO) -> Callable[[str, str], None]:
+    styles = {
+        "play": "bold",
+        "changed": "yellow",
+        "failed": "bold red",
+        "unreachable": "bold magenta",
+        "ok": "green",
+    }
+    if stream.isatty():
+        from rich.console import Console
+
+        console = Console(file=stream, highlight=False, soft_wrap=True)
+
+        def emit(kind: str, line: str) -> None:
+            console.print(line, style=styles.get(kind), markup=False)
+
+        return emit
+
+    def plain(kind: str, line: str) -> None:
+        stream.write(line + "\n")
+        stream.flush()
+
+    return plain
+
+
+def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], action: str, ident: str) -> int:
+    from fleetops.rollout.progress import summary_text
+    from fleetops.rollout.runner import RolloutError, run_playbook
+
+    for inv in args.inventory:
+        import os
+
+        if not os.path.exists(inv):
+            return _usage(f"inventory {inv} does not exist")
+    if not confirm(action, args):
+        return _usage(f"refusing to {action} without --yes (or run with --check to see what would change)")
+    extravars = {**extravars, **dict(args.extra_vars)}
+    out = sys.stdout
+    emit = _printer(out)
+    mode = "CHECK (nothing is changed)" if args.check else "APPLY"
+    emit("play", f"{mode}: {action} — playbooks/{playbook}")
+    try:
+        result = run_playbook(
+            playbook,
+            args.inventory,
+            extravars=extravars,
+            limit=args.limit,
+            check=args.check,
+            forks=args.forks,
+            verbose=args.verbose,
+            emit=emit,
+            private_data_dir=args.artifacts,
+            ident_prefix=ident,
+        )
+    except RolloutError as exc:
+        return _usage(str(exc))
+    out.write("\n" + summary_text(result.rows) + "\n")
+    for error in result.errors:
+        out.write(error + "\n")
+    if result.failed_hosts:
+        out.write(f"FAILED: {', '.join(result.failed_hosts)}\n")
+    if result.not_reached:
+        out.write(f"NOT REACHED (run stopped): {', '.join(result.not_reached)}\n")
+    out.write(f"{result.elapsed_s:.1f}s; artifacts in {result.artifacts}\n")
+    out.flush()
+    if result.failed_hosts or result.not_reached:
+        return EXIT_HOSTS_FAILED
+    if result.errors or result.rc not in (0, None) or result.status != "successful":
+        return EXIT_RUN_FAILED
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m fleetops.rollout``) until the main CLI wires ``register``."""
+    parser = argparse.ArgumentParser(prog="fleetops")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))

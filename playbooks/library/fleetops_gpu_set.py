@@ -1,0 +1,335 @@
+#!/usr/bin/python
+"""Set a GPU power cap, persistence mode or MIG mode through ``fleetops-agent set``."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleetops_gpu_set
+short_description: Set GPU power cap, persistence mode or MIG mode through fleetops-agent
+description:
+  - Runs C(fleetops-agent set SETTING VALUE --gpu GPU --json) on the node and reports what changed.
+  - The agent reads each GPU first and changes only the GPUs that differ, so the module is idempotent.
+  - In check mode the agent runs with C(--dry-run) and changes nothing.
+  - After a real change the module collects a fresh snapshot and verifies the value the GPU now enforces
+    (C(power_enforced_limit_w) for power caps).
+options:
+  setting:
+    description: Which setting.
+    type: str
+    required: true
+    choices: [power, persistence, mig]
+  value:
+    description: Watts for C(power); a boolean or on/off for C(persistence) and C(mig).
+    type: raw
+    required: true
+  gpu:
+    description: C(all), a GPU UUID, a PCI bus id or an index.
+    type: str
+    default: all
+  verify:
+    description: After a change, read the GPUs back and fail unless they enforce the value.
+    type: bool
+    default: true
+  agent:
+    description: Path of fleetops-agent; found on PATH, in /usr/local/bin or /opt/fleetops/venv/bin when unset.
+    type: path
+  sim_state:
+    description: Simulator state file of a simulated node (passed as C(--backend sim --state)).
+    type: path
+    aliases: [state_file]
+  backend:
+    description: Agent backend.
+    type: str
+    default: auto
+    choices: [auto, nvml, sim]
+  timeout:
+    description: Seconds the agent may take.
+    type: int
+    default: 120
+author: fleetops
+"""
+
+EXAMPLES = r"""
+- name: Cap every GPU at 700 W
+  fleetops_gpu_set:
+    setting: power
+    value: 700
+
+- name: Persistence mode on
+  fleetops_gpu_set:
+    setting: persistence
+    value: true
+"""
+
+RETURN = r"""
+gpus:
+  description: Per GPU as the agent reported it (index, uuid, bus_id, before, after, changed).
+  returned: always
+  type: list
+  elements: dict
+changed_gpus:
+  description: UUIDs of the GPUs that were (or in check mode would be) changed.
+  returned: always
+  type: list
+  elements: str
+reset_required:
+  description: UUIDs of GPUs whose new MIG mode is pending until a GPU reset.
+  returned: when setting is mig
+  type: list
+  elements: str
+backend:
+  description: nvml or sim.
+  returned: always
+  type: str
+agent:
+  description: The command that ran the agent (used by gpu_power for its boot-time unit).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+# --- agent helper: identical in fleetops_gpu_set.py and fleetops_gpu_facts.py (a test checks) ---
+# Self-contained on purpose: ansible-lint and the unit tests import modules in-process, where a
+# playbook-adjacent module_utils folder is not importable.
+
+AGENT_ARGUMENT_SPEC = dict(
+    agent=dict(type="path"),
+    sim_state=dict(type="path", aliases=["state_file"]),
+    backend=dict(type="str", default="auto", choices=["auto", "nvml", "sim"]),
+    timeout=dict(type="int", default=120),
+)
+
+# Where the fleetops_agent role links or installs the agent, then this interpreter's own bin.
+AGENT_DIRS = ("/usr/local/bin", "/opt/fleetops/venv/bin", "/opt/fleetops/bin")
+
+
+class AgentError(Exception):
+    def __init__(self, message, kind="agent", rc=None, stderr="", cmd=None):
+        super().__init__(message)
+        self.kind = kind
+        self.rc = rc
+        self.stderr = stderr
+        self.cmd = cmd
+
+
+def agent_command(module):
+    """The argv prefix that starts the agent on this node."""
+    explicit = module.params.get("agent")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            module.fail_json(
+                msg="fleetops-agent not found or not executable at %s" % explicit, kind="missing-agent"
+            )
+        return [explicit]
+    dirs = list(AGENT_DIRS) + [os.path.dirname(sys.executable)]
+    found = module.get_bin_path("fleetops-agent", required=False, opt_dirs=dirs)
+    if found:
+        return [found]
+    if importlib.util.find_spec("fleetops") is not None:
+        return [sys.executable, "-m", "fleetops.agent.main"]
+    module.fail_json(
+        msg="fleetops-agent is not installed on this node (searched PATH, %s and this Python's packages); "
+        "run the fleetops_agent role first" % ", ".join(dirs),
+        kind="missing-agent",
+    )
+    return []  # not reached
+
+
+def backend_args(module):
+    """``--backend``/``--state``: the simulator's state file is passed explicitly because
+    Ansible does not always forward the environment the node's sshd sets."""
+    args = []
+    state = module.params.get("sim_state")
+    backend = module.params.get("backend") or "auto"
+    if state:
+        args += ["--backend", "sim" if backend == "auto" else backend, "--state", state]
+    elif backend != "auto":
+        args += ["--backend", backend]
+    return args
+
+
+def run_agent(module, argv):
+    """Run the agent with ``argv`` (after the command prefix) and return its JSON answer."""
+    cmd = agent_command(module) + list(argv)
+    try:
+        rc, out, err = module.run_command(cmd, check_rc=False, environ_update={"LC_ALL": "C"})
+    except Exception as exc:  # run_command raises on a missing binary only in odd setups
+        raise AgentError("could not start %s: %s" % (cmd[0], exc), kind="missing-agent", cmd=cmd)
+    if rc != 0:
+        message, kind = _error_line(err) or ("exit %d: %s" % (rc, (err or out).strip()[-2000:]), "agent")
+        raise AgentError(message, kind=kind, rc=rc, stderr=err, cmd=cmd)
+    try:
+        return json.loads(out)
+    except ValueError as exc:
+        raise AgentError(
+            "the agent printed something that is not JSON (%s): %r" % (exc, out[:300]),
+            kind="bad-output",
+            cmd=cmd,
+        )
+
+
+def _error_line(stderr):
+    for line in reversed((stderr or "").strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "error" in doc:
+            return str(doc["error"]), str(doc.get("kind", "agent"))
+    return None
+
+
+def fail_from(module, exc, **extra):
+    module.fail_json(msg=str(exc), kind=exc.kind, rc=exc.rc, stderr=exc.stderr, cmd=exc.cmd, **extra)
+
+
+def gpu_label(gpu):
+    return "GPU %s %s %s" % (gpu.get("index"), gpu.get("uuid"), gpu.get("bus_id"))
+
+
+# --- end of agent helper ---
+
+# setting -> (snapshot field the agent sets, field that shows what the GPU enforces)
+VERIFY_FIELD = {
+    "power": ("power_limit_w", "power_enforced_limit_w"),
+    "persistence": ("persistence_mode", "persistence_mode"),
+    "mig": ("mig_mode_current", "mig_mode_pending"),
+}
+POWER_TOLERANCE_W = 0.5
+
+
+def _raw_value(setting, value):
+    if setting == "power":
+        if isinstance(value, bool):
+            raise ValueError("power: value must be a number of watts, not a boolean")
+        try:
+            watts = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("power: %r is not a number of watts" % (value,))
+        return "%g" % watts
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "enabled", "enable", "1"):
+        return "on"
+    if text in ("off", "false", "no", "disabled", "disable", "0"):
+        return "off"
+    raise ValueError("%s: %r is not on/off" % (setting, value))
+
+
+def _show(setting, value):
+    if setting == "power":
+        return "%g W" % float(value) if value is not None else "unknown"
+    return {True: "on", False: "off"}.get(value, "unknown")
+
+
+def _same(setting, want, got):
+    if got is None:
+        return False
+    if setting == "power":
+        return abs(float(got) - float(want)) <= POWER_TOLERANCE_W
+    return bool(got) == bool(want)
+
+
+def main():
+    spec = dict(
+        setting=dict(type="str", required=True, choices=list(VERIFY_FIELD)),
+        value=dict(type="raw", required=True),
+        gpu=dict(type="str", default="all"),
+        verify=dict(type="bool", default=True),
+    )
+    spec.update(AGENT_ARGUMENT_SPEC)
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    setting = module.params["setting"]
+    try:
+        raw = _raw_value(setting, module.params["value"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc), kind="usage")
+
+    argv = ["set", setting, raw, "--gpu", module.params["gpu"], "--json"] + backend_args(module)
+    if module.check_mode:
+        argv.append("--dry-run")
+    agent = agent_command(module)
+    try:
+        doc = run_agent(module, argv)
+    except AgentError as exc:
+        fail_from(module, exc, agent=agent)
+
+    gpus = doc.get("gpus") or []
+    changed_gpus = [g for g in gpus if g.get("changed")]
+    result = dict(
+        changed=bool(doc.get("changed")),
+        setting=setting,
+        field=doc.get("field"),
+        value=doc.get("value"),
+        gpus=gpus,
+        changed_gpus=[g.get("uuid") for g in changed_gpus],
+        backend=doc.get("backend"),
+        agent=agent,
+    )
+    if module._diff:
+        result["diff"] = dict(
+            before="".join(
+                "%s: %s=%s\n" % (gpu_label(g), setting, _show(setting, g.get("before"))) for g in gpus
+            ),
+            after="".join(
+                "%s: %s=%s\n" % (gpu_label(g), setting, _show(setting, g.get("after"))) for g in gpus
+            ),
+            before_header="%s before" % setting,
+            after_header="%s after" % setting,
+        )
+
+    want = doc.get("value")
+    if module.params["verify"] and not module.check_mode and result["changed"]:
+        try:
+            snapshot = run_agent(module, ["collect", "--json"] + backend_args(module))
+        except AgentError as exc:
+            fail_from(module, exc, **result)
+        _, enforced_field = VERIFY_FIELD[setting]
+        by_uuid = {g.get("uuid"): g for g in snapshot.get("gpus") or []}
+        wrong = []
+        for gpu in gpus:
+            now = by_uuid.get(gpu.get("uuid"))
+            got = None if now is None else now.get(enforced_field)
+            if not _same(setting, want, got):
+                wrong.append("%s enforces %s=%s" % (gpu_label(gpu), enforced_field, _show(setting, got)))
+        if wrong:
+            result["msg"] = "%s %s did not take effect: %s" % (
+                setting,
+                _show(setting, want),
+                "; ".join(wrong),
+            )
+            module.fail_json(kind="verify", **result)
+        result["verified"] = True
+        if setting == "mig":
+            result["reset_required"] = [
+                g.get("uuid")
+                for g in gpus
+                if by_uuid.get(g.get("uuid"), {}).get("mig_mode_current")
+                != by_uuid.get(g.get("uuid"), {}).get("mig_mode_pending")
+            ]
+
+    verb = "would change" if module.check_mode else "changed"
+    if changed_gpus:
+        result["msg"] = "%s %s: %s %d of %d GPUs (%s)" % (
+            setting,
+            _show(setting, want),
+            verb,
+            len(changed_gpus),
+            len(gpus),
+            ", ".join("%s: %s" % (g.get("index"), _show(setting, g.get("before"))) for g in changed_gpus),
+        )
+    else:
+        result["msg"] = "%s %s: all %d GPUs already set" % (setting, _show(setting, want), len(gpus))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Fixtures for the Ansible half: module loading, fake scontrol/nvfwupd, a small simulated fleet.
+
+Tests that start sshd are marked ``root``; where root or sshd is missing they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "playbooks" / "library"
+AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
+# An address block of its own: the audit tests use 127.0.20.x, the demo 127.0.10.x.
+FLEET_FIRST_ADDRESS = os.environ.get("FLEETOPS_ANSIBLE_TEST_ADDRESS", "127.0.46.1")
+
+
+def load_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"fleetops_test_{name}", LIBRARY / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def run_module(capsys: pytest.CaptureFixture[str]):
+    """Run a library module in-process: returns (exit code, result dict)."""
+    from ansible.module_utils.testing import patch_module_args
+
+    def run(
+        name: str, args: dict[str, Any], check: bool = False, diff: bool = False
+    ) -> tuple[int, dict[str, Any]]:
+        module = load_module(name)
+        full = dict(args)
+        full["_ansible_check_mode"] = check
+        full["_ansible_diff"] = diff
+        capsys.readouterr()
+        with patch_module_args(full), pytest.raises(SystemExit) as stop:
+            module.main()
+        out = capsys.readouterr().out
+        return int(stop.value.code or 0), json.loads(out)
+
+    return run
+
+
+@pytest.fixture
+def sim_state(tmp_path: Path) -> str:
+    from fleetops.gpu import sim
+
+    path = str(tmp_path / "node001.json")
+    sim.init_state(path, "node001")
+    return path
+
+
+FAKE_SCONTROL = r'''#!/usr/bin/env python3
+"""A stand-in for scontrol: node states in a JSON file ($FAKE_SLURM), every call logged."""
+import json, os, sys
+db = os.environ["FAKE_SLURM"]
+with open(db) as fh:
+    nodes = json.load(fh)
+with open(db + ".log", "a") as fh:
+    fh.write(" ".join(sys.argv[1:]) + "\n")
+args = sys.argv[1:]
+if args[:2] == ["show", "node"]:
+    name = args[2]
+    if name not in nodes:
+        print(f"Node {name} not found", file=sys.stderr)
+        sys.exit(1)
+    n = nodes[name]
+    line = f"NodeName={name} Arch=x86_64 CoresPerSocket=56 CPUAlloc=0 State={n['state']} Gres=gpu:h200:8"
+    if n.get("reason"):
+        line += f" Reason={n['reason']} [root@2026-12-02T10:00:00]"
+    print(line)
+elif args[0] == "update":
+    kv = dict(a.split("=", 1) for a in args[1:])
+    n = nodes[kv["NodeName"]]
+    if kv["State"] == "DRAIN":
+        base = n["state"].split("+")[0]
+        n["state"] = base + "+DRAIN"
+        n["reason"] = kv["Reason"]
+    elif kv["State"] == "RESUME":
+        n["state"] = n["state"].split("+")[0]
+        n["reason"] = None
+    with open(db, "w") as fh:
+        json.dump(nodes, fh)
+'''
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path):
+    script = tmp_path / "scontrol"
+    script.write_text(FAKE_SCONTROL)
+    script.chmod(0o755)
+    db = tmp_path / "slurm.json"
+
+    def setup(nodes: dict[str, dict[str, Any]]) -> tuple[str, Path]:
+        db.write_text(json.dumps(nodes))
+        os.environ["FAKE_SLURM"] = str(db)
+        return str(script), db
+
+    yield setup
+    os.environ.pop("FAKE_SLURM", None)
+
+
+# --- the simulated fleet ------------------------------------------------------------------
+
+
+def fleet_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: the simulated fleet runs real sshd processes"
+    from fleetops.sim import fleet
+
+    if fleet.find_sshd() is None:
+        return "needs sshd: apt-get install -y openssh-server"
+    return None
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Fleet:
+    directory: Path
+    nodes: list[str]
+    artifacts: Path
+
+    @property
+    def inventory(self) -> str:
+        return str(self.directory / "inventory.yml")
+
+    def state_path(self, node: str) -> Path:
+        return self.directory / "state" / f"{node}.json"
+
+    def state_bytes(self) -> dict[str, bytes]:
+        return {n: self.state_path(n).read_bytes() for n in self.nodes}
+
+    def inject(self, node: str, fault: str, gpu: int | None = None) -> None:
+        from fleetops.sim import fleet
+
+        fleet.inject(str(self.directory), node, fault, gpu)
+
+    def collect(self, node: str) -> dict[str, Any]:
+        import subprocess
+
+        done = subprocess.run(
+            [AGENT, "collect", "--backend", "sim", "--state", str(self.state_path(node))],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
+    reason = fleet_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from fleetops.sim import fleet
+
+    directory = tmp_path_factory.mktemp("ansible-fleet")
+    port = free_port(FLEET_FIRST_ADDRESS)
+    info = fleet.up(3, str(directory), first_address=FLEET_FIRST_ADDRESS, port=port)
+    try:
+        yield Fleet(directory, sorted(info["nodes"]), tmp_path_factory.mktemp("runner"))
+    finally:
+        fleet.down(str(directory))

@@ -1,0 +1,248 @@
+"""The thin modules, run in-process against a real simulator state file and stand-in tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import AGENT
+
+from fleetops.gpu import sim
+
+
+def _limits(path: str) -> list[float]:
+    return [g["power_limit_w"] for g in sim.read_state(path)["gpus"]]
+
+
+def test_gpu_set_check_mode_reports_drift_and_changes_nothing(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "power-cap-drift", 2)
+    before = Path(sim_state).read_bytes()
+    rc, result = run_module(
+        "fleetops_gpu_set",
+        {"setting": "power", "value": 700, "sim_state": sim_state, "agent": AGENT},
+        check=True,
+        diff=True,
+    )
+    assert rc == 0 and result["changed"] is True
+    assert len(result["changed_gpus"]) == 1
+    assert "GPU 2" in result["diff"]["before"] and "power=500 W" in result["diff"]["before"]
+    assert "power=500 W" not in result["diff"]["after"]
+    assert Path(sim_state).read_bytes() == before
+
+
+def test_gpu_set_fixes_drift_verifies_enforced_limit_and_is_idempotent(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "power-cap-drift", 0)
+    args = {"setting": "power", "value": "700", "sim_state": sim_state, "agent": AGENT}
+    rc, result = run_module("fleetops_gpu_set", args)
+    assert rc == 0 and result["changed"] and result["verified"] is True
+    assert _limits(sim_state) == [700.0] * 8
+    rc, again = run_module("fleetops_gpu_set", args)
+    assert rc == 0 and again["changed"] is False and "already set" in again["msg"]
+
+
+def test_gpu_set_persistence_and_mig_report_reset_needs(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "persistence-off", 1)
+    sim.inject(sim_state, "mig-drift", 3)
+    rc, result = run_module(
+        "fleetops_gpu_set", {"setting": "persistence", "value": True, "sim_state": sim_state, "agent": AGENT}
+    )
+    assert rc == 0 and result["changed"] and len(result["changed_gpus"]) == 1
+    rc, result = run_module(
+        "fleetops_gpu_set", {"setting": "mig", "value": "off", "sim_state": sim_state, "agent": AGENT}
+    )
+    assert rc == 0 and result["changed"] and result["reset_required"] == []
+    state = sim.read_state(sim_state)
+    assert all(g["persistence_mode"] for g in state["gpus"])
+    assert not any(g["mig_mode_current"] for g in state["gpus"])
+
+
+def test_gpu_set_out_of_range_cap_fails_with_the_agents_message(run_module, sim_state: str) -> None:
+    rc, result = run_module(
+        "fleetops_gpu_set", {"setting": "power", "value": 900, "sim_state": sim_state, "agent": AGENT}
+    )
+    assert rc == 1 and result["failed"]
+    assert "outside" in result["msg"] and "nothing changed" in result["msg"]
+    assert _limits(sim_state) == [700.0] * 8
+
+
+def test_gpu_set_rejects_a_non_number_before_calling_the_agent(run_module, sim_state: str) -> None:
+    rc, result = run_module(
+        "fleetops_gpu_set", {"setting": "power", "value": "lots", "sim_state": sim_state, "agent": AGENT}
+    )
+    assert rc == 1 and result["kind"] == "usage"
+
+
+def test_gpu_set_names_a_missing_agent(run_module, sim_state: str, tmp_path: Path) -> None:
+    rc, result = run_module(
+        "fleetops_gpu_set",
+        {"setting": "power", "value": 700, "sim_state": sim_state, "agent": str(tmp_path / "nope")},
+    )
+    assert rc == 1 and result["kind"] == "missing-agent"
+
+
+def test_gpu_facts_compares_every_expected_key(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "driver-drift")
+    sim.inject(sim_state, "vbios-drift", 4)
+    expect = {
+        "driver_version": "580.159.04",
+        "gpu_count": 8,
+        "power_limit_w": 700,
+        "persistence_mode": True,
+        "mig_mode": False,
+        "firmware": {"NVIDIA H200": {"vbios_version": "96.00.A5.00.1A", "inforom_image": "G520.0282.02.02"}},
+        "packages": {"nvidia-fabricmanager-580": "580.159.04", "nvidia-driver-580-server": "580.159"},
+    }
+    rc, result = run_module("fleetops_gpu_facts", {"expect": expect, "sim_state": sim_state, "agent": AGENT})
+    assert rc == 0 and result["compliant"] is False
+    checks = sorted((m["check"], (m["gpu"] or {}).get("index")) for m in result["mismatches"])
+    # "580.159" is not a prefix of 580.159.04-0ubuntu1 at a version boundary: a mismatch too.
+    assert checks == [("driver_version", None), ("package", None), ("vbios_version", 4)]
+    assert result["ansible_facts"]["fleetops_gpu"]["driver_version"] == "570.133.20"
+    rc, failed = run_module(
+        "fleetops_gpu_facts",
+        {"expect": expect, "fail_on_mismatch": True, "sim_state": sim_state, "agent": AGENT},
+    )
+    assert rc == 1 and failed["kind"] == "mismatch" and "ansible_facts" not in failed
+
+
+def test_gpu_facts_rejects_unknown_expectations(run_module, sim_state: str) -> None:
+    rc, result = run_module(
+        "fleetops_gpu_facts", {"expect": {"drvier_version": "1"}, "sim_state": sim_state, "agent": AGENT}
+    )
+    assert rc == 1 and "drvier_version" in result["msg"]
+
+
+def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_slurm, tmp_path: Path) -> None:
+    scontrol, db = fake_slurm({"n1": {"state": "MIXED"}, "n2": {"state": "IDLE+DRAIN", "reason": "bad DIMM"}})
+    common = {
+        "scontrol": scontrol,
+        "marker_dir": str(tmp_path / "markers"),
+        "reason": "fleetops driver rollout",
+    }
+
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"}, check=True)
+    assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
+    assert r["changed"] and r["was_drained"] is False
+    assert json.loads(db.read_text())["n1"] == {"state": "MIXED+DRAIN", "reason": "fleetops driver rollout"}
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
+    assert r["changed"] is False  # idempotent
+
+    # n2 was drained by someone else: left drained, never resumed.
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n2", "state": "drained"})
+    assert r["changed"] is False and r["was_drained"] and r["drained_by_us"] is False
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n2", "state": "resumed"})
+    assert r["changed"] is False and json.loads(db.read_text())["n2"]["state"] == "IDLE+DRAIN"
+
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
+    assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
+    assert r["changed"] is False
+
+
+def test_slurm_resume_leaves_a_node_someone_else_redrained(run_module, fake_slurm, tmp_path: Path) -> None:
+    scontrol, db = fake_slurm({"n1": {"state": "IDLE"}})
+    common = {
+        "scontrol": scontrol,
+        "marker_dir": str(tmp_path / "m"),
+        "reason": "fleetops driver rollout",
+        "name": "n1",
+    }
+    run_module("fleetops_slurm_node", {**common, "state": "drained"})
+    nodes = json.loads(db.read_text())
+    nodes["n1"]["reason"] = "GPU 3 XID 79, RMA"
+    db.write_text(json.dumps(nodes))
+    _rc, r = run_module("fleetops_slurm_node", {**common, "state": "resumed"})
+    assert r["changed"] is False and "another reason" in r["msg"]
+    assert json.loads(db.read_text())["n1"]["state"] == "IDLE+DRAIN"
+
+
+def test_slurm_without_scontrol_is_reported_not_failed(run_module, tmp_path: Path) -> None:
+    args = {"name": "n1", "state": "drained", "scontrol": str(tmp_path / "no-scontrol")}
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 0 and r["managed"] is False and r["changed"] is False
+    rc, r = run_module("fleetops_slurm_node", {**args, "required": True})
+    assert rc == 1
+
+
+def test_slurm_parse_node_strips_the_stamp_and_later_keys() -> None:
+    from conftest import load_module
+
+    mod = load_module("fleetops_slurm_node")
+    state, reason = mod.parse_node(
+        "NodeName=g1 State=MIXED+DRAIN Reason=fleetops driver rollout [root@2026-12-02T10:00:00] Comment=x"
+    )
+    assert state == "MIXED+DRAIN" and reason == "fleetops driver rollout"
+    assert mod.is_drained("IDLE+DRAIN") and mod.is_drained("DRAINED") and not mod.is_drained("IDLE")
+    assert mod.is_busy("MIXED+DRAIN") and not mod.is_busy("IDLE+DRAIN")
+
+
+FAKE_NVFWUPD = r'''#!/usr/bin/env python3
+"""Prints nvfwupd -j documents from a JSON file ($FAKE_FW); update_fw marks devices current."""
+import json, os, sys
+db = os.environ["FAKE_FW"]
+state = json.load(open(db))
+args = sys.argv[1:]
+with open(db + ".log", "a") as fh:
+    fh.write(" ".join(a for a in args if not a.startswith("password=")) + "\n")
+if "show_version" in args:
+    print("Connecting...")
+    print(json.dumps({"Connection Status": "Successful", "System Model": "HGX H200", "Firmware Devices": [
+        {"AP Name": n, "Sys Version": d["sys"], "Pkg Version": d["pkg"], "Up-To-Date": "Yes" if d["sys"] == d["pkg"] or d["pkg"] == "N/A" else "No"}
+        for n, d in state.items()]}, indent=2))
+elif "update_fw" in args:
+    for d in state.values():
+        if d["pkg"] != "N/A":
+            d["sys"] = d["pkg"]
+    json.dump(state, open(db, "w"))
+    print(json.dumps({"Update Status": "Success", "Error Code": 0}))
+'''
+
+
+def _fake_fw(tmp_path: Path, monkeypatch) -> tuple[str, Path]:
+    script = tmp_path / "nvfwupd"
+    script.write_text(FAKE_NVFWUPD)
+    script.chmod(0o755)
+    db = tmp_path / "fw.json"
+    db.write_text(
+        json.dumps(
+            {
+                "HGX_FW_GPU_SXM_1": {"sys": "96.00.A5.00.1A", "pkg": "96.00.B1.00.01"},
+                "BMC_0": {"sys": "24.09", "pkg": "24.09"},
+                "CX7_0": {"sys": "28.42.1000", "pkg": "N/A"},
+            }
+        )
+    )
+    monkeypatch.setenv("FAKE_FW", str(db))
+    return str(script), db
+
+
+def test_nvfwupd_audit_lists_outdated_devices_and_never_updates_unless_asked(
+    run_module, tmp_path, monkeypatch
+) -> None:
+    exe, db = _fake_fw(tmp_path, monkeypatch)
+    args = {
+        "nvfwupd": exe,
+        "target": {"ip": "10.0.0.9", "user": "admin", "password": "pw"},
+        "package": "/srv/h200.fwpkg",
+    }
+    rc, r = run_module("fleetops_nvfwupd", args)
+    assert rc == 0 and r["changed"] is False
+    assert r["outdated"] == ["HGX_FW_GPU_SXM_1"] and r["would_need"] == ["power-cycle"]
+    rc, r = run_module("fleetops_nvfwupd", {**args, "update": True}, check=True)
+    assert r["changed"] and "update_fw" not in Path(str(db) + ".log").read_text()
+
+
+def test_nvfwupd_update_states_the_activation_it_needs(run_module, tmp_path, monkeypatch) -> None:
+    exe, _db = _fake_fw(tmp_path, monkeypatch)
+    args = {
+        "nvfwupd": exe,
+        "target": {"ip": "10.0.0.9", "user": "admin", "password": "pw"},
+        "package": "/srv/h200.fwpkg",
+    }
+    rc, r = run_module("fleetops_nvfwupd", {**args, "update": True})
+    assert rc == 0 and r["changed"] and r["activation_required"] == ["power-cycle"]
+    assert "power-cycle" in r["msg"] and r["pending_activation"] == []
+    assert "password=pw" not in json.dumps(r)
+    rc, r = run_module("fleetops_nvfwupd", {**args, "update": True})
+    assert r["changed"] is False

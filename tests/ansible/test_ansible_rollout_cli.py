@@ -1,0 +1,148 @@
+"""fleetops rollout/apply: argument handling, confirmation, event tracking and the summary."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from fleetops.rollout import cli
+from fleetops.rollout.progress import Tracker, summary_text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetops")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_register_adds_rollout_and_apply_with_funcs() -> None:
+    args = _parser().parse_args(
+        [
+            "rollout",
+            "driver",
+            "--version",
+            "580.159.04",
+            "-i",
+            "inv.yml",
+            "--batch",
+            "25%",
+            "--limit",
+            "h200",
+            "--check",
+        ]
+    )
+    assert args.func is cli.rollout_driver and args.batch == "25%" and args.check and args.limit == "h200"
+    args = _parser().parse_args(["apply", "mig", "-i", "inv.yml", "-e", "gpu_mig_mode=true"])
+    assert args.func is cli.apply and args.extra_vars == [("gpu_mig_mode", True)]
+
+
+@pytest.mark.parametrize("bad", ["0", "0%", "101%", "ten", "-3", "5.5"])
+def test_batch_accepts_counts_and_percentages_only(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.batch_size(bad)
+    assert cli.batch_size("4") == "4" and cli.batch_size("100%") == "100%"
+
+
+def test_version_must_be_exact() -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["rollout", "driver", "--version", "580", "-i", "x"])
+
+
+def test_a_change_without_yes_is_refused_off_a_terminal(tmp_path, capsys) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    args = _parser().parse_args(["apply", "power", "-i", str(inv)])
+    assert args.func(args) == cli.EXIT_USAGE
+    assert "without --yes" in capsys.readouterr().err
+
+
+def test_confirmation_on_a_terminal_needs_a_typed_yes() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    args = argparse.Namespace(check=False, yes=False, limit="node00[1:2]", inventory=["inv.yml"])
+    out = io.StringIO()
+    assert cli.confirm("cap GPUs", args, stdin=Tty("yes\n"), stdout=out)
+    assert "node00[1:2]" in out.getvalue()
+    assert not cli.confirm("cap GPUs", args, stdin=Tty("\n"), stdout=io.StringIO())
+    args.check = True
+    assert cli.confirm("cap GPUs", args, stdin=io.StringIO(""), stdout=io.StringIO())
+
+
+def test_missing_inventory_is_a_usage_error(capsys) -> None:
+    args = _parser().parse_args(["apply", "power", "-i", "/nonexistent/inv.yml", "--check"])
+    assert args.func(args) == cli.EXIT_USAGE
+
+
+def _ev(event: str, **data) -> dict:
+    return {"event": event, "event_data": data}
+
+
+def test_tracker_prints_changes_and_failures_and_builds_the_summary() -> None:
+    lines: list[tuple[str, str]] = []
+    t = Tracker(emit=lambda kind, line: lines.append((kind, line)))
+    events = [
+        _ev("playbook_on_play_start", play="Pick the canary batch"),
+        _ev("runner_on_ok", host="n1", task="Split", res={"changed": False}),
+        _ev("runner_on_ok", host="n2", task="Split", res={"changed": False}),
+        _ev("runner_on_ok", host="n3", task="Split", res={"changed": False}),
+        _ev("playbook_on_play_start", play="Upgrade the canary batch"),
+        _ev(
+            "runner_on_ok",
+            host="n1",
+            role="nvidia_driver",
+            task="Install",
+            res={"changed": True, "msg": "installed"},
+        ),
+        _ev("runner_on_failed", host="n1", task="Verify", res={"msg": "driver_version is 570.133.20"}),
+        _ev(
+            "runner_on_failed",
+            host="n1",
+            task="Leave the failed node drained and name it",
+            res={"msg": "ROLLOUT FAILED on n1: stays drained"},
+        ),
+        _ev(
+            "playbook_on_stats",
+            ok={"n1": 5, "n2": 1, "n3": 1},
+            changed={"n1": 1},
+            failures={"n1": 1},
+            dark={},
+            skipped={},
+            rescued={"n1": 1},
+            ignored={},
+        ),
+    ]
+    assert all(t.handle(e) is True for e in events)
+    kinds = [k for k, _ in lines]
+    assert kinds.count("play") == 2 and "changed" in kinds and kinds.count("failed") == 2
+    assert t.failed_hosts() == ["n1"]
+    assert t.not_reached() == ["n2", "n3"]
+    rows = {r["host"]: r for r in t.summary_rows()}
+    assert rows["n1"]["status"] == "failed" and "stays drained" in rows["n1"]["note"]
+    assert rows["n2"]["status"] == "not reached"
+    text = summary_text(t.summary_rows())
+    assert "n1" in text.splitlines()[1] and "1 failed, 2 not reached (3 hosts)" in text
+
+
+def test_tracker_keeps_ignored_failures_out_of_the_errors() -> None:
+    t = Tracker()
+    t.handle(_ev("runner_on_failed", host="n1", task="probe", ignore_errors=True, res={"msg": "x"}))
+    t.handle(_ev("runner_on_unreachable", host="n2", task="Gather", res={"msg": "Connection refused"}))
+    t.handle(
+        _ev(
+            "playbook_on_stats",
+            ok={"n1": 1},
+            changed={},
+            failures={},
+            dark={"n2": 1},
+            skipped={},
+            rescued={},
+            ignored={"n1": 1},
+        )
+    )
+    rows = {r["host"]: r for r in t.summary_rows()}
+    assert rows["n1"]["status"] == "ok" and rows["n2"]["status"] == "unreachable"
+    assert "Connection refused" in rows["n2"]["note"]
