@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY = "import sys; from fleetops.agent.main import main; sys.exit(main())"
+ENTRY = "from fleetops.agent.main import entry; entry()"
 
 
 def interpreter(given: str) -> str:

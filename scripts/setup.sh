@@ -22,5 +22,5 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q --config-settings editable_mode=compat -e '.[test]'
 echo "setup: fleetops $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("fleetops"))') in .venv"

@@ -11,9 +11,9 @@ import socket
 import time
 
 from fleetops import model
-from fleetops.agent import hostinfo
 
 BACKENDS = ("auto", "nvml", "sim")
+SIM_STATE_ENV = "FLEETOPS_SIM_STATE"  # = gpu.sim.STATE_ENV, kept here so the NVML path never imports sim
 
 
 class CollectError(Exception):
@@ -25,26 +25,56 @@ def choose_backend(requested: str) -> str:
         raise CollectError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
     if requested != "auto":
         return requested
-    from fleetops.gpu import sim
-
-    if os.environ.get(sim.STATE_ENV):
+    if os.environ.get(SIM_STATE_ENV):
         return "sim"
     return "nvml"
 
 
-def _attach_xids(node: model.Node, lines: list[str], source: str) -> None:
+def _xid_events(
+    lines: list[str], source: str, gpus: dict[str, tuple[str, int]], collected_at: float, uptime_s: float | None
+) -> list[model.XidEvent]:
+    """Parse kernel-log lines and attribute each XID to its GPU by bus id (``gpus``: bus id ->
+    (uuid, index)); a GPU that fell off the bus is no longer enumerated and stays unattributed."""
     from fleetops.gpu import xid
 
-    by_bus = {g.bus_id: g for g in node.gpus}
     events = xid.parse_lines(lines, source=source)
-    boot = node.collected_at - node.uptime_s if node.uptime_s is not None else None
+    boot = collected_at - uptime_s if uptime_s is not None else None
     for event in events:
-        gpu = by_bus.get(event.bus_id or "")
-        if gpu is not None:
-            event.gpu_uuid, event.gpu_index = gpu.uuid, gpu.index
+        hit = gpus.get(event.bus_id or "")
+        if hit is not None:
+            event.gpu_uuid, event.gpu_index = hit
         if event.timestamp is None and event.uptime_s is not None and boot is not None:
             event.timestamp = round(boot + event.uptime_s, 3)
-    node.xids = events
+    return events
+
+
+def _sim_dict(state_path: str | None, now: float) -> dict:
+    from fleetops.gpu import sim
+
+    path = state_path or os.environ.get(sim.STATE_ENV)
+    if not path:
+        raise CollectError(f"the sim backend needs a state file: set {sim.STATE_ENV} or pass --state")
+    try:
+        state = sim.read_state(path)
+    except sim.SimError as exc:
+        raise CollectError(str(exc)) from exc
+    data = sim.snapshot(state, now=now)
+    lines = data.pop("_kernel_log")
+    data["collected_at"] = now
+    gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
+    data["xids"] = [model.to_dict(e) for e in _xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
+    return data
+
+
+def collect_dict(backend: str = "auto", state_path: str | None = None) -> dict:
+    """The snapshot as the JSON-ready mapping the agent prints. The simulator's path builds the
+    mapping directly (the controller validates it on receipt); NVML's goes through ``collect``."""
+    start = time.perf_counter()
+    if choose_backend(backend) != "sim":
+        return model.to_dict(collect(backend, state_path))
+    data = _sim_dict(state_path, time.time())
+    data["collect_ms"] = round((time.perf_counter() - start) * 1000.0, 2)
+    return data
 
 
 def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
@@ -52,21 +82,9 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
     chosen = choose_backend(backend)
     now = time.time()
     if chosen == "sim":
-        from fleetops.gpu import sim
-
-        path = state_path or os.environ.get(sim.STATE_ENV)
-        if not path:
-            raise CollectError(f"the sim backend needs a state file: set {sim.STATE_ENV} or pass --state")
-        try:
-            state = sim.read_state(path)
-        except sim.SimError as exc:
-            raise CollectError(str(exc)) from exc
-        data = sim.snapshot(state, now=now)
-        log_lines = data.pop("_kernel_log")
-        data["collected_at"] = now
-        node = model.node_from_dict(data)
-        _attach_xids(node, log_lines, "sim")
+        node = model.node_from_dict(_sim_dict(state_path, now))
     else:
+        from fleetops.agent import hostinfo
         from fleetops.gpu import nvml, xid
 
         node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
@@ -83,6 +101,7 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
         lines, reason = xid.read_kernel_log()
         if reason:
             node.unavailable["xids"] = reason
-        _attach_xids(node, lines, "kernel")
+        gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
+        node.xids = _xid_events(lines, "kernel", gpus, now, node.uptime_s)
     node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
     return node

@@ -10,7 +10,6 @@ seconds during an incident.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
@@ -28,16 +27,22 @@ def _emit(doc: Any, pretty: bool) -> None:
     sys.stdout.write("\n")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.exit(_fail("usage", f"{self.prog}: {message}", EXIT_USAGE))
+def _parser_class() -> type:
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            sys.exit(_fail("usage", f"{self.prog}: {message}", EXIT_USAGE))
+
+    return _Parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Any:
+    _Parser = _parser_class()
     parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: Any) -> None:
         p.add_argument("--backend", default="auto", help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)")
         p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
         p.add_argument("--pretty", action="store_true", help="indented JSON")
@@ -93,7 +98,43 @@ def _verdict(doc: dict[str, Any], code: int, pretty: bool) -> int:
     return code
 
 
+def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
+    """``collect`` with its plain flags, parsed without argparse (it costs more than the
+    whole simulator collection); anything else goes through the full parser."""
+    if not argv or argv[0] != "collect":
+        return None
+    opts: dict[str, Any] = {"backend": "auto", "state": None, "pretty": False}
+    rest = argv[1:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in ("--pretty", "--json"):
+            opts["pretty"] = opts["pretty"] or arg == "--pretty"
+        elif arg in ("--backend", "--state") and i + 1 < len(rest):
+            opts[arg[2:]] = rest[i + 1]
+            i += 1
+        elif arg.startswith(("--backend=", "--state=")):
+            key, _, value = arg[2:].partition("=")
+            opts[key] = value
+        else:
+            return None
+        i += 1
+    return opts
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fast = _fast_collect_args(argv)
+    if fast is not None:
+        from fleetops.agent.collect import CollectError, collect_dict
+
+        try:
+            _emit(collect_dict(fast["backend"], fast["state"]), fast["pretty"])
+        except CollectError as exc:
+            return _fail("collect", str(exc))
+        except Exception as exc:  # same contract as below: one JSON line, never a traceback
+            return _fail("internal", f"{type(exc).__name__}: {exc}")
+        return EXIT_OK
     args = build_parser().parse_args(argv)
     from fleetops.agent.collect import CollectError, collect
 
@@ -138,5 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     return _fail("usage", f"unknown command {args.command!r}", EXIT_USAGE)
 
 
+def entry() -> None:
+    """Console-script entry: a short-lived process, so no cyclic GC during the run and no
+    interpreter teardown after it (NVML's and the modules' finalisers cost more than the
+    whole simulator collection). Output is flushed first; nothing else needs finalising."""
+    import gc
+    import os
+
+    gc.disable()
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse usage errors
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import copy
 import fcntl
-import hashlib
 import json
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -163,6 +161,8 @@ class SimError(Exception):
 
 
 def _digest(*parts: object) -> str:
+    import hashlib  # only when a state is built, not on every collect
+
     return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
 
 
@@ -275,6 +275,8 @@ def read_state(path: str) -> dict[str, Any]:
 
 
 def write_state(path: str, state: dict[str, Any]) -> None:
+    import tempfile
+
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".state.", dir=folder)
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -838,6 +837,8 @@ _JOURNAL_UNUSABLE = ("no journal files", "insufficient permission", "not seeing 
 
 
 def _run(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+    import subprocess  # only on a real node's collect; not on the simulator's path
+
     env = dict(os.environ, LC_ALL="C", SYSTEMD_COLORS="0")
     try:
         proc = subprocess.run(

@@ -508,7 +508,7 @@ DMESG_LINE = "[ 5012.331] NVRM: Xid (PCI:0000:9a:00): 13, pid=1, name=a, x"
 def fake_run(monkeypatch):
     def install(answers):
         fake = FakeRun(answers)
-        monkeypatch.setattr(xid.subprocess, "run", fake)
+        monkeypatch.setattr(subprocess, "run", fake)
         return fake
 
     return install
