@@ -1,0 +1,280 @@
+"""``fleetops tui``: the fleet during an incident, modelled on k9s.
+
+The app owns the ``FleetState`` (data side, no Textual) and the source. A background thread
+worker runs ``source.run``; every node that answers becomes a ``NodeEntry`` in that thread
+(parse, checks and row building included) and is handed over through one coalescing message,
+so the main thread only swaps entries and updates the cells that changed. Tests and the
+benchmark feed entries straight in with ``feed``.
+
+Actions (re-audit, GPU reset, drain/resume) run in thread workers too and report with
+``notify``; in read-only mode they are unbound (``check_action``) and refused if called.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.worker import get_current_worker
+
+from fleetops.tui import data
+from fleetops.tui.source import ActionResult
+
+DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume"})
+
+
+class EntriesReady(Message):
+    """New node entries are waiting in the app's inbox (posted at most once until handled)."""
+
+
+class FleetApp(App[None]):
+    CSS_PATH = str(Path(__file__).with_name("fleet.tcss"))  # absolute: subclasses live elsewhere
+    TITLE = "fleetops"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    def __init__(
+        self,
+        source: Any = None,
+        *,
+        names: Iterable[str] | None = None,
+        readonly: bool = False,
+        interval: float = 2.0,
+        where: str = "",
+        store: Any = None,
+        clock: Callable[[], float] = time.time,
+        highlight_s: float = 1.5,
+        tick_s: float = 1.0,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.readonly = readonly
+        self.interval = interval
+        self.where = where
+        self.store = store
+        self.highlight_s = highlight_s
+        self.tick_s = tick_s
+        self.state = data.FleetState(clock=clock, stale_after=max(3 * interval, 10.0))
+        self.state.set_hosts(names if names is not None else (source.names if source is not None else []))
+        self._inbox: list[data.NodeEntry] = []
+        self._inbox_lock = threading.Lock()
+        self._posted = False
+        self._stop = threading.Event()
+        self._on_exit = on_exit
+        self.refreshes = 0  # rounds of entries applied (tests wait on it)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        from fleetops.tui.screens.fleet import FleetScreen
+
+        self.push_screen(FleetScreen())
+        if self.tick_s:
+            self.set_interval(self.tick_s, self.tick)
+        if self.source is not None:
+            self.poll()
+
+    def on_unmount(self) -> None:
+        self.stop_polling()
+
+    def stop_polling(self) -> None:
+        self._stop.set()
+        if self.source is not None:
+            self.source.close()
+        if self._on_exit is not None:
+            callback, self._on_exit = self._on_exit, None
+            callback()
+
+    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    def poll(self) -> None:
+        worker = get_current_worker()
+        stop = self._stop
+
+        class Stop:
+            @staticmethod
+            def is_set() -> bool:
+                return stop.is_set() or worker.is_cancelled
+
+        self.source.run(Stop, self.deliver)
+
+    # --- data in -----------------------------------------------------------------------
+
+    def deliver(self, entry: data.NodeEntry) -> None:
+        """From any thread: queue an entry; one message carries everything queued so far."""
+        with self._inbox_lock:
+            self._inbox.append(entry)
+            if self._posted:
+                return
+            self._posted = True
+        self.post_message(EntriesReady())
+
+    def on_entries_ready(self, _: EntriesReady) -> None:
+        with self._inbox_lock:
+            entries, self._inbox = self._inbox, []
+            self._posted = False
+        self.feed(entries)
+
+    def feed(self, entries: Iterable[data.NodeEntry]) -> None:
+        """Swap in new entries and update what is on screen (main thread)."""
+        changed = self.state.update(entries)
+        self.refreshes += 1
+        if changed:
+            self.refresh_screens(changed)
+
+    def refresh_screens(self, changed: list[str] | None = None) -> None:
+        screen = self.screen
+        refresh = getattr(screen, "refresh_data", None)
+        if refresh is not None:
+            refresh(changed)
+        for other in self.screen_stack:
+            if other is not screen and hasattr(other, "refresh_data"):
+                other.stale = True  # type: ignore[attr-defined]
+
+    def tick(self) -> None:
+        """Ages move on without new data."""
+        self.refresh_screens(None)
+
+    # --- actions -----------------------------------------------------------------------
+
+    def allowed(self, action: str) -> bool:
+        return not (self.readonly and action in DANGEROUS_ACTIONS)
+
+    def refuse_readonly(self, what: str) -> bool:
+        if self.readonly:
+            self.notify(f"read-only mode: {what} is disabled", severity="warning")
+            return True
+        return False
+
+    def request_reaudit(self, name: str) -> None:
+        if self.refuse_readonly("re-audit"):
+            return
+        if self.source is None:
+            self.notify(f"{name}: no live source to re-audit from", severity="warning")
+            return
+        self.notify(f"re-auditing {name} ...", timeout=2)
+        self._reaudit(name)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _reaudit(self, name: str, after: str = "re-audited") -> None:
+        entry = self.source.collect(name)
+        self.deliver(entry)
+        self.call_from_thread(self._report_entry, entry, after)
+
+    def _report_entry(self, entry: data.NodeEntry, what: str) -> None:
+        if entry.status != data.STATUS_OK:
+            why = entry.problem.message if entry.problem else entry.status
+            self.notify(f"{entry.name} {what}: {entry.mark} ({why})", severity="error", timeout=8)
+            return
+        counts: dict[str, int] = {}
+        for f in entry.findings:
+            if f.severity in ("warn", "crit", "unknown"):
+                counts[f.severity] = counts.get(f.severity, 0) + 1
+        detail = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items())) or "no faults"
+        sev = "error" if entry.health == "crit" else "warning" if entry.health == "warn" else "information"
+        self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail})", severity=sev, timeout=6)
+
+    def request_reset(self, name: str, uuid: str) -> None:
+        """Ask first (the dialog names node, GPU and the processes a reset kills), then reset."""
+        if self.refuse_readonly("GPU reset"):
+            return
+        from fleetops.tui.screens.confirm import ConfirmScreen, reset_question
+
+        entry = self.state.entries.get(name)
+        if entry is None or entry.gpu(uuid) is None:
+            self.notify(f"{name}: no GPU {uuid} to reset", severity="error")
+            return
+        question = reset_question(entry, uuid, self.state.clock())
+        bus_id = entry.gpu(uuid).bus_id  # type: ignore[union-attr]
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"resetting {uuid} on {name} ...", timeout=3)
+                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id))
+            else:
+                self.notify(f"reset of {uuid} on {name} cancelled", timeout=3)
+
+        self.push_screen(ConfirmScreen(question, confirm_label="Reset GPU"), answered)
+
+    def _slurm_refused(self, name: str, verb: str) -> bool:
+        if self.source is None:
+            self.notify(f"{name}: no live source to {verb} through", severity="warning")
+            return True
+        refusal = self.source.slurm_refusal(name, verb)
+        if refusal:
+            self.notify(refusal, severity="warning", timeout=8)
+        return bool(refusal)
+
+    def request_drain(self, name: str) -> None:
+        if self.refuse_readonly("drain") or self._slurm_refused(name, "drain"):
+            return
+        from fleetops.tui.screens.confirm import ConfirmScreen, Question
+
+        entry = self.state.entries.get(name)
+        worst = entry.worst if entry else None
+        reason = f"fleetops: {worst.check}" if worst else "fleetops: drained from the TUI"
+        question = Question(
+            title=f"Drain {name}?",
+            lines=[
+                f"Node:    {name}",
+                f"Reason:  {reason}",
+                "",
+                "Slurm stops scheduling jobs on it; running jobs finish.",
+            ],
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._action(name, "drain", lambda: self.source.drain(name, reason))
+
+        self.push_screen(ConfirmScreen(question, confirm_label="Drain"), answered)
+
+    def request_resume(self, name: str) -> None:
+        if self.refuse_readonly("resume") or self._slurm_refused(name, "resume"):
+            return
+        from fleetops.tui.screens.confirm import ConfirmScreen, Question
+
+        question = Question(
+            title=f"Resume {name}?", lines=[f"Node:    {name}", "", "Slurm may schedule jobs on it again."]
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._action(name, "resume", lambda: self.source.resume(name))
+
+        self.push_screen(ConfirmScreen(question, confirm_label="Resume"), answered)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _action(self, name: str, what: str, call: Callable[[], ActionResult]) -> None:
+        if self.source is None:
+            self.call_from_thread(self.notify, f"{name}: no live source for {what}", severity="warning")
+            return
+        try:
+            result = call()
+        except Exception as exc:  # noqa: BLE001 - a failed action is reported, never kills the screen
+            result = ActionResult(False, f"{name}: {what} failed: {type(exc).__name__}: {exc}")
+        self.call_from_thread(
+            self.notify, result.message, severity="information" if result.ok else "error", timeout=10
+        )
+        self.last_action = result
+        if what == "reset":
+            # what the reset left behind, now rather than at the next round
+            entry = self.source.collect(name)
+            self.deliver(entry)
+            self.call_from_thread(self._report_entry, entry, "after reset")
+
+    last_action: ActionResult | None = None
+
+    def action_help(self) -> None:
+        from fleetops.tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())

@@ -1,0 +1,150 @@
+"""``fleetops tui``: registered into the ``fleetops`` command by ``fleetops.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import tempfile
+from typing import Any
+
+SIM_FIRST_ADDRESS = "127.0.40.1"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "tui",
+        help="live fleet view for incidents (k9s-like): health, GPUs, findings, XIDs; reset, drain",
+        description="Live view of the fleet. Keys: ':' view, '/' filter, 'f' faults only, "
+        "Shift+letter sort, Enter node detail, '?' all keys.",
+    )
+    p.add_argument("-i", "--inventory", help="Ansible inventory (INI or YAML)")
+    p.add_argument(
+        "--baseline", help="baseline YAML (default: fleetops_baseline from the inventory's group_vars)"
+    )
+    p.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
+    p.add_argument(
+        "--readonly", action="store_true", help="no actions: re-audit, reset, drain and resume are off"
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between collections of a node (default 2)"
+    )
+    p.add_argument("--db", help="history database for the node screen (default: the audit's, when it exists)")
+    p.add_argument(
+        "--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=15.0, help="seconds for the agent to answer before a node is HUNG"
+    )
+    p.add_argument("--forks", type=int, default=64, help="nodes collected at the same time (default 64)")
+    p.add_argument(
+        "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
+    )
+    p.add_argument(
+        "--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen"
+    )
+    p.add_argument(
+        "--sim", action="store_true", help="start a simulated fleet in a temporary folder (no inventory)"
+    )
+    p.add_argument("--nodes", type=int, default=8, help="nodes of the simulated fleet (default 8)")
+    p.add_argument("--scenario", help="scenario YAML for the simulated fleet (faults, per-node overrides)")
+    p.set_defaults(func=run)
+
+
+def start_sim(nodes: int, directory: str, scenario: str | None) -> dict[str, Any]:
+    """``fleet.up`` on a loopback range nobody else uses (tests and other fleets may run)."""
+    from fleetops.sim import fleet
+
+    candidates = [SIM_FIRST_ADDRESS] + [f"127.{random.randint(41, 250)}.40.1" for _ in range(5)]
+    last: Exception | None = None
+    for first in candidates:
+        try:
+            return fleet.up(nodes, directory, scenario, first_address=first)
+        except fleet.SimFleetError as exc:
+            if "already in use" not in str(exc):
+                raise
+            last = exc
+    assert last is not None
+    raise last
+
+
+def open_store(path: str | None) -> Any:
+    from fleetops.fleet.store import Store, default_path
+
+    if path:
+        return Store(path)
+    default = default_path()
+    return Store(default) if os.path.exists(default) else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetops.cli import UsageError
+
+    if args.sim and args.inventory:
+        raise UsageError("tui: give -i INVENTORY or --sim, not both")
+    if not args.sim and not args.inventory:
+        raise UsageError("tui: give -i INVENTORY (or --sim for a simulated fleet)")
+    if args.interval <= 0:
+        raise UsageError("tui: --interval must be more than 0 seconds")
+    sim_dir = None
+    restore = _exit_on_hangup()
+    try:
+        inventory = args.inventory
+        where = os.path.abspath(inventory) if inventory else ""
+        if args.sim:
+            sim_dir = tempfile.mkdtemp(prefix="fleetops-tui-sim-")
+            start_sim(args.nodes, sim_dir, args.scenario)
+            inventory = os.path.join(sim_dir, "inventory.yml")
+            where = f"sim {sim_dir}"
+        return _run_app(args, inventory, where, open_store(args.db))
+    finally:
+        if sim_dir is not None:
+            from fleetops.sim import fleet
+
+            fleet.down(sim_dir)
+            shutil.rmtree(sim_dir, ignore_errors=True)
+        restore()
+
+
+def _exit_on_hangup() -> Any:
+    """A closed terminal (SIGHUP) or a kill (SIGTERM) still stops the simulated fleet: turn
+    them into SystemExit so the ``finally`` that stops it runs."""
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {sig: signal.signal(sig, leave) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
+
+
+def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -> int:
+    from fleetops.tui.app import FleetApp
+    from fleetops.tui.source import SshSource, previous_snapshots, resolve_hosts
+
+    try:
+        hosts, baselines = resolve_hosts(inventory, args.baseline, args.limit)
+        if not hosts:
+            from fleetops.cli import UsageError
+
+            raise UsageError(
+                f"{inventory}: no hosts" + (f" match --limit {args.limit}" if args.limit else "")
+            )
+        source = SshSource(
+            hosts,
+            baselines,
+            interval=args.interval,
+            connect_timeout=args.connect_timeout,
+            command_timeout=args.timeout,
+            forks=args.forks,
+            known_hosts=args.known_hosts,
+            accept_new_hostkeys=args.accept_new_hostkeys,
+            previous=previous_snapshots(store, [h.name for h in hosts]),
+        )
+        app = FleetApp(source, readonly=args.readonly, interval=args.interval, where=where, store=store)
+        app.run()
+        return 0
+    finally:
+        if store is not None:
+            store.close()

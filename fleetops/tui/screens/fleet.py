@@ -1,0 +1,243 @@
+"""The fleet screen: one table per view (nodes, gpus, findings, xids), k9s keys.
+
+``:`` switches view, ``/`` filters (regex, ``!`` inverts; Enter applies, Esc clears), ``f`` or
+ctrl+z shows faults only, a shift-letter sorts by a column (again: reverse), Enter drills down.
+Each view keeps its own table, so switching back finds the cursor where it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.suggester import SuggestFromList
+from textual.widgets import ContentSwitcher, DataTable, Footer, Input
+
+from fleetops.tui import data
+from fleetops.tui.widgets.fleet_table import FleetTable
+from fleetops.tui.widgets.summary import SummaryBar
+
+VIEW_ALIASES = {
+    "nodes": "nodes", "node": "nodes", "no": "nodes", "n": "nodes",
+    "gpus": "gpus", "gpu": "gpus", "g": "gpus",
+    "findings": "findings", "finding": "findings", "f": "findings", "fi": "findings",
+    "xids": "xids", "xid": "xids", "x": "xids",
+}  # fmt: skip
+
+
+class FleetScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("colon", "command", "View", key_display=":"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("f", "faults", "Faults"),
+        Binding("ctrl+z", "faults", "Faults", show=False),
+        Binding("escape", "escape", "Clear", show=False),
+        Binding("a", "reaudit", "Re-audit"),
+        Binding("r", "reset", "Reset GPU"),
+        Binding("d", "drain", "Drain"),
+        Binding("u", "resume", "Resume"),
+        Binding("1", "view('nodes')", "Nodes", show=False),
+        Binding("2", "view('gpus')", "GPUs", show=False),
+        Binding("3", "view('findings')", "Findings", show=False),
+        Binding("4", "view('xids')", "XIDs", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt_mode: str | None = None  # "command" | "filter" while the prompt is open
+        self.stale = False
+
+    @property
+    def fleet(self) -> Any:
+        return self.app
+
+    @property
+    def state(self) -> data.FleetState:
+        return self.app.state  # type: ignore[attr-defined, no-any-return]
+
+    def compose(self) -> ComposeResult:
+        yield SummaryBar(id="summary")
+        with ContentSwitcher(id="views", initial="view-nodes"):
+            for view in data.VIEWS:
+                yield FleetTable(data.COLUMNS[view], id=f"view-{view}", highlight_s=self.app.highlight_s)  # type: ignore[attr-defined]
+        yield Input(id="prompt", suggester=SuggestFromList(list(data.VIEWS) + ["quit"]))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", Input).display = False
+        self.refresh_data(None)
+        self.table().focus()
+
+    def on_screen_resume(self) -> None:
+        if self.stale:
+            self.stale = False
+            self.refresh_data(None)
+        self.table().focus()
+
+    # --- drawing -----------------------------------------------------------------------
+
+    def table(self, view: str | None = None) -> FleetTable:
+        return self.query_one(f"#view-{view or self.state.view}", FleetTable)
+
+    def refresh_data(self, changed: list[str] | None) -> None:
+        state = self.state
+        table = self.table()
+        rows = state.rows()
+        table.apply(rows)
+        self.update_titles(len(rows))
+        self.query_one(SummaryBar).show(state, self.app)
+
+    def update_titles(self, shown: int) -> None:
+        state = self.state
+        view = state.view
+        table = self.table()
+        total = len(state.all_rows(view)) if (state.filter.active or state.faults_only) else shown
+        title = f" {view} [{shown}/{total}] "
+        table.border_title = title
+        sort = state.sorts[view]
+        label = next(c.label for c in data.COLUMNS[view] if c.key == sort.sort_column)
+        bits = [f"sort {label} {'▼' if sort.reverse else '▲'}"]
+        if state.filter.active:
+            bits.append(f"filter /{state.filter.text}/")
+        if state.faults_only:
+            bits.append("faults only")
+        table.border_subtitle = "  ".join(bits)
+
+    # --- view, filter, sort ------------------------------------------------------------
+
+    def action_view(self, view: str) -> None:
+        if view not in data.VIEWS:
+            self.notify(f"no view {view!r}; views: {', '.join(data.VIEWS)}", severity="warning")
+            return
+        self.state.view = view
+        self.query_one(ContentSwitcher).current = f"view-{view}"
+        self.refresh_data(None)
+        self.table().focus()
+        self.refresh_bindings()
+
+    def action_command(self) -> None:
+        self._open_prompt("command", "")
+
+    def action_filter(self) -> None:
+        self._open_prompt("filter", self.state.filter.text)
+
+    def _open_prompt(self, mode: str, value: str) -> None:
+        prompt = self.query_one("#prompt", Input)
+        self.prompt_mode = mode
+        prompt.placeholder = (
+            "view: nodes | gpus | findings | xids"
+            if mode == "command"
+            else "regex over names and findings; !regex inverts"
+        )
+        prompt.border_title = ":" if mode == "command" else "/"
+        prompt.value = value
+        prompt.display = True
+        prompt.focus()
+
+    def _close_prompt(self) -> None:
+        prompt = self.query_one("#prompt", Input)
+        prompt.display = False
+        self.prompt_mode = None
+        self.table().focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        mode, text = self.prompt_mode, event.value.strip()
+        self._close_prompt()
+        if mode == "command":
+            word = text.lstrip(":").lower()
+            if word in ("q", "quit", "q!"):
+                self.app.exit()
+            elif word in VIEW_ALIASES:
+                self.action_view(VIEW_ALIASES[word])
+            elif word:
+                self.notify(f"unknown view {word!r}; views: {', '.join(data.VIEWS)}", severity="warning")
+        elif mode == "filter":
+            self.set_filter(text)
+
+    def set_filter(self, text: str) -> None:
+        flt = data.Filter.parse(text)
+        if flt.error:
+            self.notify(flt.error, severity="warning")
+        self.state.filter = flt
+        self.refresh_data(None)
+
+    def action_escape(self) -> None:
+        if self.prompt_mode is not None:
+            mode = self.prompt_mode
+            self._close_prompt()
+            if mode == "filter":
+                self.set_filter("")
+            return
+        if self.state.filter.active:
+            self.set_filter("")
+
+    def action_faults(self) -> None:
+        self.state.faults_only = not self.state.faults_only
+        self.refresh_data(None)
+
+    def on_key(self, event: events.Key) -> None:
+        """Shift-letter sorts by the column whose letter it is (see the help screen)."""
+        if self.prompt_mode is not None:
+            return
+        ch = event.character
+        if ch and len(ch) == 1 and "A" <= ch <= "Z" and self.state.sort_letter(self.state.view, ch):
+            event.stop()
+            self.refresh_data(None)
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        self.state.sort_by(self.state.view, str(event.column_key.value))
+        self.refresh_data(None)
+
+    # --- drill down and actions --------------------------------------------------------
+
+    def current_row(self) -> data.Row | None:
+        table = self.table()
+        key = table.cursor_key
+        return table.row(key) if key else None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        row = self.current_row()
+        if row is None or not row.node:
+            return
+        from fleetops.tui.screens.node import NodeScreen
+
+        self.app.push_screen(NodeScreen(row.node, select_gpu=row.gpu))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if not self.app.allowed(action):  # type: ignore[attr-defined]
+            return False  # read-only: unbound, and gone from the footer
+        if action == "reset" and self.state.view not in ("gpus",):
+            return None  # shown dimmed: reset works on a GPU row (gpus view, or a node's detail)
+        return True
+
+    def _node(self) -> str | None:
+        row = self.current_row()
+        if row is None:
+            self.notify("no row selected", severity="warning")
+            return None
+        return row.node
+
+    def action_reaudit(self) -> None:
+        name = self._node()
+        if name:
+            self.app.request_reaudit(name)  # type: ignore[attr-defined]
+
+    def action_reset(self) -> None:
+        row = self.current_row()
+        if row is None or not row.gpu:
+            self.notify("select a GPU first (gpus view, or Enter on a node)", severity="warning")
+            return
+        self.app.request_reset(row.node, row.gpu)  # type: ignore[attr-defined]
+
+    def action_drain(self) -> None:
+        name = self._node()
+        if name:
+            self.app.request_drain(name)  # type: ignore[attr-defined]
+
+    def action_resume(self) -> None:
+        name = self._node()
+        if name:
+            self.app.request_resume(name)  # type: ignore[attr-defined]

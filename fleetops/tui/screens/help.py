@@ -1,0 +1,55 @@
+"""Every key, including the shift-letter sorts of each view."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from fleetops.tui import data
+
+KEYS = (
+    (":", "switch view (nodes, gpus, findings, xids; prefixes work; :q quits); 1-4 also switch"),
+    ("/", "filter: regex over node names and findings text, !regex inverts; Enter applies"),
+    ("Esc", "clear the filter / close the prompt / back from a node"),
+    ("f, ctrl+z", "faults only (unhealthy or unreachable nodes, faulty GPUs, warn/crit findings)"),
+    ("Shift+letter", "sort by the column (again: reverse); clicking a header also sorts"),
+    ("Enter", "open the node of the row: GPUs, findings, XIDs, history"),
+    ("a", "re-audit the node now"),
+    ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
+    ("d / u", "drain / resume the node in Slurm (asks first)"),
+    ("q", "quit"),
+)
+
+
+def help_text(readonly: bool) -> Text:
+    t = Text()
+    t.append("fleetops tui keys\n\n", style="bold")
+    for key, what in KEYS:
+        t.append(f"  {key:<13}", style="bold cyan")
+        t.append(f"{what}\n")
+    if readonly:
+        t.append("\n  READ-ONLY: a, r, d and u are off.\n", style="bold white on dark_red")
+    t.append("\nSort letters\n", style="bold")
+    for view in data.VIEWS:
+        letters = "  ".join(f"{c.sort_key}={c.label}" for c in data.COLUMNS[view] if c.sort_key)
+        t.append(f"  {view:<10}", style="bold cyan")
+        t.append(f"{letters}\n")
+    t.append("\nEsc or q closes this.", style="dim")
+    return t
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(help_text(bool(getattr(self.app, "readonly", False))))
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)

@@ -1,0 +1,276 @@
+"""One node: its GPUs (every health field), its findings with the action each calls for, the
+selected GPU in full, its recent XIDs and its audit history from the store. Esc goes back."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+
+from fleetops import model
+from fleetops.tui import data
+from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
+from fleetops.tui.widgets.summary import SummaryBar
+
+HISTORY_COLUMNS = (
+    data.Column("audit", "AUDIT", 6),
+    data.Column("when", "WHEN", 19),
+    data.Column("reach", "REACHED", 7),
+    data.Column("worst", "WORST", 7),
+    data.Column("faults", "FAULTS", 6),
+    data.Column("note", "NOTE", 80),
+)
+
+
+def node_header(entry: data.NodeEntry, now: float) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f" {entry.name} ", style="bold reverse")
+    health = entry.display_health
+    t.append(" ")
+    t.append(f" {entry.mark or data.health_label(health)} ", style=STYLES.get(health, STYLES[""]))
+    age = data.format_age(now - entry.seen_at) if entry.seen_at is not None else "never"
+    if entry.status != data.STATUS_OK and entry.snapshot is not None:
+        t.append(f"  last good state {age} ago ({data.health_label(entry.health)})", style=STYLES["warn"])
+    else:
+        t.append(f"  seen {age} ago", style=STYLES["dim"])
+    snap = entry.snapshot
+    if entry.problem is not None:
+        t.append("\n ")
+        t.append(data.fmt_finding(entry.problem), style=STYLES["unknown"])
+    if snap is not None:
+        t.append("\n ")
+        up = data.format_age(snap.uptime_s) if snap.uptime_s is not None else "?"
+        t.append(
+            f"driver {snap.driver_version or 'n/a'}  CUDA {snap.cuda_driver_version or 'n/a'}  "
+            f"kernel {snap.kernel or 'n/a'}  {snap.os or ''}  up {up}  backend {snap.backend}"
+        )
+        t.append("\n ")
+        t.append(
+            f"GPUs ok {entry.gpus_ok}/{len(entry.gpus)}  XIDs/1h {entry.xids_since(now - data.XID_WINDOW_S)}  "
+        )
+        services = "  ".join(
+            f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
+        )
+        t.append(services, style=STYLES["dim"])
+    return t
+
+
+def _finding_lines(t: Text, findings: Any) -> None:
+    for f in findings:
+        t.append(f"{f.severity.upper():7}", style=STYLES.get(f.severity, STYLES[""]))
+        t.append(f.check, style="bold")
+        t.append(f"  {f.message}\n")
+        if f.observed is not None or f.expected is not None:
+            t.append(f"       observed {f.observed!r}, expected {f.expected!r}\n", style="dim")
+        if f.action:
+            t.append(f"       -> {f.action}\n", style="italic")
+
+
+def findings_text(entry: data.NodeEntry) -> Text:
+    """Every finding in full (messages and actions are too long for table cells)."""
+    t = Text()
+    if not entry.all_findings:
+        t.append("no findings" if entry.snapshot is not None else "no data yet", style="dim")
+        return t
+    _finding_lines(t, entry.all_findings)
+    return t
+
+
+def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
+    gv = entry.gpu(uuid) if uuid else None
+    if gv is None:
+        return Text("no GPU selected", style="dim")
+    t = Text()
+    t.append(f"GPU {gv.index}  {gv.uuid}  bus {gv.bus_id}", style="bold")
+    if gv.lost:
+        t.append("  LOST: the driver no longer enumerates it (last known values below)", style=STYLES["crit"])
+    g = gv.gpu
+    if g is not None:
+
+        def n(v: Any, unit: str = "") -> str:
+            return "n/a" if v is None else f"{v}{unit}"
+
+        t.append(
+            f"\n{g.name or '?'}  serial {n(g.serial)}  VBIOS {n(g.vbios_version)}  InfoROM {n(g.inforom_image)}  GSP {n(g.gsp_firmware)}"
+        )
+        t.append(
+            f"\npower {n(g.power_draw_w, 'W')} / limit {n(g.power_limit_w, 'W')} (default {n(g.power_default_limit_w, 'W')},"
+            f" enforced {n(g.power_enforced_limit_w, 'W')})   persistence {n(g.persistence_mode)}   compute {n(g.compute_mode)}"
+        )
+        t.append(
+            f"\ntemp GPU {n(g.temp_gpu_c, 'C')} HBM {n(g.temp_memory_c, 'C')} (slowdown {n(g.temp_slowdown_c, 'C')}, shutdown {n(g.temp_shutdown_c, 'C')})"
+            f"   clocks SM {n(g.clock_sm_mhz)}/{n(g.clock_sm_max_mhz)} MHz, mem {n(g.clock_mem_mhz)}/{n(g.clock_mem_max_mhz)} MHz"
+        )
+        t.append(f"   throttle {', '.join(g.clocks_event_reasons or []) or '-'}")
+        t.append(
+            f"\nECC volatile corr {n(g.ecc_corrected_volatile)} uncorr {n(g.ecc_uncorrected_volatile)}; aggregate corr {n(g.ecc_corrected_aggregate)}"
+            f" uncorr {n(g.ecc_uncorrected_aggregate)}   remapped rows corr {n(g.remapped_rows_corrected)} uncorr {n(g.remapped_rows_uncorrected)}"
+            f" pending {n(g.remapped_rows_pending)} failure {n(g.remapped_rows_failure)}   retired pages sbe {n(g.retired_pages_sbe)} dbe {n(g.retired_pages_dbe)}"
+        )
+        t.append(
+            f"\nPCIe gen {n(g.pcie_gen_current)}/{n(g.pcie_gen_max)} width x{n(g.pcie_width_current)}/x{n(g.pcie_width_max)} replays {n(g.pcie_replay_counter)}"
+        )
+        if g.nvlinks is None:
+            t.append(f"   NVLink n/a ({g.unavailable.get('nvlinks', 'not reported')})")
+        else:
+            down = [str(link.link) for link in g.nvlinks if link.state != "up"]
+            crc = sum(link.crc_errors or 0 for link in g.nvlinks)
+            t.append(
+                f"   NVLink {g.nvlinks_up}/{len(g.nvlinks)} up"
+                + (f", down: {','.join(down)}" if down else "")
+                + f", CRC {crc}"
+            )
+        t.append(f"   fabric {n(g.fabric_state)}/{n(g.fabric_status)}   recovery {n(g.recovery_action)}")
+        mig = "n/a" if g.mig_mode_current is None else ("on" if g.mig_mode_current else "off")
+        t.append(f"\nMIG {mig} (pending {n(g.mig_mode_pending)})")
+        for inst in g.mig_instances or []:
+            t.append(f"  [{inst.gpu_instance_id}] {inst.profile or '?'}{' in use' if inst.in_use else ''}")
+        procs = g.processes or []
+        t.append(f"   processes {len(procs)}")
+        for p in procs:
+            t.append(f"\n  pid {p.pid} {p.name or '?'} {n(p.used_memory_mib, ' MiB')}")
+    if gv.findings:
+        t.append("\n\n")
+        _finding_lines(t, gv.findings)
+    return t
+
+
+class NodeScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back"),
+        Binding("a", "reaudit", "Re-audit"),
+        Binding("r", "reset", "Reset GPU"),
+        Binding("d", "drain", "Drain"),
+        Binding("u", "resume", "Resume"),
+    ]
+
+    def __init__(self, name: str, select_gpu: str | None = None) -> None:
+        super().__init__()
+        self.node = name
+        self.select_gpu = select_gpu
+        self.stale = False
+
+    @property
+    def state(self) -> data.FleetState:
+        return self.app.state  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def entry(self) -> data.NodeEntry:
+        return self.state.entries.get(self.node) or data.pending_entry(self.node)
+
+    def compose(self) -> ComposeResult:
+        yield SummaryBar(id="summary")
+        yield Static(id="node-header")
+        yield FleetTable(data.DETAIL_GPU_COLUMNS, id="node-gpus", highlight_s=self.app.highlight_s)  # type: ignore[attr-defined]
+        with TabbedContent(id="node-tabs"):
+            with TabPane("Findings", id="tab-findings"), VerticalScroll():
+                yield Static(id="node-findings")
+            with TabPane("GPU", id="tab-gpu"), VerticalScroll():
+                yield Static(id="node-gpu-detail")
+            with TabPane("XIDs", id="tab-xids"):
+                yield FleetTable(data.DETAIL_XID_COLUMNS, id="node-xids", highlight_s=0)
+            with TabPane("History", id="tab-history"):
+                yield FleetTable(HISTORY_COLUMNS, id="node-history", highlight_s=0)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#node-gpus", FleetTable).border_title = f" {self.node}: GPUs "
+        self.refresh_data(None)
+        gpus = self.query_one("#node-gpus", FleetTable)
+        if self.select_gpu:
+            gpus.select_key(self.select_gpu)
+        gpus.focus()
+        self.load_history()
+
+    def on_screen_resume(self) -> None:
+        if self.stale:
+            self.stale = False
+            self.refresh_data(None)
+
+    def refresh_data(self, changed: list[str] | None) -> None:
+        if changed is not None and self.node not in changed:
+            return
+        entry, now = self.entry, self.state.clock()
+        self.query_one(SummaryBar).show(self.state, self.app)
+        self.query_one("#node-header", Static).update(node_header(entry, now))
+        self.query_one("#node-gpus", FleetTable).apply(data.detail_gpu_rows(entry))
+        self.query_one("#node-findings", Static).update(findings_text(entry))
+        self.query_one("#node-xids", FleetTable).apply(self.state.detail_xid_rows(self.node, now))
+        self._show_gpu()
+
+    def _show_gpu(self) -> None:
+        key = self.query_one("#node-gpus", FleetTable).cursor_key
+        self.query_one("#node-gpu-detail", Static).update(gpu_detail(self.entry, key))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "node-gpus":
+            self._show_gpu()
+
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def load_history(self) -> None:
+        store = getattr(self.app, "store", None)
+        if store is None:
+            rows = [_note_row("no history database (fleetops tui --db PATH, or run fleetops audit first)")]
+        else:
+            try:
+                rows = history_rows(store, self.node)
+            except sqlite3.Error as exc:
+                rows = [_note_row(f"cannot read history: {exc}")]
+        self.app.call_from_thread(self.query_one("#node-history", FleetTable).apply, rows)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return bool(self.app.allowed(action))  # type: ignore[attr-defined]  # False: unbound when read-only
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_reaudit(self) -> None:
+        self.app.request_reaudit(self.node)  # type: ignore[attr-defined]
+
+    def action_reset(self) -> None:
+        key = self.query_one("#node-gpus", FleetTable).cursor_key
+        if not key:
+            self.notify("no GPU selected", severity="warning")
+            return
+        self.app.request_reset(self.node, key)  # type: ignore[attr-defined]
+
+    def action_drain(self) -> None:
+        self.app.request_drain(self.node)  # type: ignore[attr-defined]
+
+    def action_resume(self) -> None:
+        self.app.request_resume(self.node)  # type: ignore[attr-defined]
+
+
+def _note_row(text: str) -> data.Row:
+    return data.Row("note", ("", "", "", "", "", text), ("", "", "", "", "", "dim"), ("",) * 6, False, "")
+
+
+def history_rows(store: Any, node: str, limit: int = 20) -> list[data.Row]:
+    rows = []
+    for audit_id, started, reached, error in store.node_history(node, limit):
+        found = [f for f in store.findings(audit_id, node) if f.severity != "ok"]
+        worst = model.worst(f.severity for f in found)
+        faults = sum(1 for f in found if f.severity in data.FAULT_SEVERITIES)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        top = next((f for f in sorted(found, key=lambda f: -model.SEVERITY_RANK.get(f.severity, 0))), None)
+        note = error or (data.fmt_finding(top) if top else "")
+        rows.append(
+            data.Row(
+                f"audit:{audit_id}",
+                (f"#{audit_id}", when, "yes" if reached else "NO", worst.upper(), str(faults), note),
+                ("", "", "" if reached else "unreach", worst, "warn" if faults else "dim", ""),
+                (audit_id, started, reached, worst, faults, note),
+                faults > 0,
+                note.lower(),
+                node,
+            )
+        )
+    return rows or [_note_row(f"no audits of {node} in the history database")]

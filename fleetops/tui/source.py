@@ -1,0 +1,268 @@
+"""Where the TUI's data comes from, and where its actions go: the fleet over SSH.
+
+``SshSource.run`` is the refresh loop. It runs in a background thread and keeps every host on
+its own schedule: a host is collected again ``interval`` seconds after its previous answer
+arrived, on one persistent SSH session per host (``transport.SessionPool``). A dead or hung
+host therefore delays nobody but itself, and until its command times out it keeps its last
+good entry (with a growing age); then it is marked unreachable or hung, still with that state.
+
+No Textual here: entries are handed to a callback, which the app turns into messages.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetops import model
+from fleetops.fleet import audit
+from fleetops.tui import data
+
+# Rate and growth checks compare with an earlier snapshot; one a few seconds old makes rates
+# noisy (and below the checks' minimum interval, none at all), so the base is kept this long.
+RATE_BASE_MIN_AGE_S = 60.0
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action did, said so an operator can act on it."""
+
+    ok: bool
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def failure_status(result: Any, node_result: audit.NodeResult) -> str:
+    if getattr(result, "error_kind", None) == "timeout":
+        return "timeout"
+    return "unreachable" if not node_result.reachable else "error"
+
+
+class SshSource:
+    """The fleet of an inventory, collected with ``fleetops-agent collect`` over SSH."""
+
+    def __init__(
+        self,
+        hosts: list[Any],
+        baselines: dict[str, Any] | None = None,
+        *,
+        interval: float = 2.0,
+        connect_timeout: float = 5.0,
+        command_timeout: float = 15.0,
+        forks: int = 64,
+        known_hosts: str | None = None,
+        accept_new_hostkeys: bool = False,
+        previous: dict[str, model.Node] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from fleetops.fleet import transport
+
+        self.hosts = {h.name: h for h in hosts}
+        self.baselines = baselines or {}
+        self.interval = float(interval)
+        self.clock = clock
+        self.pool = transport.SessionPool(
+            hosts,
+            forks=forks,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            known_hosts=known_hosts,
+            accept_new_hostkeys=accept_new_hostkeys,
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(1, min(forks, len(hosts) or 1)), thread_name_prefix="tui-poll"
+        )
+        self._entries: dict[str, data.NodeEntry] = {}
+        self._rate_base: dict[str, model.Node] = dict(previous or {})
+        # one collect per host at a time: a re-audit waits for the poll in flight
+        self._host_locks = {name: threading.Lock() for name in self.hosts}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.hosts)
+
+    def agent(self, name: str) -> str:
+        return str(self.hosts[name].vars.get(audit.AGENT_COMMAND_VAR, audit.DEFAULT_AGENT))
+
+    # --- collecting --------------------------------------------------------------------
+
+    def run_on(self, name: str, command: list[str]) -> Any:
+        """Run a command on the host's session, after the poll in flight there (the pool
+        refuses a second command on a busy session)."""
+        with self._host_locks[name]:
+            return self.pool.run_one(name, command)
+
+    def collect(self, name: str) -> data.NodeEntry:
+        """Collect one host now and return its new entry (never raises for host trouble)."""
+        with self._host_locks[name]:
+            result = self.pool.run_one(name, [self.agent(name), "collect"])
+            return self._ingest(name, result)
+
+    def _ingest(self, name: str, result: Any) -> data.NodeEntry:
+        node_result, problem = audit.node_from_result(name, result)
+        with self._lock:
+            previous = self._entries.get(name)
+        snap = node_result.snapshot
+        if snap is None:
+            assert problem is not None
+            entry = data.mark_failed(name, failure_status(result, node_result), problem, previous)
+        else:
+            snap.hostname = name  # the inventory name is the node's identity, as in audits
+            findings = self.run_checks(name, snap)
+            entry = data.summarize(name, snap, findings, self.clock(), previous)
+            with self._lock:
+                base = self._rate_base.get(name)
+                if base is None or snap.collected_at - base.collected_at >= RATE_BASE_MIN_AGE_S:
+                    self._rate_base[name] = snap
+        with self._lock:
+            self._entries[name] = entry
+        return entry
+
+    def run_checks(self, name: str, snap: model.Node) -> list[model.Finding]:
+        from fleetops import checks
+
+        with self._lock:
+            base = self._rate_base.get(name)
+        previous = base if base is not None and base is not snap else None
+        try:
+            return list(checks.run_node_checks(snap, self.baselines.get(name), previous))
+        except Exception as exc:  # noqa: BLE001 - a check bug must not blank the screen: say it, keep the data
+            return [
+                model.Finding(
+                    check="tui.checks_failed",
+                    severity="unknown",
+                    node=name,
+                    message=f"checks raised {type(exc).__name__}: {exc}",
+                    action="Report this as a fleetops bug, with the node's snapshot (fleetops-agent collect).",
+                )
+            ]
+
+    def run(self, stop: threading.Event, deliver: Callable[[data.NodeEntry], None]) -> None:
+        """Keep every host refreshed until ``stop`` is set; ``deliver`` gets each new entry
+        from a pool thread as soon as it is there."""
+        due = {name: 0.0 for name in self.hosts}
+        running: set[str] = set()
+        done_lock = threading.Lock()
+        changed = threading.Event()
+
+        def one(name: str) -> None:
+            try:
+                entry = self.collect(name)
+                if not stop.is_set():
+                    deliver(entry)
+            finally:
+                with done_lock:
+                    running.discard(name)
+                    due[name] = time.monotonic() + self.interval
+                changed.set()
+
+        while not stop.is_set():
+            now = time.monotonic()
+            with done_lock:
+                ready = [n for n, t in due.items() if t <= now and n not in running]
+                running.update(ready)
+                pending = [t for n, t in due.items() if n not in running]
+            for name in ready:
+                self._executor.submit(one, name)
+            wait = max(0.05, min(pending) - now) if pending else 1.0
+            changed.wait(min(wait, 1.0))
+            changed.clear()
+
+    # --- actions -----------------------------------------------------------------------
+
+    def _entry(self, name: str) -> data.NodeEntry | None:
+        with self._lock:
+            return self._entries.get(name)
+
+    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None) -> ActionResult:
+        """Reset one GPU with the agent's safe reset on the node (it checks every precondition,
+        ends the GPU's processes, resets, verifies) and report what it said."""
+        command = [self.agent(name), "reset", "--gpu", uuid, "--kill-processes", "--json"]
+        if bus_id:
+            command[4:4] = ["--bus-id", bus_id]  # refused if the UUID is no longer at that bus id
+        result = self.run_on(name, command)
+        doc = _json_doc(result.stdout) or {}
+        message = doc.get("message") or ""
+        if result.ok and doc.get("result") in (None, "reset"):
+            return ActionResult(True, f"{name}: {message or f'reset {uuid}'}", doc)
+        if not message:
+            err = _json_doc(
+                (result.stderr or "").strip().splitlines()[-1] if (result.stderr or "").strip() else ""
+            )
+            message = (err or {}).get("error") or result.error or f"exit {result.exit_status}"
+        if doc.get("remedy"):
+            message += f" (remedy: {doc['remedy']})"
+        return ActionResult(False, f"{name}: {message}", doc)
+
+    def drain(self, name: str, reason: str) -> ActionResult:
+        return self._scontrol(name, "DRAIN", reason)
+
+    def resume(self, name: str) -> ActionResult:
+        return self._scontrol(name, "RESUME", None)
+
+    def slurm_refusal(self, name: str, verb: str) -> str | None:
+        """Why drain/resume cannot apply to this node, known before asking anything."""
+        entry = self._entry(name)
+        if entry is not None and entry.snapshot is not None and entry.snapshot.backend == "sim":
+            return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run)"
+        return None
+
+    def _scontrol(self, name: str, state: str, reason: str | None) -> ActionResult:
+        verb = "drain" if state == "DRAIN" else "resume"
+        refusal = self.slurm_refusal(name, verb)
+        if refusal:
+            return ActionResult(False, refusal, {"slurm": False})
+        # the node names itself as Slurm knows it (short hostname); scontrol runs there
+        line = f'scontrol update NodeName="$(hostname -s)" State={state}'
+        if reason:
+            line += f" Reason={shlex.quote(reason)}"
+        result = self.run_on(name, ["sh", "-c", line])
+        if result.ok:
+            return ActionResult(True, f"{name}: {verb} done" + (f" ({reason})" if reason else ""))
+        if result.exit_status == 127 or "not found" in (result.stderr or ""):
+            return ActionResult(
+                False,
+                f"{name} is not a Slurm node (scontrol not found there): nothing to {verb}",
+                {"slurm": False},
+            )
+        return ActionResult(False, f"{name}: {verb} failed: {result.error}")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
+
+
+def _json_doc(text: str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def resolve_hosts(
+    inventory: str, baseline: str | None, limit: str | None = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """Hosts and per-host baselines, as ``fleetops audit`` resolves them."""
+    from fleetops.cli import resolve_baselines
+    from fleetops.fleet import inventory as inv
+
+    hosts = inv.load(inventory, limit)
+    return hosts, resolve_baselines(hosts, baseline, inventory)
+
+
+def previous_snapshots(store: Any, names: Iterable[str]) -> dict[str, model.Node]:
+    if store is None:
+        return {}
+    try:
+        return store.previous_snapshots(list(names))
+    except sqlite3.Error:  # no rate base rather than no TUI
+        return {}

@@ -1,0 +1,54 @@
+"""The header line: fleet totals by health, GPUs ok/total, XIDs in the last hour, refresh
+interval, where the fleet comes from, and READ-ONLY when actions are off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from fleetops.tui import data
+from fleetops.tui.widgets.fleet_table import STYLES
+
+
+def summary_text(totals: data.Totals, *, where: str, interval: float, readonly: bool, live: bool) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(" fleetops ", style="bold reverse")
+    if readonly:
+        t.append(" ")
+        t.append(" READ-ONLY ", style="bold white on dark_red")
+    t.append(f"  nodes {totals.nodes}:", style="bold")
+    for label, count, style in (
+        ("ok", totals.ok, "ok"),
+        ("warn", totals.warn, "warn"),
+        ("crit", totals.crit, "crit"),
+        ("unknown", totals.unknown, "unknown"),
+        ("unreach", totals.unreachable, "unreach"),
+    ):
+        t.append(" ")
+        t.append(f"{label} {count}", style=STYLES[style] if count else STYLES["dim"])
+    if totals.pending:
+        t.append(f" waiting {totals.pending}", style=STYLES["dim"])
+    t.append("   GPUs ok ", style="bold")
+    gpu_style = "warn" if totals.gpus_ok < totals.gpus else "ok"
+    t.append(f"{totals.gpus_ok}/{totals.gpus}", style=STYLES[gpu_style])
+    t.append("   XIDs/1h ", style="bold")
+    t.append(str(totals.xids_1h), style=STYLES["warn" if totals.xids_1h else "dim"])
+    t.append(f"   {'every ' + format(interval, 'g') + 's' if live else 'static'}", style=STYLES["dim"])
+    if where:
+        t.append(f"   {where}", style=STYLES["dim"])
+    return t
+
+
+class SummaryBar(Static):
+    def show(self, state: data.FleetState, app: Any) -> None:
+        self.update(
+            summary_text(
+                state.totals(),
+                where=getattr(app, "where", ""),
+                interval=getattr(app, "interval", 0.0),
+                readonly=getattr(app, "readonly", False),
+                live=getattr(app, "source", None) is not None,
+            )
+        )
