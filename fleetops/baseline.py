@@ -1,0 +1,668 @@
+"""The desired state of a group of GPU nodes, and the thresholds the checks use.
+
+A baseline is YAML: a standalone file, or the ``fleetops_baseline`` variable of an Ansible
+inventory's ``group_vars`` (groups layer with ``merge``). Every key is optional: a key that is
+absent (or ``null``) is not checked. ``thresholds`` are the exception: each has a default.
+
+``SCHEMA`` describes every key (path, type, default, description, example). The validator is
+driven by it, and the docs generator reads it, so the two cannot drift. Errors are
+``BaselineError`` and name the source file, the key path (``thresholds.pcie_replays_per_min``)
+and the line of the key.
+
+Public API: ``load_file(path)``, ``from_mapping(data, source)``, ``merge(base, override)``,
+``Baseline``, ``Thresholds``, ``SCHEMA``, ``schema_dicts()``, ``BaselineError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+WRAPPER_KEY = "fleetops_baseline"
+
+SERVICE_PERSISTENCED = "nvidia-persistenced"
+SERVICE_FABRICMANAGER = "nvidia-fabricmanager"
+
+
+class BaselineError(ValueError):
+    """A baseline that does not validate. ``source``, ``path`` and ``line`` say where."""
+
+    def __init__(self, source: str, path: str, problem: str, line: int | None = None) -> None:
+        self.source = source
+        self.path = path
+        self.line = line
+        self.problem = problem
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {path}: {problem}" if path else f"{where}: {problem}")
+
+
+# --- schema ----------------------------------------------------------------------------
+
+# Types, as the docs print them.
+T_STR = "string"
+T_INT = "integer"
+T_NUM = "number"
+T_BOOL = "boolean"
+T_STR_LIST = "list of strings"
+T_MAP = "mapping"
+T_MAP_OF = "mapping of GPU model name to mapping"  # gpu_models: free keys, fixed sub-keys
+
+
+@dataclass(frozen=True)
+class SchemaKey:
+    """One baseline key. ``path`` is dotted; ``*`` stands for a free key (a GPU model name)."""
+
+    path: str
+    type: str
+    default: Any
+    description: str
+    example: Any
+    nullable: bool = True  # null = "not checked" (used to unset a key in a child group)
+    minimum: float | None = None
+    choices: tuple[Any, ...] | None = None
+    pattern: str | None = None
+    unit: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return self.path.rsplit(".", 1)[0] if "." in self.path else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "name": self.name,
+            "type": self.type,
+            "default": list(self.default) if isinstance(self.default, tuple) else self.default,
+            "description": self.description,
+            "example": self.example,
+            "nullable": self.nullable,
+            "minimum": self.minimum,
+            "choices": list(self.choices) if self.choices else None,
+            "pattern": self.pattern,
+            "unit": self.unit,
+        }
+
+
+def _threshold(name: str, type_: str, default: Any, description: str, unit: str | None = None) -> SchemaKey:
+    return SchemaKey(
+        f"thresholds.{name}", type_, default, description, example=default, nullable=False, minimum=0, unit=unit
+    )
+
+
+_VERSION_HINT = "Quote it so YAML keeps it as text."
+
+SCHEMA: tuple[SchemaKey, ...] = (
+    SchemaKey("driver_version", T_STR, None,
+              "NVIDIA driver version every node must run (as NVML reports it). " + _VERSION_HINT,
+              "580.159.04"),
+    SchemaKey("cuda_driver_version", T_STR, None,
+              "CUDA version the driver supports (nvidia-smi's 'CUDA Version'). " + _VERSION_HINT,
+              "13.0"),
+    SchemaKey("fabric_manager_version", T_STR, None,
+              "Version of the installed nvidia-fabricmanager package (upstream part, without the "
+              "package revision). When absent it must equal driver_version (or, without that, the "
+              "running driver): Fabric Manager refuses to start against a different driver.",
+              "580.159.04"),
+    SchemaKey("gpu_models", T_MAP_OF, None,
+              "Per GPU model (the name NVML reports, e.g. 'NVIDIA H200'): firmware versions and "
+              "power limit. GPUs of a model not listed here are not checked for these.",
+              {"NVIDIA H200": {"vbios_version": "96.00.A5.00.1A", "inforom_image": "G520.0282.02.02",
+                               "power_limit_w": 700}}),
+    SchemaKey("gpu_models.*", T_MAP, None,
+              "One GPU model, keyed by the name NVML reports ('NVIDIA H200', 'NVIDIA H100 80GB HBM3').",
+              {"vbios_version": "96.00.A5.00.1A", "power_limit_w": 700}),
+    SchemaKey("gpu_models.*.vbios_version", T_STR, None, "VBIOS version of this model's GPUs.",
+              "96.00.A5.00.1A"),
+    SchemaKey("gpu_models.*.inforom_image", T_STR, None, "InfoROM image version of this model's GPUs.",
+              "G520.0282.02.02"),
+    SchemaKey("gpu_models.*.power_limit_w", T_NUM, None,
+              "Power limit (W) this model's GPUs must be set to; overrides power_limit_w.", 700,
+              minimum=1, unit="W"),
+    SchemaKey("power_limit_w", T_NUM, None,
+              "Power limit (W) for every GPU whose model has no power_limit_w of its own.", 700,
+              minimum=1, unit="W"),
+    SchemaKey("persistence_mode", T_BOOL, None, "Persistence mode must be on (true) or off (false).", True),
+    SchemaKey("ecc_mode", T_BOOL, None, "ECC must be enabled (true) or disabled (false).", True),
+    SchemaKey("compute_mode", T_STR, None, "Compute mode every GPU must be in.", "Default",
+              choices=("Default", "Exclusive_Process", "Prohibited")),
+    SchemaKey("mig", T_MAP, None, "MIG (Multi-Instance GPU) state.", {"mode": False, "profile": None}),
+    SchemaKey("mig.mode", T_BOOL, None, "MIG mode must be enabled (true) or disabled (false).", False),
+    SchemaKey("mig.profile", T_STR, None,
+              "GPU instance profile every MIG instance must use (only checked with mig.mode true).",
+              "1g.18gb"),
+    SchemaKey("gpu_count", T_INT, None, "Number of GPUs the driver must enumerate on each node.", 8,
+              minimum=1),
+    SchemaKey("pcie", T_MAP, None, "Minimum PCIe link each GPU must train to.", {"gen": 5, "width": 16}),
+    SchemaKey("pcie.gen", T_INT, None, "Minimum PCIe generation.", 5, choices=(1, 2, 3, 4, 5, 6)),
+    SchemaKey("pcie.width", T_INT, None, "Minimum PCIe link width (lanes).", 16,
+              choices=(1, 2, 4, 8, 16, 32)),
+    SchemaKey("nvlinks_per_gpu", T_INT, None,
+              "NVLinks each GPU must have up (18 on HGX H100/H200). 0 means no NVLink is expected. "
+              "When above 0, nvidia-fabricmanager joins the default services.", 18, minimum=0),
+    SchemaKey("expected_topology", T_STR, None,
+              "Link type every GPU pair must show in 'nvidia-smi topo -m' (NV<n>, SYS, NODE, PHB, "
+              "PXB, PIX).", "NV18", pattern=r"^(NV[1-9][0-9]*|SYS|NODE|PHB|PXB|PIX)$"),
+    SchemaKey("stray_process_allowlist", T_STR_LIST, None,
+              "Names of processes allowed to hold a GPU; any other process on a GPU is reported. "
+              "Entries match the process name, the basename of its first word, or a shell-style "
+              "pattern ('dcgm*'). An empty list allows none; absent = not checked.",
+              ["nvidia-cuda-mps-server", "dcgm*"]),
+    SchemaKey("services", T_STR_LIST, (SERVICE_PERSISTENCED,),
+              "systemd units that must be active. Default: nvidia-persistenced, plus "
+              "nvidia-fabricmanager when nvlinks_per_gpu is above 0.",
+              [SERVICE_PERSISTENCED, SERVICE_FABRICMANAGER]),
+    SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
+              {"pcie_replays_per_min": 31}, nullable=False),
+    _threshold("ecc_dbe_volatile_crit", T_INT, 1,
+               "Volatile uncorrectable (double-bit) ECC errors at or above which a GPU is critical."),
+    _threshold("ecc_sbe_volatile_warn", T_INT, 10_000,
+               "Volatile corrected (single-bit) ECC errors at or above which a GPU is warned about."),
+    _threshold("ecc_sbe_volatile_crit", T_INT, 50_000_000,
+               "Volatile corrected ECC errors at or above which a GPU is critical (GCM's limit)."),
+    _threshold("ecc_sbe_growth_per_hour_warn", T_NUM, 1000,
+               "Corrected ECC errors per hour (between two snapshots) above which a GPU is warned about.",
+               unit="errors/h"),
+    _threshold("remapped_rows_uncorrectable_warn", T_INT, 512,
+               "Rows remapped for uncorrectable errors at or above which a GPU is warned about "
+               "(DCGM's limit).", unit="rows"),
+    _threshold("retired_pages_total_crit", T_INT, 63,
+               "Retired pages (single- plus double-bit) at or above which a GPU is critical; "
+               "pre-Hopper GPUs only (Hopper remaps rows instead).", unit="pages"),
+    _threshold("retired_pages_dbe_crit", T_INT, 16,
+               "Pages retired for double-bit errors at or above which a GPU is critical.", unit="pages"),
+    _threshold("pcie_replays_per_min", T_NUM, 31,
+               "PCIe replays per minute above which a GPU is warned about, for a Gen5 x16 link "
+               "(DCGM: a 1e-12 bit error rate). Scaled to the link's current generation and width "
+               "(Gen4 x16: 16/min, Gen5 x8: 16/min).", unit="replays/min"),
+    _threshold("nvlink_crc_per_min_warn", T_NUM, 100,
+               "NVLink CRC (flit) errors per minute, summed over one GPU's links, above which the "
+               "GPU is warned about.", unit="errors/min"),
+    _threshold("nvlink_crc_per_min_crit", T_NUM, 6000,
+               "NVLink CRC errors per minute above which the GPU is critical (DCGM: 100/s).",
+               unit="errors/min"),
+    _threshold("nvlink_replays_per_min_warn", T_NUM, 0,
+               "NVLink replay errors per minute above which the GPU is warned about (0: any new "
+               "replay).", unit="errors/min"),
+    _threshold("nvlink_recoveries_per_min_warn", T_NUM, 0,
+               "NVLink recovery errors per minute above which the GPU is warned about (0: any new "
+               "recovery).", unit="errors/min"),
+    _threshold("temp_slowdown_margin_c", T_NUM, 5,
+               "Warn when the GPU temperature is within this many degrees of its slowdown "
+               "temperature (critical at or above it).", unit="C"),
+    _threshold("temp_memory_warn_c", T_NUM, 85,
+               "HBM temperature at or above which a GPU is warned about (critical at the GPU's own "
+               "maximum memory temperature).", unit="C"),
+    _threshold("power_limit_tolerance_w", T_NUM, 1,
+               "Difference between set and desired power limit tolerated as rounding.", unit="W"),
+    _threshold("xid_window_hours", T_NUM, 24,
+               "XIDs this recent (or new since the previous snapshot) are reported.", unit="h"),
+    _threshold("xid_storm_count", T_INT, 10,
+               "Events of one XID code on one GPU within the window at or above which it is a "
+               "storm (at least warn).", unit="events"),
+    _threshold("rate_min_interval_s", T_NUM, 10,
+               "Shortest interval between two snapshots over which rates (PCIe replays, NVLink "
+               "errors, ECC growth) are computed; closer snapshots report totals only.", unit="s"),
+)
+
+SCHEMA_BY_PATH: Mapping[str, SchemaKey] = MappingProxyType({k.path: k for k in SCHEMA})
+
+
+def schema_dicts() -> list[dict[str, Any]]:
+    """``SCHEMA`` as plain dicts, in document order, for the docs generator."""
+    return [k.to_dict() for k in SCHEMA]
+
+
+def _children(parent: str) -> dict[str, SchemaKey]:
+    return {k.name: k for k in SCHEMA if k.parent == parent}
+
+
+# --- the baseline ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Check thresholds. Defaults and meanings live in SCHEMA (``thresholds.*``); an import-time
+    check keeps the two identical."""
+
+    ecc_dbe_volatile_crit: int = 1
+    ecc_sbe_volatile_warn: int = 10_000
+    ecc_sbe_volatile_crit: int = 50_000_000
+    ecc_sbe_growth_per_hour_warn: float = 1000.0
+    remapped_rows_uncorrectable_warn: int = 512
+    retired_pages_total_crit: int = 63
+    retired_pages_dbe_crit: int = 16
+    pcie_replays_per_min: float = 31.0
+    nvlink_crc_per_min_warn: float = 100.0
+    nvlink_crc_per_min_crit: float = 6000.0
+    nvlink_replays_per_min_warn: float = 0.0
+    nvlink_recoveries_per_min_warn: float = 0.0
+    temp_slowdown_margin_c: float = 5.0
+    temp_memory_warn_c: float = 85.0
+    power_limit_tolerance_w: float = 1.0
+    xid_window_hours: float = 24.0
+    xid_storm_count: int = 10
+    rate_min_interval_s: float = 10.0
+
+
+def _check_thresholds_match_schema() -> None:
+    in_schema = {k.name: k for k in SCHEMA if k.parent == "thresholds"}
+    fields = {f.name: f for f in dataclasses.fields(Thresholds)}
+    if set(in_schema) != set(fields):
+        raise AssertionError(f"Thresholds and SCHEMA differ: {sorted(set(in_schema) ^ set(fields))}")
+    for name, key in in_schema.items():
+        if fields[name].default != key.default:
+            raise AssertionError(f"thresholds.{name}: default {fields[name].default!r} != SCHEMA {key.default!r}")
+        if (fields[name].type in ("int", int)) != (key.type == T_INT):
+            raise AssertionError(f"thresholds.{name}: type differs from SCHEMA")
+
+
+_check_thresholds_match_schema()
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class GpuModelBaseline:
+    vbios_version: str | None = None
+    inforom_image: str | None = None
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class MigBaseline:
+    mode: bool | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class PcieBaseline:
+    gen: int | None = None
+    width: int | None = None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Desired state. ``None`` means "not checked". Build with ``from_mapping``/``load_file``."""
+
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    fabric_manager_version: str | None = None
+    gpu_models: Mapping[str, GpuModelBaseline] = field(default_factory=dict)
+    power_limit_w: float | None = None
+    persistence_mode: bool | None = None
+    ecc_mode: bool | None = None
+    compute_mode: str | None = None
+    mig: MigBaseline = field(default_factory=MigBaseline)
+    gpu_count: int | None = None
+    pcie: PcieBaseline = field(default_factory=PcieBaseline)
+    nvlinks_per_gpu: int | None = None
+    expected_topology: str | None = None
+    stray_process_allowlist: tuple[str, ...] | None = None
+    services: tuple[str, ...] = (SERVICE_PERSISTENCED,)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    source: str = "<defaults>"
+    # The validated mapping as written (explicit keys only) and where each key came from:
+    # what merge() layers. Not part of equality.
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    origins: Mapping[str, tuple[str, int | None]] = field(default_factory=dict, compare=False, repr=False)
+
+    def model(self, name: str | None) -> GpuModelBaseline | None:
+        if name is None:
+            return None
+        return self.gpu_models.get(name)
+
+    def power_limit_for(self, model_name: str | None) -> float | None:
+        """Desired power limit for a GPU of this model: the model's own, else the group's."""
+        m = self.model(model_name)
+        if m is not None and m.power_limit_w is not None:
+            return m.power_limit_w
+        return self.power_limit_w
+
+    def expected_fabric_manager(self) -> str | None:
+        return self.fabric_manager_version or self.driver_version
+
+    def origin(self, path: str) -> tuple[str, int | None] | None:
+        return self.origins.get(path)
+
+
+# --- YAML with line numbers ------------------------------------------------------------
+
+
+class _LineDict(dict):
+    """A mapping from YAML that remembers the line (1-based) of each of its keys."""
+
+    __slots__ = ("duplicates", "key_lines", "line")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key_lines: dict[Any, int] = {}
+        self.line: int | None = None
+        self.duplicates: dict[Any, tuple[int, int]] = {}  # key -> (its line, first line)
+
+
+def _make_loader(source: str) -> type:
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def construct_map(loader: Any, node: Any) -> Any:
+        loader.flatten_mapping(node)
+        data = _LineDict()
+        data.line = node.start_mark.line + 1
+        yield data
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                hash(key)
+            except TypeError:
+                raise BaselineError(source, "", f"a mapping key must be a plain value, got {key!r}", line)
+            if key in data.key_lines:  # reported by the validator, which knows the key path
+                data.duplicates.setdefault(key, (line, data.key_lines[key]))
+                continue
+            data[key] = loader.construct_object(value_node, deep=False)
+            data.key_lines[key] = line
+
+    _Loader.add_constructor("tag:yaml.org,2002:map", construct_map)
+    return _Loader
+
+
+def _key_line(mapping: Any, key: Any) -> int | None:
+    """Line of ``key`` in ``mapping``: from our loader, or from Ansible's position tags."""
+    lines = getattr(mapping, "key_lines", None)
+    if lines and key in lines:
+        return lines[key]
+    pos = getattr(key, "ansible_pos", None)  # ansible-core < 2.19
+    if isinstance(pos, tuple) and len(pos) >= 2 and isinstance(pos[1], int):
+        return pos[1]
+    if "ansible" in sys.modules:  # ansible-core >= 2.19 data tagging; never import it ourselves
+        try:
+            from ansible._internal._datatag._tags import Origin  # type: ignore[import-not-found]
+
+            origin = Origin.get_tag(key)
+            if origin is not None and origin.line_num is not None:
+                return int(origin.line_num)
+        except Exception:  # noqa: BLE001 - positions are a courtesy
+            return None
+    return None
+
+
+def _mapping_line(mapping: Any) -> int | None:
+    line = getattr(mapping, "line", None)
+    return line if isinstance(line, int) else None
+
+
+# --- validation ------------------------------------------------------------------------
+
+
+def _fmt_path(parent: str, key: str) -> str:
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return f"{parent}.{key}" if parent else key
+    return f'{parent}["{key}"]'
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {value!r}".replace("True", "true").replace("False", "false")
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+class _Validator:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.origins: dict[str, tuple[str, int | None]] = {}
+
+    def fail(self, path: str, problem: str, line: int | None) -> None:
+        raise BaselineError(self.source, path, problem, line)
+
+    def mapping(self, data: Any, schema_parent: str, shown_parent: str, line: int | None) -> dict[str, Any]:
+        """Validate one mapping level; returns a plain nested dict of the explicit keys."""
+        if not isinstance(data, dict):
+            self.fail(shown_parent or "(top level)", f"expected a mapping, got {_type_name(data)}", line)
+        for key, (dup_line, first) in (getattr(data, "duplicates", None) or {}).items():
+            self.fail(_fmt_path(shown_parent, str(key)), f"duplicate key (first at line {first})", dup_line)
+        children = _children(schema_parent)
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            kline = _key_line(data, key)
+            if not isinstance(key, str):
+                self.fail(_fmt_path(shown_parent, str(key)), f"keys are text, got {_type_name(key)}", kline)
+            if "*" in children:
+                spec = children["*"]
+                shown = _fmt_path(shown_parent, key)
+                schema_path = f"{schema_parent}.*" if schema_parent else "*"
+            else:
+                spec = children.get(key)
+                shown = _fmt_path(shown_parent, key)
+                schema_path = spec.path if spec else ""
+                if spec is None:
+                    known = sorted(children)
+                    close = difflib.get_close_matches(key, known, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    where = f" under {shown_parent}" if shown_parent else ""
+                    self.fail(shown, f"unknown key{where}{hint}; known keys: {', '.join(known)}", kline)
+            self.origins[shown] = (self.source, kline)
+            out[key] = self.value(value, spec, schema_path, shown, kline)
+        return out
+
+    def value(self, value: Any, spec: SchemaKey, schema_path: str, shown: str, line: int | None) -> Any:
+        if value is None:
+            if spec.nullable:
+                return None
+            self.fail(shown, f"expected {spec.type}, got null (this key cannot be unset)", line)
+        t = spec.type
+        if t in (T_MAP, T_MAP_OF) or schema_path.endswith("*"):
+            # gpu_models (free keys) and each of its models, mig, pcie, thresholds
+            return self.mapping(value, schema_path, shown, _mapping_line(value) or line)
+        if t == T_STR:
+            if not isinstance(value, str):
+                hint = ""
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    hint = f": quote it (\"{value}\") so YAML keeps it as text"
+                self.fail(shown, f"expected a string, got {_type_name(value)}{hint}", line)
+            value = str(value)
+        elif t == T_INT:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(shown, f"expected an integer, got {_type_name(value)}{_template_hint(value)}", line)
+            value = int(value)
+        elif t == T_NUM:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                self.fail(shown, f"expected a number, got {_type_name(value)}{_template_hint(value)}", line)
+            value = float(value)
+        elif t == T_BOOL:
+            if not isinstance(value, bool):
+                self.fail(shown, f"expected true or false, got {_type_name(value)}{_template_hint(value)}", line)
+            value = bool(value)
+        elif t == T_STR_LIST:
+            if not isinstance(value, (list, tuple)):
+                self.fail(shown, f"expected a list of strings, got {_type_name(value)}", line)
+            items = []
+            for i, item in enumerate(value):
+                if not isinstance(item, str) or not item.strip():
+                    self.fail(f"{shown}[{i}]", f"expected a non-empty string, got {_type_name(item)}", line)
+                items.append(str(item))
+            return items
+        if spec.minimum is not None and value < spec.minimum:
+            self.fail(shown, f"must be at least {spec.minimum:g}, got {value:g}", line)
+        if spec.choices is not None and value not in spec.choices:
+            self.fail(shown, f"must be one of {', '.join(map(str, spec.choices))}; got {value!r}", line)
+        if spec.pattern is not None and not re.fullmatch(spec.pattern, value):
+            self.fail(shown, f"{value!r} does not match {spec.pattern}", line)
+        return value
+
+
+def _template_hint(value: Any) -> str:
+    if isinstance(value, str) and "{{" in value:
+        return " (Jinja templates are not rendered in fleetops_baseline)"
+    return ""
+
+
+# Pairs (warn, crit) that must be ordered.
+_ORDERED = (
+    ("ecc_sbe_volatile_warn", "ecc_sbe_volatile_crit"),
+    ("nvlink_crc_per_min_warn", "nvlink_crc_per_min_crit"),
+)
+
+
+def _build(
+    raw: Mapping[str, Any],
+    source: str,
+    origins: Mapping[str, tuple[str, int | None]],
+    recent: Mapping[str, Any] | None = None,
+) -> Baseline:
+    """``recent``: the origins of the last layer merged, blamed first for a conflict."""
+    th_raw = raw.get("thresholds") or {}
+    thresholds = Thresholds(**{k: v for k, v in th_raw.items()})
+    for low, high in _ORDERED:
+        if getattr(thresholds, low) > getattr(thresholds, high):
+            candidates = [f"thresholds.{k}" for k in (high, low) if k in th_raw]
+            fresh = [c for c in candidates if recent is not None and c in recent]
+            path = (fresh or candidates or [f"thresholds.{low}"])[0]
+            src, line = origins.get(path, (source, None))
+            raise BaselineError(
+                src, path,
+                f"{low} ({getattr(thresholds, low):g}) must not exceed {high} ({getattr(thresholds, high):g})",
+                line,
+            )
+    models = {
+        name: GpuModelBaseline(**{k: v for k, v in (spec or {}).items()})
+        for name, spec in (raw.get("gpu_models") or {}).items()
+    }
+    mig = MigBaseline(**(raw.get("mig") or {}))
+    pcie = PcieBaseline(**(raw.get("pcie") or {}))
+    nvlinks = raw.get("nvlinks_per_gpu")
+    if raw.get("services") is not None:
+        services = tuple(raw["services"])
+    else:
+        services = (SERVICE_PERSISTENCED,) + ((SERVICE_FABRICMANAGER,) if nvlinks else ())
+    allow = raw.get("stray_process_allowlist")
+    return Baseline(
+        driver_version=raw.get("driver_version"),
+        cuda_driver_version=raw.get("cuda_driver_version"),
+        fabric_manager_version=raw.get("fabric_manager_version"),
+        gpu_models=models,
+        power_limit_w=raw.get("power_limit_w"),
+        persistence_mode=raw.get("persistence_mode"),
+        ecc_mode=raw.get("ecc_mode"),
+        compute_mode=raw.get("compute_mode"),
+        mig=mig,
+        gpu_count=raw.get("gpu_count"),
+        pcie=pcie,
+        nvlinks_per_gpu=nvlinks,
+        expected_topology=raw.get("expected_topology"),
+        stray_process_allowlist=tuple(allow) if allow is not None else None,
+        services=services,
+        thresholds=thresholds,
+        source=source,
+        raw=_plain(raw),
+        origins=dict(origins),
+    )
+
+
+def from_mapping(data: Any, source: str) -> Baseline:
+    """Validate a baseline mapping (the value of ``fleetops_baseline``, or a document holding
+    that key) and build a ``Baseline``. ``source`` names where it came from, for errors.
+    ``None`` or an empty mapping is a baseline with nothing pinned."""
+    if data is None:
+        data = {}
+    if isinstance(data, dict) and WRAPPER_KEY in data:
+        data = data[WRAPPER_KEY]
+        if data is None:
+            data = {}
+    validator = _Validator(source)
+    raw = validator.mapping(data, "", "", _mapping_line(data))
+    return _build(raw, source, validator.origins)
+
+
+def load_file(path: str) -> Baseline:
+    """Load a baseline from YAML: a standalone baseline, or a group_vars file whose
+    ``fleetops_baseline`` key holds it (the file's other variables are ignored)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise BaselineError(path, "", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_make_loader(path))
+    except BaselineError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise BaselineError(path, "", f"not valid YAML: {exc.problem or exc}", line) from exc
+    except yaml.YAMLError as exc:
+        raise BaselineError(path, "", f"not valid YAML: {exc}") from exc
+    if data is None:
+        return from_mapping({}, path)
+    if not isinstance(data, dict):
+        raise BaselineError(path, "", f"a baseline is a mapping, got {_type_name(data)}", 1)
+    return from_mapping(data, path)
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value  # scalars and lists replace; an explicit null unsets
+    return out
+
+
+def merge(base: Baseline, override: Baseline) -> Baseline:
+    """Layer ``override`` (a more specific group) over ``base``: keys ``override`` sets win,
+    mappings (thresholds, mig, pcie, gpu_models and each model) merge key by key, lists
+    replace, and an explicit ``null`` unsets. Defaults never override explicit values."""
+    raw = _deep_merge(_plain(base.raw), _plain(override.raw))
+    origins = {**base.origins, **override.origins}
+    sources = [s for s in (base.source, override.source) if s and s != "<defaults>"]
+    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=override.origins)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "SCHEMA",
+    "SCHEMA_BY_PATH",
+    "Baseline",
+    "BaselineError",
+    "GpuModelBaseline",
+    "MigBaseline",
+    "PcieBaseline",
+    "SchemaKey",
+    "Thresholds",
+    "from_mapping",
+    "load_file",
+    "merge",
+    "schema_dicts",
+]

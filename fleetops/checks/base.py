@@ -1,0 +1,305 @@
+"""What every check family shares: the check description (``CheckSpec``), the per-node
+``Context`` that hands out values and records what could not be read, action texts, and the
+fleet-majority helper used for drift without a baseline.
+
+Rules the helpers enforce:
+- A value that is ``None`` never reaches a comparison: ``Context.get`` returns ``None`` and
+  records why; ``Context.finish`` turns the records into at most one ``unknown`` finding per
+  node per family (``<family>.unreadable``).
+- A value legitimately absent (``NotSupported`` in a passthrough VM, "MIG disabled", or simply
+  not reported for an optional field) is silent unless the baseline asks for it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetops import model
+from fleetops.baseline import DEFAULT_THRESHOLDS, Baseline, Thresholds
+
+FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology")
+
+# fleetops commands named in actions (one place to rename them).
+CMD_RESET = "fleetops reset {node} {gpu}"
+CMD_ROLLOUT_DRIVER = "fleetops rollout driver"
+CMD_ROLLOUT_FIRMWARE = "fleetops rollout firmware"
+CMD_APPLY_POWER = "fleetops apply power"
+CMD_APPLY_PERSISTENCE = "fleetops apply persistence"
+CMD_APPLY_MIG = "fleetops apply mig"
+
+
+def _always(node: model.Node, baseline: Baseline | None) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check as the docs and the JUnit renderer see it."""
+
+    id: str
+    family: str
+    title: str
+    reads: str  # the NVML call, log source or snapshot field
+    threshold: str  # default threshold / condition, as text
+    severities: tuple[str, ...]  # severities it can raise
+    action: str  # recommended action, as text
+    not_a_fault: str | None = None  # what looks like this fault but is not
+    scope: str = "node"  # "node", "fleet" or "node+fleet"
+    requires: str = "always"  # baseline keys it needs, as text
+    applies: Callable[[model.Node, Baseline | None], bool] = field(default=_always, compare=False, repr=False)
+    # For fleet-capable checks: whether run_fleet_checks can raise it under this baseline.
+    fleet_applies: Callable[[Baseline | None], bool] | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "family": self.family,
+            "title": self.title,
+            "reads": self.reads,
+            "threshold": self.threshold,
+            "severities": list(self.severities),
+            "action": self.action,
+            "not_a_fault": self.not_a_fault,
+            "scope": self.scope,
+            "requires": self.requires,
+        }
+
+
+def unreadable_spec(family: str) -> CheckSpec:
+    return CheckSpec(
+        id=f"{family}.unreadable",
+        family=family,
+        title=f"{family} values that could not be read",
+        reads="the 'unavailable' reasons the collector recorded for this family's values",
+        threshold="a value a check needs is null for a reason other than Not Supported, or the "
+        "baseline asks for a value the node cannot report",
+        severities=("unknown",),
+        action="See the reasons in the finding (permissions, a lost GPU, an old driver); fix "
+        "collection and audit again.",
+        not_a_fault="Values a passthrough VM reports as Not Supported (NVLink, NUMA, retired pages) "
+        "are silent unless the baseline expects them.",
+    )
+
+
+def gpu_label(gpu: model.Gpu) -> str:
+    return f"GPU {gpu.index} ({gpu.bus_id})"
+
+
+def reset_cmd(node: str, uuid: str | None) -> str:
+    return CMD_RESET.format(node=node, gpu=uuid or "GPU-UUID")
+
+
+def reset_action(node: str, uuid: str | None, why: str = "") -> str:
+    cmd = reset_cmd(node, uuid)
+    return f"Drain the GPU's jobs, then reset it: {cmd}" + (f" ({why})" if why else "") + "."
+
+
+def is_not_supported(reason: str | None) -> bool:
+    """Reasons that mean "this hardware / mode cannot report it" rather than a failure."""
+    if not reason:
+        return False
+    text = reason.lower().replace(" ", "").replace("_", "").replace("-", "")
+    return "notsupported" in text or "mig" in text or text in ("n/a", "na", "notapplicable")
+
+
+# --- per-node context ------------------------------------------------------------------
+
+DEMAND_NONE = "none"  # optional value: silent when absent
+DEMAND_EXPECTED = "expected"  # a health value every supported GPU reports: silent only if NotSupported
+DEMAND_BASELINE = "baseline"  # the baseline asks for it: unknown whenever absent
+
+
+class Context:
+    def __init__(self, node: model.Node, baseline: Baseline | None, previous: model.Node | None) -> None:
+        self.node = node
+        self.host = node.hostname
+        self.baseline = baseline
+        self.previous = previous
+        self.th: Thresholds = baseline.thresholds if baseline is not None else DEFAULT_THRESHOLDS
+        self.findings: list[model.Finding] = []
+        # family -> field -> reason -> [gpu label or "node"]
+        self._unreadable: dict[str, dict[str, dict[str, list[str]]]] = {}
+        self._prev_by_uuid = {g.uuid: g for g in previous.gpus} if previous is not None else {}
+
+    # values ---------------------------------------------------------------------------
+
+    def get(self, family: str, owner: Any, name: str, demand: str = DEMAND_NONE, label: str | None = None) -> Any:
+        value = getattr(owner, name, None)
+        if value is not None:
+            return value
+        reason = (getattr(owner, "unavailable", None) or {}).get(name)
+        if reason is None:
+            record = demand != DEMAND_NONE
+        elif is_not_supported(reason):
+            record = demand == DEMAND_BASELINE
+        else:
+            record = True
+        if record:
+            self.unreadable(family, name, reason or "not collected", label or self._label(owner))
+        return None
+
+    def unreadable(self, family: str, name: str, reason: str, where: str) -> None:
+        where_list = self._unreadable.setdefault(family, {}).setdefault(name, {}).setdefault(reason, [])
+        if where not in where_list:
+            where_list.append(where)
+
+    @staticmethod
+    def _label(owner: Any) -> str:
+        if isinstance(owner, model.Gpu):
+            return f"GPU {owner.index}"
+        if isinstance(owner, model.NvLink):
+            return f"link {owner.link}"
+        return "node"
+
+    # previous snapshot ------------------------------------------------------------------
+
+    def prev_gpu(self, gpu: model.Gpu) -> model.Gpu | None:
+        return self._prev_by_uuid.get(gpu.uuid)
+
+    def interval_s(self) -> float | None:
+        """Seconds between the previous snapshot and this one, when long enough for rates."""
+        if self.previous is None:
+            return None
+        dt = float(self.node.collected_at or 0) - float(self.previous.collected_at or 0)
+        if self.node.collected_at and self.previous.collected_at and dt >= max(self.th.rate_min_interval_s, 1e-9):
+            return dt
+        return None
+
+    def growth(self, current: int | None, previous: int | None) -> int | None:
+        """Counter growth, or None when unknown or the counter went back (reset/reload)."""
+        if current is None or previous is None or current < previous:
+            return None
+        return current - previous
+
+    # findings ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        check: str,
+        severity: str,
+        message: str,
+        gpu: model.Gpu | dict[str, Any] | None = None,
+        observed: Any = None,
+        expected: Any = None,
+        action: str | None = None,
+    ) -> None:
+        ref = model.gpu_ref(gpu) if isinstance(gpu, model.Gpu) else gpu
+        self.findings.append(
+            model.Finding(
+                check=check, severity=severity, node=self.host, message=message, gpu=ref,
+                observed=observed, expected=expected, action=action,
+            )
+        )
+
+    def finish(self) -> list[model.Finding]:
+        for family in FAMILIES:
+            fields = self._unreadable.get(family)
+            if not fields:
+                continue
+            parts = []
+            observed: dict[str, dict[str, list[str]]] = {}
+            for name, reasons in fields.items():
+                observed[name] = {r: list(w) for r, w in reasons.items()}
+                for reason, where in reasons.items():
+                    parts.append(f"{name} on {_compact(where)} ({reason})")
+            self.add(
+                f"{family}.unreadable", "unknown",
+                f"{family}: could not read " + "; ".join(parts),
+                observed=observed,
+                action="Fix collection (permissions, driver, a lost GPU) and audit again; these values "
+                "were not checked.",
+            )
+        return self.findings
+
+
+def _compact(where: list[str]) -> str:
+    gpus = [w for w in where if w.startswith("GPU ") and w[4:].isdigit()]
+    rest = [w for w in where if w not in gpus]
+    out = []
+    if gpus:
+        out.append("GPU " + ", ".join(w[4:] for w in gpus))
+    out.extend(rest)
+    return ", ".join(out)
+
+
+# --- fleet majority --------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    """One observation for majority voting: a node value, or a GPU value (``gpu`` set)."""
+
+    node: str
+    value: Any
+    gpu: model.Gpu | None = None
+
+
+def majority_drift(
+    check: str,
+    what: str,
+    group: str,
+    items: Sequence[Item],
+    action: str,
+    severity: str = "warn",
+    fmt: Callable[[Any], str] = str,
+) -> list[model.Finding]:
+    """Findings for the items whose value differs from the majority of ``items`` (one per
+    minority node, or per minority GPU for GPU values). A tie names every side. ``what`` is the
+    value's name ("driver", "VBIOS"); ``group`` says what was counted ("nodes",
+    "NVIDIA H200 GPUs")."""
+    items = [i for i in items if i.value is not None]
+    counts = collections.Counter(i.value for i in items)
+    if len(counts) < 2:
+        return []
+    ranked = counts.most_common()
+    top_count = ranked[0][1]
+    leaders = [v for v, c in ranked if c == top_count]
+    total = len(items)
+    out: list[model.Finding] = []
+    by_value: dict[Any, list[str]] = collections.defaultdict(list)
+    for i in items:
+        if i.node not in by_value[i.value]:
+            by_value[i.value].append(i.node)
+    if len(leaders) == 1:
+        majority = leaders[0]
+        minority_nodes = sorted({i.node for i in items if i.value != majority})
+        names = _names(minority_nodes)
+        for i in items:
+            if i.value == majority:
+                continue
+            where = f"{i.node} {gpu_label(i.gpu)}" if i.gpu is not None else i.node
+            out.append(
+                model.Finding(
+                    check=check, severity=severity, node=i.node,
+                    gpu=model.gpu_ref(i.gpu) if i.gpu is not None else None,
+                    observed=i.value, expected=majority,
+                    message=f"{what} {fmt(i.value)} on {where} differs from the fleet majority "
+                    f"{fmt(majority)} ({counts[majority]} of {total} {group}); minority nodes: {names}",
+                    action=action,
+                )
+            )
+        return out
+    split = "; ".join(f"{fmt(v)} on {_names(sorted(by_value[v]))}" for v, _ in ranked)
+    for i in items:
+        where = f"{i.node} {gpu_label(i.gpu)}" if i.gpu is not None else i.node
+        out.append(
+            model.Finding(
+                check=check, severity=severity, node=i.node,
+                gpu=model.gpu_ref(i.gpu) if i.gpu is not None else None,
+                observed=i.value, expected=None,
+                message=f"{what} {fmt(i.value)} on {where}: the fleet has no majority ({split}); "
+                "pin it in the baseline",
+                action=action,
+            )
+        )
+    return out
+
+
+def _names(nodes: Iterable[str], limit: int = 10) -> str:
+    nodes = list(nodes)
+    if len(nodes) <= limit:
+        return ", ".join(nodes)
+    return ", ".join(nodes[:limit]) + f" (+{len(nodes) - limit} more)"

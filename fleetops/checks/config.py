@@ -1,0 +1,317 @@
+"""Configuration: persistence, ECC and compute mode, MIG, stray processes, services, GPU count,
+GPUs that vanished since the previous snapshot, and the NVLink fabric state."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from fleetops import model
+from fleetops.baseline import SERVICE_FABRICMANAGER
+from fleetops.checks.base import (
+    CMD_APPLY_MIG,
+    CMD_APPLY_PERSISTENCE,
+    DEMAND_BASELINE,
+    CheckSpec,
+    Context,
+    gpu_label,
+    reset_action,
+    reset_cmd,
+)
+
+FAMILY = "config"
+
+LOST_GPU_ACTION = (
+    "Drain the node and reboot it: a GPU that fell off the bus only comes back after a reboot; if it "
+    "is still missing, open a hardware case."
+)
+
+SPECS = (
+    CheckSpec(
+        "config.persistence_mode", FAMILY, "Persistence mode",
+        reads="nvmlDeviceGetPersistenceMode",
+        threshold="equal to persistence_mode",
+        severities=("warn",),
+        action=f"Set persistence mode (nvidia-persistenced): {CMD_APPLY_PERSISTENCE}.",
+        requires="persistence_mode",
+        applies=lambda n, b: b is not None and b.persistence_mode is not None,
+    ),
+    CheckSpec(
+        "config.ecc_mode", FAMILY, "ECC mode",
+        reads="nvmlDeviceGetEccMode (current, pending)",
+        threshold="current ECC mode equal to ecc_mode (the message says when the change only waits for a reset)",
+        severities=("warn",),
+        action="Set ECC mode (nvidia-smi -e) and reset the GPU to apply it: fleetops reset NODE GPU-UUID.",
+        requires="ecc_mode",
+        applies=lambda n, b: b is not None and b.ecc_mode is not None,
+    ),
+    CheckSpec(
+        "config.compute_mode", FAMILY, "Compute mode",
+        reads="nvmlDeviceGetComputeMode",
+        threshold="equal to compute_mode",
+        severities=("warn",),
+        action="Set the compute mode (nvidia-smi -c) as the baseline says.",
+        requires="compute_mode",
+        applies=lambda n, b: b is not None and b.compute_mode is not None,
+    ),
+    CheckSpec(
+        "config.mig_mode", FAMILY, "MIG mode",
+        reads="nvmlDeviceGetMigMode (current, pending)",
+        threshold="current MIG mode equal to mig.mode (the message says when the change only waits for a reset)",
+        severities=("warn",),
+        action=f"Set MIG mode as the baseline says: {CMD_APPLY_MIG}.",
+        requires="mig.mode",
+        applies=lambda n, b: b is not None and b.mig.mode is not None,
+    ),
+    CheckSpec(
+        "config.mig_profile", FAMILY, "MIG instance profiles",
+        reads="nvmlDeviceGetGpuInstances / GPU instance profile info",
+        threshold="with mig.mode true: at least one instance, every one of profile mig.profile",
+        severities=("warn",),
+        action=f"Recreate the MIG instances with the baseline profile: {CMD_APPLY_MIG}.",
+        requires="mig.mode: true and mig.profile",
+        applies=lambda n, b: b is not None and bool(b.mig.mode) and b.mig.profile is not None,
+    ),
+    CheckSpec(
+        "config.stray_processes", FAMILY, "Processes on GPUs",
+        reads="nvmlDeviceGetComputeRunningProcesses",
+        threshold="every process name matches stray_process_allowlist",
+        severities=("warn",),
+        action="Stop the process (it holds GPU memory outside the scheduler) or add its name to "
+        "stray_process_allowlist.",
+        requires="stray_process_allowlist",
+        applies=lambda n, b: b is not None and b.stray_process_allowlist is not None,
+    ),
+    CheckSpec(
+        "config.services", FAMILY, "Required services active",
+        reads="systemctl is-active <unit>",
+        threshold="every unit of services active (default nvidia-persistenced, plus nvidia-fabricmanager "
+        "when nvlinks_per_gpu > 0)",
+        severities=("warn", "crit"),
+        action="Start and enable the unit (systemctl enable --now UNIT); nvidia-fabricmanager down on an "
+        "NVSwitch system stops CUDA: drain the node until it runs.",
+        requires="a baseline (services has a default)",
+        applies=lambda n, b: b is not None and bool(b.services),
+    ),
+    CheckSpec(
+        "config.gpu_count", FAMILY, "GPU count",
+        reads="nvmlDeviceGetCount",
+        threshold="equal to gpu_count",
+        severities=("warn", "crit"),
+        action=LOST_GPU_ACTION,
+        requires="gpu_count",
+        applies=lambda n, b: b is not None and b.gpu_count is not None,
+    ),
+    CheckSpec(
+        "config.gpu_missing", FAMILY, "GPU gone since the previous snapshot",
+        reads="GPU UUIDs and bus ids in this and the previous snapshot",
+        threshold="every GPU of the previous snapshot still present",
+        severities=("crit",),
+        action=LOST_GPU_ACTION,
+    ),
+    CheckSpec(
+        "config.fabric_state", FAMILY, "NVLink fabric registration",
+        reads="nvmlDeviceGetGpuFabricInfoV (state, status)",
+        threshold="state completed with status success, where supported",
+        severities=("warn", "crit"),
+        action="Check nvidia-fabricmanager (running, same version as the driver, its log), restart it, then "
+        "audit again; a GPU that never completes needs a reset.",
+        not_a_fault="GPUs without NVSwitch and passthrough VMs report the fabric as not supported.",
+        applies=lambda n, b: any(g.fabric_state not in (None, "not_supported") for g in n.gpus),
+    ),
+)
+
+
+def process_allowed(name: str | None, allowlist: tuple[str, ...]) -> bool:
+    """A process is allowed when its name, its first word or that word's basename matches an
+    entry (entries may be shell-style patterns)."""
+    if not name:
+        return False
+    words = name.split()
+    first = words[0] if words else name
+    candidates = {name, first, os.path.basename(first)}
+    return any(fnmatch.fnmatchcase(c, pat) for c in candidates for pat in allowlist)
+
+
+def _unit(name: str) -> str:
+    return name.removesuffix(".service")
+
+
+def run(ctx: Context) -> None:
+    b = ctx.baseline
+    if b is not None:
+        for gpu in ctx.node.gpus:
+            _per_gpu(ctx, gpu)
+        _services(ctx)
+        _gpu_count(ctx)
+    _gpu_missing(ctx)
+    for gpu in ctx.node.gpus:
+        _fabric(ctx, gpu)
+
+
+def _per_gpu(ctx: Context, gpu: model.Gpu) -> None:
+    b = ctx.baseline
+    assert b is not None
+    label = gpu_label(gpu)
+    if b.persistence_mode is not None:
+        have = ctx.get(FAMILY, gpu, "persistence_mode", DEMAND_BASELINE)
+        if have is not None and have != b.persistence_mode:
+            ctx.add("config.persistence_mode", "warn",
+                    f"{label}: persistence mode {'on' if have else 'off'}, baseline "
+                    f"{'on' if b.persistence_mode else 'off'}",
+                    gpu=gpu, observed=have, expected=b.persistence_mode,
+                    action=f"Set persistence mode on {ctx.host}: {CMD_APPLY_PERSISTENCE}.")
+    if b.ecc_mode is not None:
+        have = ctx.get(FAMILY, gpu, "ecc_mode_current", DEMAND_BASELINE)
+        pending = gpu.ecc_mode_pending
+        if have is not None and have != b.ecc_mode:
+            on = "on" if b.ecc_mode else "off"
+            if pending == b.ecc_mode:  # already requested: only the reset is missing
+                msg = f"{label}: ECC is {'on' if have else 'off'}, baseline {on}; the change is pending a GPU reset"
+                action = reset_action(ctx.host, gpu.uuid, "to apply the pending ECC mode")
+            else:
+                msg = f"{label}: ECC is {'on' if have else 'off'}, baseline {on}"
+                action = (f"Set ECC {on} (nvidia-smi -i {gpu.bus_id} -e {int(b.ecc_mode)}), then reset the GPU "
+                          f"to apply it: {reset_cmd(ctx.host, gpu.uuid)}.")
+            ctx.add("config.ecc_mode", "warn", msg, gpu=gpu, observed={"current": have, "pending": pending},
+                    expected=b.ecc_mode, action=action)
+    if b.compute_mode is not None:
+        have = ctx.get(FAMILY, gpu, "compute_mode", DEMAND_BASELINE)
+        if have is not None and have != b.compute_mode:
+            ctx.add("config.compute_mode", "warn", f"{label}: compute mode {have}, baseline {b.compute_mode}",
+                    gpu=gpu, observed=have, expected=b.compute_mode,
+                    action=f"Set the compute mode: nvidia-smi -i {gpu.bus_id} -c {b.compute_mode}.")
+    if b.mig.mode is not None:
+        _mig(ctx, gpu, label)
+    if b.stray_process_allowlist is not None:
+        _processes(ctx, gpu, label, b.stray_process_allowlist)
+
+
+def _mig(ctx: Context, gpu: model.Gpu, label: str) -> None:
+    b = ctx.baseline
+    assert b is not None and b.mig.mode is not None
+    have = ctx.get(FAMILY, gpu, "mig_mode_current", DEMAND_BASELINE)
+    if have is None:
+        return
+    want = b.mig.mode
+    if have != want:
+        word = "enabled" if want else "disabled"
+        msg = f"{label}: MIG is {'enabled' if have else 'disabled'}, baseline {word}"
+        if gpu.mig_mode_pending == want:  # already requested: only the reset is missing
+            msg += "; the change is pending a GPU reset"
+            action = reset_action(ctx.host, gpu.uuid, "to apply the pending MIG mode")
+        else:
+            action = f"Set MIG mode on {ctx.host}: {CMD_APPLY_MIG}."
+        ctx.add("config.mig_mode", "warn", msg, gpu=gpu,
+                observed={"current": have, "pending": gpu.mig_mode_pending}, expected=want, action=action)
+        return
+    if want and b.mig.profile is not None:
+        instances = ctx.get(FAMILY, gpu, "mig_instances", DEMAND_BASELINE)
+        if instances is None:
+            return
+        wrong = sorted({i.profile or "?" for i in instances if i.profile != b.mig.profile})
+        if not instances or wrong:
+            what = "no MIG instances" if not instances else f"MIG instances of profile {', '.join(wrong)}"
+            ctx.add("config.mig_profile", "warn", f"{label}: {what}; baseline {b.mig.profile}",
+                    gpu=gpu, observed=[i.profile for i in instances], expected=b.mig.profile,
+                    action=f"Recreate the MIG instances as {b.mig.profile}: {CMD_APPLY_MIG}.")
+
+
+def _processes(ctx: Context, gpu: model.Gpu, label: str, allow: tuple[str, ...]) -> None:
+    procs = ctx.get(FAMILY, gpu, "processes", DEMAND_BASELINE)
+    if procs is None:
+        return
+    stray = [p for p in procs if not process_allowed(p.name, allow)]
+    if not stray:
+        return
+    listed = ", ".join(
+        f"pid {p.pid} {p.name or '?'}" + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")
+        for p in stray
+    )
+    ctx.add("config.stray_processes", "warn", f"{label}: processes not in the allowlist: {listed}",
+            gpu=gpu, observed=[{"pid": p.pid, "name": p.name, "used_memory_mib": p.used_memory_mib} for p in stray],
+            expected=list(allow),
+            action=f"Stop them on {ctx.host} (kill {' '.join(str(p.pid) for p in stray)}) or add their names to "
+            "stray_process_allowlist.")
+
+
+def _services(ctx: Context) -> None:
+    b = ctx.baseline
+    assert b is not None
+    if not b.services:
+        return
+    have = {_unit(k): v for k, v in ctx.node.services.items()}
+    if not have:
+        reason = ctx.node.unavailable.get("services") or "not collected"
+        ctx.unreadable(FAMILY, "services", reason, "node")
+        return
+    for unit in b.services:
+        if _unit(unit) not in have:  # the agent did not ask systemd about it: not "inactive"
+            ctx.unreadable(FAMILY, f"services[{unit}]", "not collected by the agent", "node")
+            continue
+        state = have[_unit(unit)]
+        if state is None:
+            ctx.unreadable(FAMILY, f"services[{unit}]", ctx.node.unavailable.get("services") or "unknown", "node")
+            continue
+        if state == "active":
+            continue
+        fm = _unit(unit) == SERVICE_FABRICMANAGER
+        ctx.add("config.services", "crit" if fm else "warn",
+                f"{unit} is {state}" + ("; CUDA fails on NVSwitch systems until it runs" if fm else ""),
+                observed={unit: state}, expected={unit: "active"},
+                action=f"Start it on {ctx.host}: systemctl enable --now {unit}"
+                + (" (check that its version matches the driver first)." if fm else "."))
+
+
+def _gpu_count(ctx: Context) -> None:
+    b = ctx.baseline
+    assert b is not None
+    if b.gpu_count is None:
+        return
+    count = ctx.get(FAMILY, ctx.node, "gpu_count", DEMAND_BASELINE)
+    if count is None or count == b.gpu_count:
+        return
+    if count < b.gpu_count:
+        ctx.add("config.gpu_count", "crit",
+                f"{count} GPUs visible, baseline {b.gpu_count}: {b.gpu_count - count} missing "
+                "(fallen off the bus, or not enumerated)",
+                observed=count, expected=b.gpu_count, action=LOST_GPU_ACTION)
+    else:
+        ctx.add("config.gpu_count", "warn", f"{count} GPUs visible, baseline {b.gpu_count}",
+                observed=count, expected=b.gpu_count, action="Fix the baseline's gpu_count or the node's group.")
+
+
+def _gpu_missing(ctx: Context) -> None:
+    if ctx.previous is None:
+        return
+    present_uuids = {g.uuid for g in ctx.node.gpus}
+    present_bus = {g.bus_id for g in ctx.node.gpus}
+    for prev in ctx.previous.gpus:
+        if prev.uuid in present_uuids or prev.bus_id in present_bus:
+            continue
+        ctx.add("config.gpu_missing", "crit",
+                f"GPU {prev.index} ({prev.bus_id}, {prev.uuid}) was in the previous snapshot and is gone: "
+                "fallen off the bus or no longer enumerated",
+                gpu=model.gpu_ref(prev), observed=None, expected=prev.uuid, action=LOST_GPU_ACTION)
+
+
+def _fabric(ctx: Context, gpu: model.Gpu) -> None:
+    state = ctx.get(FAMILY, gpu, "fabric_state")
+    if state is None or state == "not_supported":
+        return
+    status = gpu.fabric_status
+    label = gpu_label(gpu)
+    action = ("Check nvidia-fabricmanager (running, same version as the driver, its log) and restart it; "
+              f"if the GPU never registers, reset it: {reset_cmd(ctx.host, gpu.uuid)}.")
+    if state == "completed":
+        if status not in (None, "success"):
+            ctx.add("config.fabric_state", "crit", f"{label}: fabric registration completed with error {status}",
+                    gpu=gpu, observed={"state": state, "status": status},
+                    expected={"state": "completed", "status": "success"}, action=action)
+        return
+    sev = "warn" if state == "in_progress" else "crit"
+    ctx.add("config.fabric_state", sev,
+            f"{label}: fabric registration {state.replace('_', ' ')}"
+            + ("" if sev == "warn" else ": CUDA will not start on this GPU"),
+            gpu=gpu, observed={"state": state, "status": status},
+            expected={"state": "completed", "status": "success"}, action=action)

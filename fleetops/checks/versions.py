@@ -1,0 +1,288 @@
+"""Versions: driver, CUDA, VBIOS and InfoROM per GPU model, Fabric Manager; per node against
+the baseline, and across the fleet against the majority for what the baseline does not pin."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fleetops import model
+from fleetops.baseline import Baseline
+from fleetops.checks.base import (
+    CMD_ROLLOUT_DRIVER,
+    CMD_ROLLOUT_FIRMWARE,
+    DEMAND_BASELINE,
+    DEMAND_NONE,
+    CheckSpec,
+    Context,
+    Item,
+    gpu_label,
+    is_not_supported,
+    majority_drift,
+)
+
+FAMILY = "versions"
+
+_FM_RE = re.compile(r"^(?:nvidia-fabric-?manager|cuda-drivers-fabricmanager)(?:-\d+)?$")
+_DRIVER_RE = re.compile(r"^(?:nvidia-driver|nvidia-headless|nvidia-open|cuda-drivers|nvidia-kernel-open)(?:-.*)?$")
+_UPSTREAM_RE = re.compile(r"^(?:\d+:)?(\d+(?:\.\d+)+)")
+_DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d+(?:\.\d+)?$")
+
+DRIVER_ACTION = f"Bring the node to the baseline driver: {CMD_ROLLOUT_DRIVER}."
+FIRMWARE_ACTION = f"Update the GPU firmware to the baseline: {CMD_ROLLOUT_FIRMWARE}."
+
+
+def upstream_version(package_version: str | None) -> str | None:
+    """``580.159.04-0ubuntu1`` / ``3:580.159.04-1.el9`` -> ``580.159.04``."""
+    if not package_version:
+        return None
+    m = _UPSTREAM_RE.match(package_version.strip())
+    return m.group(1) if m else package_version.strip()
+
+
+def fabric_manager_version(node: model.Node) -> str | None:
+    """Upstream version of the installed Fabric Manager package, if one is installed."""
+    found = {name: v for name, v in node.packages.items() if _FM_RE.match(name)}
+    for name in sorted(found, key=lambda n: (not n.startswith("nvidia-"), n)):
+        return upstream_version(found[name])
+    return None
+
+
+def driver_package_versions(node: model.Node) -> dict[str, str]:
+    """Installed driver packages (name -> upstream version). Only versions shaped like a driver
+    release (``580.159.04``) count: helper packages (``nvidia-driver-assistant`` 0.x) do not."""
+    out = {}
+    for name, version in node.packages.items():
+        if not _DRIVER_RE.match(name) or "fabric" in name:
+            continue
+        upstream = upstream_version(version)
+        if upstream is not None and _DRIVER_VERSION_RE.match(upstream):
+            out[name] = upstream
+    return out
+
+
+def _pinned(b: Baseline | None, attr: str) -> bool:
+    return b is not None and getattr(b, attr) is not None
+
+
+def _any_model_pins(b: Baseline | None, attr: str) -> bool:
+    return b is not None and any(getattr(m, attr) is not None for m in b.gpu_models.values())
+
+
+SPECS = (
+    CheckSpec(
+        "versions.driver", FAMILY, "NVIDIA driver version",
+        reads="nvmlSystemGetDriverVersion",
+        threshold="equal to driver_version; without it, the fleet majority",
+        severities=("warn",), action=DRIVER_ACTION, scope="node+fleet", requires="driver_version (node check)",
+        applies=lambda n, b: _pinned(b, "driver_version"),
+        fleet_applies=lambda b: not _pinned(b, "driver_version"),
+    ),
+    CheckSpec(
+        "versions.cuda", FAMILY, "CUDA driver version",
+        reads="nvmlSystemGetCudaDriverVersion_v2",
+        threshold="equal to cuda_driver_version; without it, the fleet majority",
+        severities=("warn",), action=DRIVER_ACTION, scope="node+fleet", requires="cuda_driver_version (node check)",
+        applies=lambda n, b: _pinned(b, "cuda_driver_version"),
+        fleet_applies=lambda b: not _pinned(b, "cuda_driver_version"),
+    ),
+    CheckSpec(
+        "versions.vbios", FAMILY, "VBIOS version per GPU model",
+        reads="nvmlDeviceGetVbiosVersion",
+        threshold="equal to gpu_models.<model>.vbios_version; without it, the majority of that model's GPUs",
+        severities=("warn",), action=FIRMWARE_ACTION, scope="node+fleet",
+        requires="gpu_models.<model>.vbios_version (node check)",
+        applies=lambda n, b: _any_model_pins(b, "vbios_version"),
+        fleet_applies=lambda b: True,  # models the baseline does not pin are voted on
+    ),
+    CheckSpec(
+        "versions.inforom", FAMILY, "InfoROM image version per GPU model",
+        reads="nvmlDeviceGetInforomImageVersion",
+        threshold="equal to gpu_models.<model>.inforom_image; without it, the majority of that model's GPUs",
+        severities=("warn",), action=FIRMWARE_ACTION, scope="node+fleet",
+        requires="gpu_models.<model>.inforom_image (node check)",
+        applies=lambda n, b: _any_model_pins(b, "inforom_image"),
+        fleet_applies=lambda b: True,
+    ),
+    CheckSpec(
+        "versions.fabric_manager", FAMILY, "Fabric Manager package version",
+        reads="installed package nvidia-fabricmanager[-<branch>] / nvidia-fabric-manager",
+        threshold="equal to fabric_manager_version, else driver_version; without either, the fleet majority",
+        severities=("warn",),
+        action=f"Install the Fabric Manager matching the driver and hold it with the driver: {CMD_ROLLOUT_DRIVER}.",
+        scope="node+fleet", requires="fabric_manager_version or driver_version (node check)",
+        applies=lambda n, b: b is not None and b.expected_fabric_manager() is not None,
+        fleet_applies=lambda b: b is None or b.expected_fabric_manager() is None,
+    ),
+    CheckSpec(
+        "versions.fabric_manager_match", FAMILY, "Fabric Manager matches the running driver",
+        reads="installed Fabric Manager package version vs nvmlSystemGetDriverVersion",
+        threshold="identical versions (Fabric Manager refuses to start against another driver)",
+        severities=("crit",),
+        action=f"Align Fabric Manager and driver (same version, both held), then restart "
+        f"nvidia-fabricmanager: {CMD_ROLLOUT_DRIVER}.",
+        applies=lambda n, b: fabric_manager_version(n) is not None,
+    ),
+    CheckSpec(
+        "versions.driver_package", FAMILY, "Installed driver package is the loaded driver",
+        reads="installed nvidia-driver-*/nvidia-headless-*/cuda-drivers package versions vs nvmlSystemGetDriverVersion",
+        threshold="every installed driver package has the loaded driver's version",
+        severities=("warn",),
+        action="The installed driver is not the one loaded (an upgrade waiting for a reboot, or a "
+        f"partial upgrade): finish it and reboot the node: {CMD_ROLLOUT_DRIVER}.",
+        applies=lambda n, b: bool(driver_package_versions(n)),
+    ),
+    CheckSpec(
+        "versions.gpu_model", FAMILY, "GPU model known to the baseline",
+        reads="nvmlDeviceGetName",
+        threshold="every GPU's model is a key of gpu_models (when gpu_models is set)",
+        severities=("info",),
+        action="Add the model to gpu_models in the baseline so its firmware and power limit are checked.",
+        requires="gpu_models",
+        applies=lambda n, b: b is not None and bool(b.gpu_models),
+    ),
+)
+
+
+def run(ctx: Context) -> None:
+    node, b = ctx.node, ctx.baseline
+    driver = ctx.get(FAMILY, node, "driver_version", DEMAND_BASELINE if _pinned(b, "driver_version") else DEMAND_NONE)
+    if b is not None:
+        _node_value(ctx, "versions.driver", "driver", "driver_version", b.driver_version, DRIVER_ACTION)
+        _node_value(ctx, "versions.cuda", "CUDA", "cuda_driver_version", b.cuda_driver_version, DRIVER_ACTION)
+        _gpu_versions(ctx, b)
+        _fabric_manager_vs_baseline(ctx, b)
+    _fabric_manager_match(ctx, driver)
+    _driver_package(ctx, driver)
+
+
+def _node_value(ctx: Context, check: str, what: str, attr: str, wanted: Any, action: str) -> None:
+    if wanted is None:
+        return
+    have = ctx.get(FAMILY, ctx.node, attr, DEMAND_BASELINE)
+    if have is None or str(have).strip() == wanted:
+        return
+    ctx.add(check, "warn", f"{what} {have} is not the baseline's {wanted}", observed=have, expected=wanted, action=action)
+
+
+def _gpu_versions(ctx: Context, b: Baseline) -> None:
+    for gpu in ctx.node.gpus:
+        name = gpu.name
+        spec = b.model(name)
+        if spec is None:
+            if b.gpu_models and name is not None:
+                ctx.add("versions.gpu_model", "info",
+                        f"{gpu_label(gpu)} is a {name}, which the baseline's gpu_models does not list: "
+                        "its firmware and model power limit are not checked",
+                        gpu=gpu, observed=name, expected=sorted(b.gpu_models),
+                        action="Add the model to gpu_models in the baseline.")
+            elif b.gpu_models and name is None:
+                ctx.get(FAMILY, gpu, "name", DEMAND_BASELINE)
+            continue
+        for check, attr, what in (("versions.vbios", "vbios_version", "VBIOS"),
+                                  ("versions.inforom", "inforom_image", "InfoROM image")):
+            wanted = getattr(spec, attr)
+            if wanted is None:
+                continue
+            have = ctx.get(FAMILY, gpu, attr, DEMAND_BASELINE)
+            if have is not None and have.strip() != wanted:
+                ctx.add(check, "warn", f"{gpu_label(gpu)} {what} {have} is not the baseline's {wanted} for {name}",
+                        gpu=gpu, observed=have, expected=wanted, action=FIRMWARE_ACTION)
+
+
+def _packages_readable(ctx: Context, demand: str) -> bool:
+    if ctx.node.packages:
+        return True
+    reason = ctx.node.unavailable.get("packages")
+    if demand == DEMAND_BASELINE or (reason is not None and not is_not_supported(reason)):
+        ctx.unreadable(FAMILY, "packages", reason or "not collected", "node")
+    return False
+
+
+def _fabric_manager_vs_baseline(ctx: Context, b: Baseline) -> None:
+    wanted = b.expected_fabric_manager()
+    if wanted is None:
+        return
+    # Only insist on the package where Fabric Manager is expected at all.
+    fm_expected = b.fabric_manager_version is not None or bool(b.nvlinks_per_gpu)
+    if not _packages_readable(ctx, DEMAND_BASELINE if fm_expected else DEMAND_NONE):
+        return
+    have = fabric_manager_version(ctx.node)
+    if have is None:
+        if fm_expected:
+            ctx.add("versions.fabric_manager", "warn",
+                    f"Fabric Manager is not installed; the baseline expects {wanted}",
+                    observed=None, expected=wanted,
+                    action=f"Install Fabric Manager {wanted} (required on NVSwitch systems): {CMD_ROLLOUT_DRIVER}.")
+        return
+    if have != wanted:
+        source = "fabric_manager_version" if b.fabric_manager_version else "driver_version"
+        ctx.add("versions.fabric_manager", "warn",
+                f"Fabric Manager {have} is not the baseline's {wanted} ({source})",
+                observed=have, expected=wanted,
+                action=f"Install Fabric Manager {wanted}, held together with the driver: {CMD_ROLLOUT_DRIVER}.")
+
+
+def _fabric_manager_match(ctx: Context, driver: str | None) -> None:
+    have = fabric_manager_version(ctx.node)
+    if have is None or driver is None or have == driver.strip():
+        return
+    ctx.add("versions.fabric_manager_match", "crit",
+            f"Fabric Manager {have} does not match the running driver {driver}: it will not start, and "
+            "CUDA fails on NVSwitch systems",
+            observed=have, expected=driver,
+            action=f"Install the Fabric Manager of driver {driver} (or the driver of Fabric Manager {have}), "
+            f"hold both and restart nvidia-fabricmanager: {CMD_ROLLOUT_DRIVER}.")
+
+
+def _driver_package(ctx: Context, driver: str | None) -> None:
+    pkgs = driver_package_versions(ctx.node)
+    if not pkgs or driver is None:
+        return
+    wrong = {name: v for name, v in pkgs.items() if v != driver.strip()}
+    if not wrong:
+        return
+    listed = ", ".join(f"{n} {v}" for n, v in sorted(wrong.items()))
+    ctx.add("versions.driver_package", "warn",
+            f"loaded driver {driver} differs from installed {listed}: a driver upgrade is waiting for a "
+            "reboot, or was left half done",
+            observed=dict(sorted(pkgs.items())), expected=driver,
+            action="Finish the driver upgrade and reboot the node so the installed driver is loaded: "
+            f"{CMD_ROLLOUT_DRIVER}.")
+
+
+# --- fleet -----------------------------------------------------------------------------
+
+
+def run_fleet(nodes: list[model.Node], b: Baseline | None) -> list[model.Finding]:
+    out: list[model.Finding] = []
+    if not _pinned(b, "driver_version"):
+        out += majority_drift("versions.driver", "driver", "nodes",
+                              [Item(n.hostname, n.driver_version) for n in nodes], DRIVER_ACTION)
+    if not _pinned(b, "cuda_driver_version"):
+        out += majority_drift("versions.cuda", "CUDA", "nodes",
+                              [Item(n.hostname, n.cuda_driver_version) for n in nodes], DRIVER_ACTION)
+    if b is None or b.expected_fabric_manager() is None:
+        out += majority_drift(
+            "versions.fabric_manager", "Fabric Manager", "nodes with it installed",
+            [Item(n.hostname, fabric_manager_version(n)) for n in nodes],
+            f"Install the fleet's Fabric Manager version, held with the driver: {CMD_ROLLOUT_DRIVER}.",
+        )
+    for check, attr, what in (("versions.vbios", "vbios_version", "VBIOS"),
+                              ("versions.inforom", "inforom_image", "InfoROM image")):
+        for model_name, items in per_model_items(nodes, attr).items():
+            spec = b.model(model_name) if b is not None else None
+            if spec is not None and getattr(spec, attr) is not None:
+                continue  # pinned: checked per node
+            out += majority_drift(check, what, f"{model_name} GPUs", items, FIRMWARE_ACTION)
+    return out
+
+
+def per_model_items(nodes: list[model.Node], attr: str) -> dict[str, list[Item]]:
+    groups: dict[str, list[Item]] = {}
+    for n in nodes:
+        for g in n.gpus:
+            if g.name is None:
+                continue
+            groups.setdefault(g.name, []).append(Item(n.hostname, getattr(g, attr), g))
+    return groups

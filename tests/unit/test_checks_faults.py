@@ -1,0 +1,123 @@
+"""Every simulator fault is caught by the check meant for it, on the GPU it was injected on,
+and by nothing else at warn or above."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fleetops import model
+from fleetops.checks import checks_run, run_node_checks
+from fleetops.gpu import sim
+
+TARGET = 3
+# fault -> warn/crit check ids it must raise (exactly), and whether they are node-level.
+EXPECTED: dict[str, dict[str, str]] = {
+    "power-cap-drift": {"thermal_power.power_limit": "warn"},
+    "persistence-off": {"config.persistence_mode": "warn"},
+    "mig-drift": {"config.mig_mode": "warn"},
+    "vbios-drift": {"versions.vbios": "warn"},
+    "driver-drift": {
+        "versions.driver": "warn",
+        "versions.fabric_manager_match": "crit",  # FM 580 cannot run against driver 570
+        "versions.driver_package": "warn",  # installed package 580 is not the loaded 570
+    },
+    "ecc-dbe": {"memory.ecc_dbe_volatile": "crit", "xid.recent": "crit"},  # the sim also logs XID 48
+    "ecc-sbe-storm": {"memory.ecc_sbe_volatile": "warn", "memory.ecc_sbe_rate": "warn"},
+    "row-remap-pending": {"memory.row_remap_pending": "warn"},
+    "row-remap-failure": {"memory.row_remap_failure": "crit", "xid.recent": "crit"},  # and XID 64
+    "pcie-downgrade": {"pcie.link_degraded": "warn"},
+    "pcie-replay-storm": {"pcie.replay_rate": "warn"},
+    "nvlink-down": {"nvlink.links_down": "crit"},
+    "nvlink-crc-storm": {"nvlink.error_rate": "warn"},
+    "thermal-slowdown": {
+        "thermal_power.throttle": "warn",
+        "thermal_power.temperature": "crit",
+        "thermal_power.memory_temperature": "warn",
+    },
+    "power-brake": {"thermal_power.throttle": "warn"},
+    "gpu-missing": {"config.gpu_count": "crit", "config.gpu_missing": "crit"},
+    "stray-process": {"config.stray_processes": "warn"},
+    "xid:79": {"xid.recent": "crit", "config.gpu_count": "crit", "config.gpu_missing": "crit"},
+    "xid:48": {"xid.recent": "crit"},
+    "xid:94": {"xid.recent": "warn"},
+    "xid:13": {"xid.recent": "warn"},
+}
+NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count"}
+
+
+def test_expected_table_covers_every_simulator_fault() -> None:
+    assert set(sim.FAULT_NAMES) <= set(EXPECTED)
+
+
+def _audit(fault: str, sim_baseline, sim_node):
+    """Previous snapshot of the healthy node, then the fault, then a snapshot 2 minutes later."""
+    healthy = sim.build_state("n1")
+    entry = fault if fault == "driver-drift" else f"{fault}@{TARGET}"  # node-wide: takes no GPU
+    broken = sim.build_state("n1", {"faults": [entry]})
+    t0 = time.time()
+    previous = sim_node(state=healthy, now=t0)
+    current = sim_node(state=broken, now=t0 + 120)
+    target = healthy["gpus"][TARGET]  # same host -> same UUIDs and bus ids
+    return run_node_checks(current, sim_baseline, previous), current, target
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_fault_raises_its_check_only_on_the_injected_gpu(fault: str, sim_baseline, sim_node) -> None:
+    findings, _, target = _audit(fault, sim_baseline, sim_node)
+    serious = [f for f in findings if model.SEVERITY_RANK[f.severity] >= model.SEVERITY_RANK["warn"]]
+    assert {f.check: f.severity for f in serious} == EXPECTED[fault], [f.message for f in findings]
+    for f in serious:
+        if f.check in NODE_LEVEL:
+            assert f.gpu is None
+        else:
+            assert f.gpu is not None, f.message
+            assert f.gpu["uuid"] == target["uuid"] and f.gpu["bus_id"] == target["bus_id"], f.message
+        assert f.node == "n1" and f.message and f.action
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_fault_findings_use_ids_that_checks_run_lists(fault: str, sim_baseline, sim_node) -> None:
+    findings, node, _ = _audit(fault, sim_baseline, sim_node)
+    ran = set(checks_run(node, sim_baseline))
+    assert {f.check for f in findings} <= ran
+
+
+def test_fault_on_another_gpu_moves_the_finding_with_it(sim_baseline, sim_node) -> None:
+    state = sim.build_state("n1", {"faults": ["ecc-dbe@6"]})
+    findings = run_node_checks(sim_node(state=state), sim_baseline, None)
+    dbe = [f for f in findings if f.check == "memory.ecc_dbe_volatile"]
+    assert [f.gpu["uuid"] for f in dbe] == [state["gpus"][6]["uuid"]]
+
+
+def test_lost_gpu_is_named_by_uuid_although_the_driver_renumbered_the_rest(sim_baseline, sim_node) -> None:
+    findings, node, target = _audit("gpu-missing", sim_baseline, sim_node)
+    # GPU 4 is now index 3: an index-based check would blame the wrong GPU.
+    assert node.gpus[TARGET].uuid != target["uuid"]
+    missing = [f for f in findings if f.check == "config.gpu_missing"]
+    assert missing[0].gpu == {"index": TARGET, "uuid": target["uuid"], "bus_id": target["bus_id"]}
+
+
+def test_xid79_without_previous_snapshot_is_node_level_and_names_the_bus_id(sim_baseline, sim_node) -> None:
+    state = sim.build_state("n1", {"faults": [f"xid:79@{TARGET}"]})
+    findings = run_node_checks(sim_node(state=state), sim_baseline, None)
+    xid = [f for f in findings if f.check == "xid.recent"]
+    assert len(xid) == 1 and xid[0].gpu is None and xid[0].severity == "crit"
+    assert state["gpus"][TARGET]["bus_id"] in xid[0].message
+    assert "reboot" in xid[0].action.lower()
+
+
+def test_reset_actions_name_the_node_and_gpu_uuid(sim_baseline, sim_node) -> None:
+    findings, _, target = _audit("ecc-dbe", sim_baseline, sim_node)
+    for f in findings:
+        assert f"fleetops reset n1 {target['uuid']}" in f.action
+
+
+def test_fault_is_caught_without_any_baseline_where_it_is_a_health_fault(sim_node) -> None:
+    for fault, check in (("ecc-dbe", "memory.ecc_dbe_volatile"), ("nvlink-down", "nvlink.links_down"),
+                         ("pcie-downgrade", "pcie.link_degraded"), ("thermal-slowdown", "thermal_power.throttle"),
+                         ("row-remap-failure", "memory.row_remap_failure"), ("xid:48", "xid.recent")):
+        state = sim.build_state("n1", {"faults": [f"{fault}@2"]})
+        findings = run_node_checks(sim_node(state=state), None, None)
+        assert check in {f.check for f in findings if f.severity in ("warn", "crit")}, fault
