@@ -269,14 +269,22 @@ def normalize_bus_id(bus_id: str) -> str:
 # --- JSON (de)serialisation -------------------------------------------------------------
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def to_dict(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, list):
+    kind = type(obj)
+    if kind is list:
         return [to_dict(x) for x in obj]
-    if isinstance(obj, dict):
+    if kind is dict:
         return {k: to_dict(v) for k, v in obj.items()}
-    return obj
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+            return obj
+        names = tuple(f.name for f in dataclasses.fields(obj))
+        _FIELD_NAMES[kind] = names
+    return {name: to_dict(getattr(obj, name)) for name in names}
 
 
 def node_to_json(node: Node, pretty: bool = False) -> str:
@@ -285,74 +293,110 @@ def node_to_json(node: Node, pretty: bool = False) -> str:
     return json.dumps(to_dict(node), separators=(",", ":"))
 
 
-_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+# A converter per type, built once from the dataclasses' type hints: the controller parses
+# hundreds of snapshots per audit, so the per-value work is a dict lookup and a call.
+Converter = typing.Callable[[Any, str], Any]
+_CONVERTERS: dict[Any, Converter] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    hints = _HINTS_CACHE.get(cls)
-    if hints is None:
-        hints = typing.get_type_hints(cls)
-        _HINTS_CACHE[cls] = hints
-    return hints
+def _scalar(tp: type, label: str) -> Converter:
+    def convert(value: Any, path: str) -> Any:
+        if type(value) is tp:
+            return value
+        if tp is float and type(value) is int:
+            return float(value)
+        raise SchemaError(f"{path}: expected {label}, got {value!r}")
+
+    return convert
 
 
-def _build(tp: Any, value: Any, path: str) -> Any:
+def _converter(tp: Any) -> Converter:
+    found = _CONVERTERS.get(tp)
+    if found is None:
+        found = _make_converter(tp)
+        _CONVERTERS[tp] = found
+    return found
+
+
+def _make_converter(tp: Any) -> Converter:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise SchemaError(f"{path}: null where a value is required")
-        non_none = [a for a in args if a is not type(None)]
-        if len(non_none) == 1:
-            return _build(non_none[0], value, path)
-        for arg in non_none:
-            try:
-                return _build(arg, value, path)
-            except SchemaError:
-                continue
-        raise SchemaError(f"{path}: unexpected value {value!r}")
+        nullable = type(None) in args
+        options = [_converter(a) for a in args if a is not type(None)]
+
+        def union(value: Any, path: str) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise SchemaError(f"{path}: null where a value is required")
+            if len(options) == 1:
+                return options[0](value, path)
+            for option in options:
+                try:
+                    return option(value, path)
+                except SchemaError:
+                    continue
+            raise SchemaError(f"{path}: unexpected value {value!r}")
+
+        return union
     if origin is list:
-        if not isinstance(value, list):
-            raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(tp)
-        return [_build(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        (item_tp,) = typing.get_args(tp)
+        item = _converter(item_tp)
+
+        def as_list(value: Any, path: str) -> Any:
+            if type(value) is not list:
+                raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
+            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+        return as_list
     if origin is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
-        _, vt = typing.get_args(tp)
-        return {str(k): _build(vt, v, f"{path}.{k}") for k, v in value.items()}
+        _, value_tp = typing.get_args(tp)
+        conv = _converter(value_tp)
+
+        def as_dict(value: Any, path: str) -> Any:
+            if type(value) is not dict:
+                raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
+            return {str(k): conv(v, f"{path}.{k}") for k, v in value.items()}
+
+        return as_dict
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected an object, got {type(value).__name__}")
-        hints = _hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in value:
-                kwargs[f.name] = _build(hints[f.name], value[f.name], f"{path}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SchemaError(f"{path}.{f.name}: missing")
-        return tp(**kwargs)
+        return _dataclass_converter(tp)
     if tp is Any:
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise SchemaError(f"{path}: expected true/false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise SchemaError(f"{path}: expected a string, got {value!r}")
-        return value
-    return value
+        return lambda value, path: value
+    labels = {float: "a number", int: "an integer", bool: "true/false", str: "a string"}
+    if tp in labels:
+        return _scalar(tp, labels[tp])
+    return lambda value, path: value
+
+
+def _dataclass_converter(cls: type) -> Converter:
+    hints = typing.get_type_hints(cls)
+    plan: list[tuple[str, Converter | None, bool]] = []
+
+    def fill() -> None:
+        for f in dataclasses.fields(cls):
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            plan.append((f.name, _converter(hints[f.name]), required))
+
+    def build(value: Any, path: str) -> Any:
+        if not plan:
+            fill()
+        if type(value) is not dict:
+            raise SchemaError(f"{path}: expected an object, got {type(value).__name__}")
+        kwargs = {}
+        for name, conv, required in plan:
+            if name in value:
+                kwargs[name] = conv(value[name], f"{path}.{name}")  # type: ignore[misc]
+            elif required:
+                raise SchemaError(f"{path}.{name}: missing")
+        return cls(**kwargs)
+
+    return build
+
+
+def _build(tp: Any, value: Any, path: str) -> Any:
+    return _converter(tp)(value, path)
 
 
 def node_from_dict(data: Any) -> Node:

@@ -338,6 +338,9 @@ def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
         target = state["node"] if scope == "node" else state["gpus"][index]
         record["saved"] = target.get(field_name)
         target[field_name] = value
+        if field_name == "mig_mode_current":  # an applied mode change: pending agrees with current
+            record["saved_pending"] = target.get("mig_mode_pending")
+            target["mig_mode_pending"] = value
     if name.startswith("xid:") or name in ("ecc-dbe", "row-remap-failure"):
         code = int(name[4:]) if name.startswith("xid:") else (48 if name == "ecc-dbe" else 64)
         _log_xid(state, index, code)
@@ -386,6 +389,8 @@ def _clear(state: dict[str, Any], name: str, gpu: int | None) -> int:
             scope, field_name, _ = SETTING_FAULTS[fault["name"]]
             target = state["node"] if scope == "node" else state["gpus"][fault["gpu"]]
             target[field_name] = fault["saved"]
+            if "saved_pending" in fault:
+                target["mig_mode_pending"] = fault["saved_pending"]
     state["faults"] = kept
     backed = {(_logs_code(f["name"]), f.get("gpu")) for f in kept}
     state["kernel_log"] = [e for e in state.get("kernel_log", []) if (e["code"], e["gpu"]) in backed]
@@ -497,8 +502,12 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         gpu["nvlinks"] = links
         # configured instances (see mig_reset); a state without any shows an empty list, as before
         gpu["mig_instances"] = [dict(m) for m in raw.get("mig_instances") or []] if gpu.get("mig_mode_current") else None
+        unavailable = gpu.setdefault("unavailable", {})
         if not gpu.get("mig_mode_current"):
-            gpu.setdefault("unavailable", {})["mig_instances"] = "MIG disabled"
+            unavailable["mig_instances"] = "MIG disabled"
+        for key in ("retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"):
+            if gpu.get(key) is None:
+                unavailable[key] = "NotSupported"  # Hopper remaps rows instead of retiring pages
         gpus.append(gpu)
     gpus.sort(key=lambda g: g["bus_id"])
     for new_index, gpu in enumerate(gpus):
@@ -516,7 +525,9 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
                 row_l.append("X")
                 row_c.append(0)
             else:
-                up = min(gpus[i]["nvlinks"].__len__(), gpus[j]["nvlinks"].__len__())
+                # NVSwitch systems: the links a GPU has, as topo -m reports them; a link that
+                # is down is nvlink.links_down's business, not a topology change
+                up = min(len(gpus[i]["nvlinks"]), len(gpus[j]["nvlinks"]))
                 row_l.append(f"NV{up}" if up else ("NODE" if gpus[i]["numa_node"] == gpus[j]["numa_node"] else "SYS"))
                 row_c.append(up)
         links_matrix.append(row_l)
