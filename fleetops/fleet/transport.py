@@ -343,7 +343,15 @@ class _Runner:
                     while chan.recv_stderr_ready():
                         err += chan.recv_stderr(_READ_CHUNK)
                         busy = True
-                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    # done only at EOF: sshd may send the exit status while output it could not
+                    # yet send (window full) is still on its way; stopping at the status alone
+                    # cut large snapshots at 32 KiB now and then
+                    if (
+                        chan.eof_received
+                        and chan.exit_status_ready()
+                        and not chan.recv_ready()
+                        and not chan.recv_stderr_ready()
+                    ):
                         break
                     if busy:
                         continue
