@@ -19,8 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
-SCHEMA_ID = f"fleetops.snapshot/v{SCHEMA_VERSION}"
+from fleetops.schema import SCHEMA_ID, SCHEMA_VERSION  # noqa: F401  (re-exported)
 FINDINGS_SCHEMA_ID = "fleetops.audit/v1"
 
 SEVERITIES = ("ok", "info", "unknown", "warn", "crit")

@@ -7,10 +7,11 @@ kernel log attributed to GPUs by bus id, timing) so NVML and the simulator give 
 from __future__ import annotations
 
 import os
-import socket
 import time
+from typing import TYPE_CHECKING
 
-from fleetops import model
+if TYPE_CHECKING:
+    from fleetops import model
 
 BACKENDS = ("auto", "nvml", "sim")
 SIM_STATE_ENV = "FLEETOPS_SIM_STATE"  # = gpu.sim.STATE_ENV, kept here so the NVML path never imports sim
@@ -62,7 +63,11 @@ def _sim_dict(state_path: str | None, now: float) -> dict:
     lines = data.pop("_kernel_log")
     data["collected_at"] = now
     gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
-    data["xids"] = [model.to_dict(e) for e in _xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
+    data["xids"] = []
+    if lines:  # most nodes have no XIDs: then neither the parser nor the model is imported
+        from fleetops.model import to_dict
+
+        data["xids"] = [to_dict(e) for e in _xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
     return data
 
 
@@ -71,13 +76,17 @@ def collect_dict(backend: str = "auto", state_path: str | None = None) -> dict:
     mapping directly (the controller validates it on receipt); NVML's goes through ``collect``."""
     start = time.perf_counter()
     if choose_backend(backend) != "sim":
-        return model.to_dict(collect(backend, state_path))
+        from fleetops.model import to_dict
+
+        return to_dict(collect(backend, state_path))
     data = _sim_dict(state_path, time.time())
     data["collect_ms"] = round((time.perf_counter() - start) * 1000.0, 2)
     return data
 
 
 def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
+    from fleetops import model
+
     start = time.perf_counter()
     chosen = choose_backend(backend)
     now = time.time()
@@ -86,6 +95,8 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
     else:
         from fleetops.agent import hostinfo
         from fleetops.gpu import nvml, xid
+
+        import socket
 
         node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
         node.kernel = hostinfo.kernel()

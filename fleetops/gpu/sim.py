@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from fleetops import model
+from fleetops.schema import SCHEMA_ID
 from fleetops.gpu import throttle
 
 STATE_ENV = "FLEETOPS_SIM_STATE"
@@ -534,7 +534,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         counts.append(row_c)
     kernel_log = [entry["line"] for entry in state.get("kernel_log", [])]
     return {
-        "schema": model.SCHEMA_ID,
+        "schema": SCHEMA_ID,
         "hostname": state["hostname"],
         "backend": "sim",
         "kernel": node.get("kernel"),
@@ -572,7 +572,9 @@ def gpu_position(state: dict[str, Any], uuid_or_bus: str) -> int | None:
 
 def _same_bus(a: str, b: str) -> bool:
     try:
-        return model.normalize_bus_id(a) == model.normalize_bus_id(b)
+        from fleetops.model import normalize_bus_id
+
+        return normalize_bus_id(a) == normalize_bus_id(b)
     except ValueError:
         return False
 
