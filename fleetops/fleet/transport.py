@@ -12,9 +12,8 @@ Every failure comes back as a ``Result`` with an ``error_kind``, never as an exc
   ``connect_timeout`` and never holds up the others.
 - ``auth``: the key was refused
 - ``hostkey``: the host key is unknown (refused unless ``accept_new_hostkeys``) or changed (always
-  refused). Keys are checked against the host's ``UserKnownHostsFile`` from
-  ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` when set, else the ``known_hosts``
-  argument, else ``~/.ssh/known_hosts``; ``StrictHostKeyChecking=accept-new`` (or ``no``) there
+  refused). Keys are checked against the ``known_hosts`` argument when given, else ``UserKnownHostsFile`` from the host's
+  ``ansible_ssh_common_args``/``ansible_ssh_extra_args``, else ``~/.ssh/known_hosts``; ``StrictHostKeyChecking=accept-new`` (or ``no``) there
   accepts new keys for that host, as ``accept_new_hostkeys`` does (changed keys stay refused).
 - ``command``: it ran and exited non-zero (stderr kept; a missing program is exit 127, "not found")
 - ``local``: a problem on this side (unreadable key file, cannot start a local process)
@@ -223,9 +222,10 @@ class _Runner:
 
     def hostkey_settings(self, host: Any) -> tuple[list[str], bool]:
         options = _ssh_options(host)
-        files = options.get("userknownhostsfile", "").split()
+        # an explicit --known-hosts wins over the inventory, which wins over ~/.ssh
+        files = [self.known_hosts] if self.known_hosts else options.get("userknownhostsfile", "").split()
         if not files:
-            files = [self.known_hosts or DEFAULT_KNOWN_HOSTS]
+            files = [DEFAULT_KNOWN_HOSTS]
         files = [os.path.expanduser(f) for f in files]
         strict = options.get("stricthostkeychecking", "").lower()
         return files, self.accept_new or strict in ("accept-new", "no", "off")

@@ -171,11 +171,15 @@ def test_unknown_host_key_refused_by_default_and_accepted_when_asked(clean_fleet
     assert all(r.ok for r in again.values())
 
 
-def test_inventory_known_hosts_wins_and_default_is_home(clean_fleet, tmp_path, monkeypatch):
+def test_explicit_known_hosts_wins_then_inventory_then_home(clean_fleet, tmp_path, monkeypatch):
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
-    # the inventory's UserKnownHostsFile (the fleet's, complete) is used over the argument
+    # an explicit argument (--known-hosts) is used over the inventory's UserKnownHostsFile
     res = transport.run_all(clean_fleet.hosts[:1], ["true"], known_hosts=str(empty))
+    r = next(iter(res.values()))
+    assert r.error_kind == "hostkey" and str(empty) in r.error
+    # without it, the inventory's (the fleet's, complete) is used
+    res = transport.run_all(clean_fleet.hosts[:1], ["true"])
     assert all(r.ok for r in res.values())
     # no inventory setting, no argument: ~/.ssh/known_hosts of a HOME with nothing in it
     monkeypatch.setenv("HOME", str(tmp_path))
