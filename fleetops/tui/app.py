@@ -12,6 +12,7 @@ Actions (re-audit, GPU reset, drain/resume) run in thread workers too and report
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from fleetops.tui import data
 from fleetops.tui.source import ActionResult
 
 DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume"})
+GC_GEN0_THRESHOLD = 50_000
 
 
 class EntriesReady(Message):
@@ -78,6 +80,12 @@ class FleetApp(App[None]):
     def on_mount(self) -> None:
         from fleetops.tui.screens.fleet import FleetScreen
 
+        # Rendering allocates many short-lived objects; with the default gen0 threshold (700)
+        # that means a young collection every few hundred cells and frequent full ones over
+        # a heap that holds a thousand node snapshots. A larger first threshold makes young
+        # collections rarer (each still small) and full ones far rarer.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(max(self._gc_threshold[0], GC_GEN0_THRESHOLD), *self._gc_threshold[1:])
         self.push_screen(FleetScreen())
         if self.tick_s:
             self.set_interval(self.tick_s, self.tick)
@@ -85,6 +93,7 @@ class FleetApp(App[None]):
             self.poll()
 
     def on_unmount(self) -> None:
+        gc.set_threshold(*self._gc_threshold)
         self.stop_polling()
 
     def stop_polling(self) -> None:

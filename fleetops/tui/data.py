@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from fleetops import model
@@ -371,9 +372,46 @@ class NodeEntry:
     def fault(self) -> bool:
         return self.status not in (STATUS_OK, STATUS_PENDING) or self.health in FAULT_SEVERITIES
 
-    @property
+    @cached_property
     def gpus_ok(self) -> int:
         return sum(1 for g in self.gpus if not g.lost and g.health not in FAULT_SEVERITIES)
+
+    @cached_property
+    def node_row_parts(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
+        """Cells, styles and sort values of the nodes-view row, computed once per entry; the
+        clock-bound ones (XIDs in the last hour, age) are placeholders here (FleetState fills
+        them)."""
+        health = self.display_health
+        snap = self.snapshot
+        if self.problem is not None and self.status != STATUS_OK:
+            worst_text, worst_style = self.problem.message, "unknown"
+            if self.worst is not None:
+                worst_text += f"  (last state: {fmt_finding(self.worst)})"
+        elif self.worst is not None:
+            worst_text, worst_style = fmt_finding(self.worst), self.worst.severity
+        else:
+            worst_text, worst_style = "", ""
+        n, ok = len(self.gpus), self.gpus_ok
+        cells = (
+            self.name,
+            self.mark or health_label(health),
+            f"{ok}/{n}" if n else "-",
+            (snap.driver_version or "n/a") if snap else "-",
+            "",
+            "",
+            worst_text,
+        )
+        styles = ("", health, "warn" if ok < n else "", "", "", "", worst_style)
+        sort = (
+            natural_key(self.name),
+            HEALTH_RANK.get(health, 0),
+            (ok - n, ok),
+            natural_key(snap.driver_version or "") if snap else (),
+            0,
+            0.0,
+            (-model.SEVERITY_RANK.get(self.worst.severity, 0), self.worst.check) if self.worst else (1, ""),
+        )
+        return cells, styles, sort
 
     @property
     def all_findings(self) -> tuple[model.Finding, ...]:
@@ -404,6 +442,39 @@ def _finding_sort(f: model.Finding) -> tuple[Any, ...]:
     return (-model.SEVERITY_RANK.get(f.severity, 0), (f.gpu or {}).get("index", -1), f.check)
 
 
+_LINKS: dict[tuple[Any, ...], model.NvLink] = {}
+_LINKS_MAX = 65536
+
+
+def share_links(node: model.Node) -> None:
+    """Make equal NVLink records one shared object. A fleet of healthy HGX nodes has the same
+    18 links per GPU over and over: 144 000 objects at 1000 nodes, which Python's cyclic GC
+    walks on every full collection (hundreds of ms on the main thread). Shared, they are a few
+    dozen. Snapshots are never mutated after parsing, so sharing is safe."""
+    for gpu in node.gpus:
+        if not gpu.nvlinks:
+            continue
+        shared = []
+        for link in gpu.nvlinks:
+            key = (
+                link.link,
+                link.state,
+                link.remote_bus_id,
+                link.remote_type,
+                link.crc_errors,
+                link.replay_errors,
+                link.recovery_errors,
+                tuple(sorted(link.unavailable.items())),
+            )
+            one = _LINKS.get(key)
+            if one is None:
+                if len(_LINKS) >= _LINKS_MAX:
+                    _LINKS.clear()
+                one = _LINKS.setdefault(key, link)
+            shared.append(one)
+        gpu.nvlinks = shared
+
+
 def summarize(
     name: str,
     snapshot: model.Node,
@@ -413,6 +484,7 @@ def summarize(
 ) -> NodeEntry:
     """The entry for a node that just answered. ``previous`` lets GPUs that vanished since
     show as lost rather than silently drop out of the count."""
+    share_links(snapshot)
     found = tuple(sorted(findings, key=_finding_sort))
     health = model.worst(f.severity for f in found)
     by_gpu: dict[str, list[model.Finding]] = {}
@@ -725,6 +797,8 @@ class FleetState:
         default_factory=lambda: {v: ViewState(c) for v, c in DEFAULT_SORT.items()}
     )
     stale_after: float | None = None  # a reachable node's age beyond this is shown as stale
+    last_total: int = 0  # rows of the last ``rows()`` view before filtering
+    _node_rows: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
     def set_hosts(self, names: Iterable[str]) -> None:
         for name in names:
@@ -776,47 +850,22 @@ class FleetState:
     # rows of each view, before filtering and sorting
 
     def _node_row(self, e: NodeEntry, now: float) -> Row:
-        health = e.display_health
         xids = e.xids_since(now - XID_WINDOW_S)
         age = None if e.seen_at is None else now - e.seen_at
-        snap = e.snapshot
-        if e.problem is not None and e.status != STATUS_OK:
-            worst_text, worst_style = e.problem.message, "unknown"
-            if e.worst is not None:
-                worst_text += f"  (last state: {fmt_finding(e.worst)})"
-        elif e.worst is not None:
-            worst_text, worst_style = fmt_finding(e.worst), e.worst.severity
-        else:
-            worst_text, worst_style = "", ""
-        cells = (
-            e.name,
-            e.mark or health_label(health),
-            f"{e.gpus_ok}/{len(e.gpus)}" if e.gpus else "-",
-            (snap.driver_version or "n/a") if snap else "-",
-            str(xids) if snap else "-",
-            format_age(age) if age is not None else "-",
-            worst_text,
-        )
-        styles = (
-            "",
-            "unreach" if health == "unreach" else health,
-            "warn" if e.gpus and e.gpus_ok < len(e.gpus) else "",
-            "",
-            "warn" if xids else "dim",
-            self._seen_style(e, age),
-            worst_style,
-        )
-        sort = (
-            natural_key(e.name),
-            HEALTH_RANK.get(health, 0),
-            (e.gpus_ok - len(e.gpus), e.gpus_ok),
-            natural_key(snap.driver_version or "") if snap else (),
-            xids,
-            age if age is not None else float("inf"),
-            (-model.SEVERITY_RANK.get(e.worst.severity, 0), e.worst.check) if e.worst else (1, ""),
-        )
-        placeholder = e.status == STATUS_PENDING and snap is None
-        return Row(e.name, cells, styles, sort, e.fault, e.haystack, e.name, placeholder=placeholder)
+        seen = format_age(age) if age is not None else "-"
+        seen_style = self._seen_style(e, age)
+        cached = self._node_rows.get(e.name)
+        if cached is not None and cached[0] is e and cached[1:4] == (xids, seen, seen_style):
+            return cached[4]  # the same object: the table skips it without looking inside
+        cells, styles, sort = e.node_row_parts
+        has_data = e.snapshot is not None
+        cells = (*cells[:4], str(xids) if has_data else "-", seen, cells[6])
+        styles = (*styles[:4], "warn" if xids else "dim", seen_style, styles[6])
+        sort = (*sort[:4], xids, age if age is not None else float("inf"), sort[6])
+        placeholder = e.status == STATUS_PENDING and not has_data
+        row = Row(e.name, cells, styles, sort, e.fault, e.haystack, e.name, placeholder=placeholder)
+        self._node_rows[e.name] = (e, xids, seen, seen_style, row)
+        return row
 
     def _seen_style(self, e: NodeEntry, age: float | None) -> str:
         if e.status not in (STATUS_OK, STATUS_PENDING):
@@ -855,6 +904,7 @@ class FleetState:
         not, sorted (stable: ties keep inventory order)."""
         view = view or self.view
         rows = self.all_rows(view, now)
+        self.last_total = len(rows)
         flt = self.filter
         if self.faults_only or flt.active:
             rows = [r for r in rows if (r.fault or not self.faults_only) and flt.matches(r.haystack)]

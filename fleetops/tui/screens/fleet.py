@@ -94,8 +94,7 @@ class FleetScreen(Screen[None]):
         state = self.state
         view = state.view
         table = self.table()
-        total = len(state.all_rows(view)) if (state.filter.active or state.faults_only) else shown
-        title = f" {view} [{shown}/{total}] "
+        title = f" {view} [{shown}/{state.last_total}] "
         table.border_title = title
         sort = state.sorts[view]
         label = next(c.label for c in data.COLUMNS[view] if c.key == sort.sort_column)

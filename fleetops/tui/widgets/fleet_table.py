@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from rich.style import Style
 from rich.text import Text
@@ -34,7 +35,8 @@ STYLES: dict[str, Style] = {
     "stale": Style(color="yellow"),
 }
 CHANGED = Style(bgcolor="#4d4d00", bold=True)  # k9s' "modified" delta colour, darkened
-REBUILD_MIN_REMOVED = 64  # removing more rows than this at once (and most of them) rebuilds
+REBUILD_MIN_REMOVED = 64
+CELL_CACHE_SIZE = 8192  # removing more rows than this at once (and most of them) rebuilds
 
 
 def cell(text: str, style: str, changed: bool = False) -> Text:
@@ -66,6 +68,8 @@ class FleetTable(DataTable[Text]):
         self._lit: dict[tuple[str, int], float] = {}  # (row key, column index) -> until
         self._columns_added = False
         self.last_changed_cells = 0
+        self._cells_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._lines_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def _ensure_columns(self) -> None:
         if not self._columns_added:
@@ -115,6 +119,8 @@ class FleetTable(DataTable[Text]):
         until = self.monotonic() + self.highlight_s
         for r in rows:
             old = self._shown.get(r.key)
+            if old is r:
+                continue
             if old is None:
                 self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles)), key=r.key)
                 self._order.append(r.key)
@@ -178,6 +184,87 @@ class FleetTable(DataTable[Text]):
             row = self._shown.get(key)
             if row is not None:
                 self.update_cell(key, self.spec[i].key, cell(row.cells[i], row.styles[i]))
+
+    # --- rendering ---------------------------------------------------------------------
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> Any:
+        """DataTable keys its render caches on a counter that every ``update_cell`` bumps, so
+        one changed cell re-renders every visible cell. Here a data cell's rendering is kept
+        for as long as the cell holds the same value object (``apply`` puts a new one in
+        when, and only when, its text or style changes), at the same place and width, with
+        the same cursor, hover and focus state."""
+        if row_index < 0 or column_index < 0:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        value = self._data[row_key][column_key]
+        key = (
+            row_key,
+            column_key,
+            row_index,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        hit = self._cells_cache.get(key)
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        if len(self._cells_cache) >= CELL_CACHE_SIZE:
+            self._cells_cache.clear()  # a screenful is a few hundred cells: plenty of room
+        self._cells_cache[key] = (value, lines)
+        return lines
+
+    def _render_line_in_row(
+        self,
+        row_key: RowKey,
+        line_no: int,
+        base_style: Style,
+        cursor_location: Any,
+        hover_location: Any,
+    ) -> Any:
+        """The same idea one level up: a row's line is kept while its cells hold the same value
+        objects, it sits at the same index, and the cursor and hover are on it or not as
+        before (row cursor only)."""
+        row_index = self._row_locations.get(row_key)
+        if row_index is None or self.cursor_type != "row":
+            return super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
+        values = tuple(self._data[row_key].values())
+        key = (
+            row_key,
+            line_no,
+            row_index,
+            base_style,
+            cursor_location.row == row_index,
+            hover_location.row == row_index,
+            self.show_cursor,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        hit = self._lines_cache.get(key)
+        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values)):
+            return hit[1]
+        lines = super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
+        if len(self._lines_cache) >= CELL_CACHE_SIZE:
+            self._lines_cache.clear()
+        self._lines_cache[key] = (values, lines)
+        return lines
+
+    def notify_style_update(self) -> None:
+        self._cells_cache.clear()
+        self._lines_cache.clear()
+        super().notify_style_update()
 
     @property
     def lit_cells(self) -> set[tuple[str, str]]:

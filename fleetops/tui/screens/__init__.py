@@ -1,0 +1,1 @@
+"""Screens of the fleetops TUI: fleet, node detail, confirmation and help."""

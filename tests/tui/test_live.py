@@ -1,0 +1,212 @@
+"""The real app against a real simulated fleet: sshd on loopback, ``fleetops-agent`` on the far
+side, the refresh thread on persistent SSH sessions. Marked ``root`` (it starts sshd)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fleetops.gpu import sim
+from fleetops.sim import fleet
+from fleetops.tui import data
+from fleetops.tui.app import FleetApp
+from fleetops.tui.screens.confirm import ConfirmScreen
+from fleetops.tui.screens.fleet import FleetScreen
+from fleetops.tui.screens.node import NodeScreen
+from fleetops.tui.source import SshSource, resolve_hosts
+from fleetops.tui.widgets.fleet_table import FleetTable
+
+from .conftest import drive, wait_for
+
+pytestmark = pytest.mark.root
+NODES = [f"node{i:03d}" for i in range(1, 7)]
+FIRST_ADDRESS = os.environ.get("FLEETOPS_TEST_TUI_ADDRESS", "127.0.30.1")
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: the simulated fleet runs real sshd processes"
+    if fleet.find_sshd() is None:
+        return "needs sshd: apt-get install -y openssh-server"
+    return None
+
+
+@pytest.fixture(scope="module")
+def sim_fleet() -> Iterator[str]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = tempfile.mkdtemp(prefix="fleetops-tui-test-")
+    with socket.socket() as sock:  # a port nobody listens on, so parallel runs do not collide
+        sock.bind((FIRST_ADDRESS, 0))
+        port = sock.getsockname()[1]
+    try:
+        fleet.up(len(NODES), directory, first_address=FIRST_ADDRESS, port=port)
+        yield directory
+    finally:
+        fleet.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def fleet_dir(sim_fleet: str) -> Iterator[str]:
+    yield sim_fleet
+    for name in NODES:  # every test starts from a healthy, reachable fleet
+        fleet.clear(sim_fleet, name, "all")
+
+
+def live_app(directory: str, readonly: bool = False) -> FleetApp:
+    hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
+    source = SshSource(hosts, baselines, interval=0.5, connect_timeout=2.0, command_timeout=5.0)
+    return FleetApp(source, readonly=readonly, interval=0.5)
+
+
+def uuid_of(directory: str, node: str, index: int) -> str:
+    state = sim.read_state(os.path.join(directory, "state", f"{node}.json"))
+    return str(state["gpus"][index]["uuid"])
+
+
+def entry(app: FleetApp, name: str) -> data.NodeEntry:
+    return app.state.entries[name]
+
+
+def fleet_table(app: FleetApp) -> FleetTable:
+    screen = app.screen
+    assert isinstance(screen, FleetScreen)
+    return screen.table()
+
+
+def cells(tbl: FleetTable, key: str) -> dict[str, str]:
+    row = tbl.row(key)
+    assert row is not None, key
+    return dict(zip((c.key for c in tbl.spec), row.cells))
+
+
+async def all_seen(pilot: Any, app: FleetApp) -> None:
+    await wait_for(
+        pilot, lambda: all(e.status == data.STATUS_OK for e in app.state.entries.values()), 30, "every node"
+    )
+
+
+def test_live_every_node_listed_after_the_first_refresh(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        await pilot.pause(0.1)
+        tbl = fleet_table(app)
+        assert tbl.keys == NODES
+        for name in NODES:
+            row = cells(tbl, name)
+            assert (row["health"], row["gpus"], row["driver"]) == ("OK", "8/8", "580.159.04"), name
+
+    drive(app, body)
+
+
+def test_live_drill_down_shows_an_injected_fault_on_the_right_gpu(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+    bad = uuid_of(fleet_dir, "node004", 5)
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node004", "ecc-dbe", 5)
+        await wait_for(pilot, lambda: entry(app, "node004").health == "crit", 40, "the DBE to show")
+        fleet_table(app).select_key("node004")
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, NodeScreen)
+        gpus = screen.query_one("#node-gpus", FleetTable)
+        assert len(gpus.keys) == 8
+        assert {k for k in gpus.keys if cells(gpus, k)["health"] != "OK"} == {bad}
+        assert cells(gpus, bad)["idx"] == "5" and cells(gpus, bad)["ecc"] == "0/2"
+
+    drive(app, body)
+
+
+def test_live_confirmed_reset_clears_the_fault_at_the_next_refresh(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+    bad = uuid_of(fleet_dir, "node002", 1)
+    state_path = os.path.join(fleet_dir, "state", "node002.json")
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node002", "ecc-dbe", 1)
+        await wait_for(pilot, lambda: entry(app, "node002").health == "crit", 40, "the DBE to show")
+        fleet_table(app).select_key("node002")
+        await pilot.press("enter")
+        app.screen.query_one("#node-gpus", FleetTable).select_key(bad)
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.last_action is not None, 60, "the reset to finish")
+        assert app.last_action is not None and app.last_action.ok, app.last_action
+        assert not sim.read_state(state_path)["faults"]  # the simulator's GPU really was reset
+        seen = entry(app, "node002").version
+        await wait_for(pilot, lambda: entry(app, "node002").version > seen, 10, "the next refresh")
+        assert entry(app, "node002").health == "ok"
+        gpus = app.screen.query_one("#node-gpus", FleetTable)
+        assert cells(gpus, bad)["health"] == "OK" and cells(gpus, bad)["ecc"] == "0/0"
+
+    drive(app, body)
+
+
+def test_live_host_taken_down_shows_unreachable_with_its_last_state(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node006", "pcie-downgrade", 2)
+        await wait_for(pilot, lambda: entry(app, "node006").health == "warn", 40, "the PCIe fault to show")
+        fleet.inject(fleet_dir, "node006", "host-down")
+        await wait_for(pilot, lambda: entry(app, "node006").status != data.STATUS_OK, 40, "node006 to drop")
+        await pilot.pause(1.2)  # the age moves on while the node stays down
+        row = cells(fleet_table(app), "node006")
+        assert row["health"] == "UNREACH"
+        assert (row["gpus"], row["driver"]) == ("7/8", "580.159.04")  # its last good state
+        assert "pcie" in row["worst"] and "refused" in row["worst"]
+        assert row["seen"] not in ("0s", "-")
+        for name in NODES[:-1]:  # the others keep refreshing
+            assert entry(app, name).status == data.STATUS_OK
+        fleet.clear(fleet_dir, "node006", "host-down")
+        await wait_for(pilot, lambda: entry(app, "node006").status == data.STATUS_OK, 40, "node006 to return")
+
+    drive(app, body)
+
+
+def test_live_readonly_blocks_reset(fleet_dir: str) -> None:
+    app = live_app(fleet_dir, readonly=True)
+    state_path = os.path.join(fleet_dir, "state", "node003.json")
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node003", "ecc-dbe", 0)
+        await wait_for(pilot, lambda: entry(app, "node003").health == "crit", 40, "the DBE to show")
+        fleet_table(app).select_key("node003")
+        await pilot.press("enter")
+        await pilot.press("r", "tab", "enter")
+        await pilot.pause(1.0)
+        assert isinstance(app.screen, NodeScreen)
+        assert app.last_action is None
+        assert [f["name"] for f in sim.read_state(state_path)["faults"]] == ["ecc-dbe"]
+
+    drive(app, body)
+
+
+def test_live_drain_on_a_simulated_node_says_it_is_not_a_slurm_node(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet_table(app).select_key("node001")
+        await pilot.press("d")
+        assert isinstance(app.screen, FleetScreen)  # no dialog: there is nothing to drain
+        messages = [n.message for n in app._notifications]
+        assert any("not a Slurm node" in m for m in messages), messages
+
+    drive(app, body)

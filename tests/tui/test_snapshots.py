@@ -1,0 +1,80 @@
+"""Snapshot tests of the main views (pytest-textual-snapshot): fixed terminal size, fed
+snapshots at a frozen clock, so no age or time in them depends on when they run.
+
+Update after an intended change with ``pytest tests/tui/test_snapshots.py --snapshot-update``
+and look at the SVGs in ``__snapshots__`` before committing them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.widgets import Input
+
+from fleetops import model
+from fleetops.tui import data
+from fleetops.tui.app import FleetApp
+from fleetops.tui.widgets.fleet_table import FleetTable
+
+from .conftest import NAMES, SIZE, fed_app, fed_entries
+
+ENTRIES = fed_entries()
+_i = NAMES.index("node010")
+ENTRIES[_i] = data.mark_failed(
+    "node010",
+    "timeout",
+    model.Finding(
+        "transport.timeout", "unknown", "node010", "timeout: 127.0.10.10:22: no SSH banner within 5s"
+    ),
+    ENTRIES[_i],
+)
+
+
+def fed(readonly: bool = False) -> FleetApp:
+    app = fed_app(readonly=readonly)
+    app.call_later(app.feed, ENTRIES)  # once mounted
+    return app
+
+
+def test_snapshot_nodes_view(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=SIZE, press=["_"])
+
+
+def test_snapshot_gpus_view_faults_only(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=SIZE, press=["_", "2", "f"])
+
+
+def test_snapshot_findings_view(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=SIZE, press=["_", "3"])
+
+
+def test_snapshot_xids_view(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=SIZE, press=["_", "4"])
+
+
+def test_snapshot_node_detail(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=SIZE, press=["_", *["down"] * 7, "enter", "_"])
+
+
+def test_snapshot_reset_dialog(snap_compare: Any) -> None:
+    gpu6 = ENTRIES[NAMES.index("node008")].gpus[6].uuid
+
+    async def open_dialog(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.screen.table().select_key("node008")
+        await pilot.press("enter")
+        pilot.app.screen.query_one("#node-gpus", FleetTable).select_key(gpu6)
+        await pilot.press("r")
+        await pilot.pause()
+
+    assert snap_compare(fed(), terminal_size=SIZE, run_before=open_dialog)
+
+
+def test_snapshot_readonly_with_filter_prompt(snap_compare: Any) -> None:
+    async def type_filter(pilot: Any) -> None:
+        await pilot.pause()
+        await pilot.press("slash")
+        prompt = pilot.app.screen.query_one("#prompt", Input)
+        prompt.cursor_blink = False
+        await pilot.press(*"ecc")
+
+    assert snap_compare(fed(readonly=True), terminal_size=SIZE, run_before=type_filter)
