@@ -313,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("fleetops: interrupted\n")
         return 130
+    except BrokenPipeError:  # `fleetops history | head`: the reader left; not an error of ours
+        import os as _os
+
+        _os.dup2(_os.open(_os.devnull, _os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except _input_errors() as exc:
         sys.stderr.write(f"fleetops: error: {exc}\n")
         return EXIT_USAGE

@@ -25,9 +25,9 @@ FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "con
 # fleetops commands named in actions (one place to rename them).
 CMD_RESET = "fleetops reset {node} {gpu}"
 CMD_ROLLOUT_DRIVER = "fleetops rollout driver"
-CMD_ROLLOUT_FIRMWARE = "fleetops rollout firmware"
+CMD_ROLLOUT_FIRMWARE = "fleetops apply firmware"
 CMD_APPLY_POWER = "fleetops apply power"
-CMD_APPLY_PERSISTENCE = "fleetops apply persistence"
+CMD_APPLY_PERSISTENCE = "fleetops apply power"  # gpu_power also enforces persistence mode
 CMD_APPLY_MIG = "fleetops apply mig"
 
 

@@ -109,7 +109,7 @@ _ACTIONS = {
     "(hung kernel, D-state processes after an XID); drain and reboot if it stays hung.",
     "auth": "Fix SSH credentials for this host (ansible_user, ansible_ssh_private_key_file).",
     "hostkey": "Verify the host key out of band, then add it to known_hosts (or run once with --accept-new-hostkeys).",
-    "agent": "Install the agent on the node: ansible-playbook playbooks/site.yml --tags fleetops_agent "
+    "agent": "Install the agent on the node: ansible-playbook -i INVENTORY playbooks/agent.yml --limit NODE "
     "(role fleetops_agent).",
     "output": "The agent answered something that is not a snapshot: run 'fleetops-agent collect' on the node "
     "by hand and check its version matches the controller's.",
