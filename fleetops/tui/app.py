@@ -23,6 +23,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.worker import get_current_worker
 
 from fleetops.tui import data
@@ -38,6 +39,7 @@ class EntriesReady(Message):
 
 class FleetApp(App[None]):
     CSS_PATH = str(Path(__file__).with_name("fleet.tcss"))  # absolute: subclasses live elsewhere
+    ENABLE_COMMAND_PALETTE = False  # every action has its key; see the help screen
     TITLE = "fleetops"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
@@ -189,7 +191,9 @@ class FleetApp(App[None]):
             if f.severity in ("warn", "crit", "unknown"):
                 counts[f.severity] = counts.get(f.severity, 0) + 1
         detail = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items())) or "no faults"
-        sev = "error" if entry.health == "crit" else "warning" if entry.health == "warn" else "information"
+        sev: SeverityLevel = (
+            "error" if entry.health == "crit" else "warning" if entry.health == "warn" else "information"
+        )
         self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail})", severity=sev, timeout=6)
 
     def request_reset(self, name: str, uuid: str) -> None:

@@ -238,21 +238,21 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
     ),
     "findings": (
         Column("severity", "SEV", 7, "S"),
-        Column("node", "NODE", 14, "N"),
+        Column("node", "NODE", 12, "N"),
         Column("gpu", "GPU", 3, "G"),
-        Column("check", "CHECK", 24, "C"),
-        Column("message", "MESSAGE", 64, "M"),
-        Column("action", "ACTION", 60, "A"),
+        Column("check", "CHECK", 28, "C"),
+        Column("message", "MESSAGE", 62, "M"),
+        Column("action", "ACTION", 30, "A"),
     ),
     "xids": (
         Column("age", "AGE", 7, "A", clock=True),
-        Column("node", "NODE", 14, "N"),
+        Column("node", "NODE", 12, "N"),
         Column("gpu", "GPU", 3, "G"),
         Column("code", "XID", 5, "X"),
         Column("severity", "SEV", 5, "S"),
-        Column("name", "MEANING", 30, "M"),
+        Column("name", "MEANING", 32, "M"),
         Column("action", "ACTION", 18, "C"),
-        Column("message", "LOG MESSAGE", 70, "L"),
+        Column("message", "LOG MESSAGE", 58, "L"),
     ),
 }
 # The GPU table of the node detail screen: every field the issue asks for.
@@ -798,7 +798,8 @@ class FleetState:
     )
     stale_after: float | None = None  # a reachable node's age beyond this is shown as stale
     last_total: int = 0  # rows of the last ``rows()`` view before filtering
-    _node_rows: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
+    # name -> (entry, XIDs in the window, age text, age style, the row built from them)
+    _node_rows: dict[str, tuple[NodeEntry, int, str, str, Row]] = field(default_factory=dict, repr=False)
 
     def set_hosts(self, names: Iterable[str]) -> None:
         for name in names:

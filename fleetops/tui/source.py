@@ -11,7 +11,6 @@ No Textual here: entries are handed to a callback, which the app turns into mess
 
 from __future__ import annotations
 
-import json
 import shlex
 import sqlite3
 import threading
@@ -183,24 +182,23 @@ class SshSource:
             return self._entries.get(name)
 
     def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None) -> ActionResult:
-        """Reset one GPU with the agent's safe reset on the node (it checks every precondition,
-        ends the GPU's processes, resets, verifies) and report what it said."""
-        command = [self.agent(name), "reset", "--gpu", uuid, "--kill-processes", "--json"]
-        if bus_id:
-            command[4:4] = ["--bus-id", bus_id]  # refused if the UUID is no longer at that bus id
-        result = self.run_on(name, command)
-        doc = _json_doc(result.stdout) or {}
-        message = doc.get("message") or ""
-        if result.ok and doc.get("result") in (None, "reset"):
-            return ActionResult(True, f"{name}: {message or f'reset {uuid}'}", doc)
-        if not message:
-            err = _json_doc(
-                (result.stderr or "").strip().splitlines()[-1] if (result.stderr or "").strip() else ""
-            )
-            message = (err or {}).get("error") or result.error or f"exit {result.exit_status}"
+        """Reset one GPU the way ``fleetops reset`` does (the remedy controller builds the
+        agent's command and reads its answer), on this host's persistent session: the agent
+        checks every precondition, ends the GPU's processes (the dialog listed them), resets,
+        verifies. ``bus_id`` makes it refuse if the UUID has moved since the screen saw it."""
+        from fleetops.remedy import cli as remedy
+
+        host = self.hosts[name]
+        gpu = {"uuid": uuid, "bus_id": bus_id}
+        result = self.run_on(name, remedy._reset_argv(host, gpu, dry_run=False, kill=True, selector=uuid))
+        doc, why = remedy._agent_doc(result)
+        if doc is None:
+            return ActionResult(False, f"{name}: reset of {uuid} failed: {why}")
+        ok = result.ok and doc.get("result") == "reset"
+        message = f"{name}: {doc.get('message') or doc.get('result')}"
         if doc.get("remedy"):
             message += f" (remedy: {doc['remedy']})"
-        return ActionResult(False, f"{name}: {message}", doc)
+        return ActionResult(ok, message, {"report": remedy.render_reset(name, doc), **doc})
 
     def drain(self, name: str, reason: str) -> ActionResult:
         return self._scontrol(name, "DRAIN", reason)
@@ -240,14 +238,6 @@ class SshSource:
         self.pool.close()
 
 
-def _json_doc(text: str) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def resolve_hosts(
     inventory: str, baseline: str | None, limit: str | None = None
 ) -> tuple[list[Any], dict[str, Any]]:
@@ -263,6 +253,7 @@ def previous_snapshots(store: Any, names: Iterable[str]) -> dict[str, model.Node
     if store is None:
         return {}
     try:
-        return store.previous_snapshots(list(names))
+        found: dict[str, model.Node] = store.previous_snapshots(list(names))
+        return found
     except sqlite3.Error:  # no rate base rather than no TUI
         return {}

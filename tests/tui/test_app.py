@@ -186,6 +186,20 @@ def test_enter_drills_down_to_the_injected_fault_on_the_right_gpu_and_esc_goes_b
     drive(app, body, ENTRIES)
 
 
+def test_data_arriving_while_a_node_screen_opens_does_not_break_it() -> None:
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        app.push_screen(NodeScreen("node003"))
+        app.feed(fed_entries({"node003": ["ecc-dbe@1"]}, now=simfeed.T0 + 1))  # before it mounted
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen)
+        await pilot.press("4")
+        assert "no history database" in str(app.screen.query_one("#node-history", FleetTable).row("note"))
+
+    drive(app, body, ENTRIES)
+
+
 def test_drill_down_from_a_gpu_row_selects_that_gpu() -> None:
     app = fed_app()
     e = ENTRIES[NAMES.index("node005")]

@@ -49,6 +49,7 @@ class FleetScreen(Screen[None]):
         super().__init__()
         self.prompt_mode: str | None = None  # "command" | "filter" while the prompt is open
         self.stale = False
+        self.ready = False  # set once mounted: data may arrive between push and mount
 
     @property
     def fleet(self) -> Any:
@@ -68,6 +69,7 @@ class FleetScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#prompt", Input).display = False
+        self.ready = True
         self.refresh_data(None)
         self.table().focus()
 
@@ -83,6 +85,8 @@ class FleetScreen(Screen[None]):
         return self.query_one(f"#view-{view or self.state.view}", FleetTable)
 
     def refresh_data(self, changed: list[str] | None) -> None:
+        if not self.ready:
+            return
         state = self.state
         table = self.table()
         rows = state.rows()

@@ -150,6 +150,10 @@ class NodeScreen(Screen[None]):
         Binding("r", "reset", "Reset GPU"),
         Binding("d", "drain", "Drain"),
         Binding("u", "resume", "Resume"),
+        Binding("1", "tab('tab-findings')", "Findings", show=False),
+        Binding("2", "tab('tab-gpu')", "GPU", show=False),
+        Binding("3", "tab('tab-xids')", "XIDs", show=False),
+        Binding("4", "tab('tab-history')", "History", show=False),
     ]
 
     def __init__(self, name: str, select_gpu: str | None = None) -> None:
@@ -157,6 +161,7 @@ class NodeScreen(Screen[None]):
         self.node = name
         self.select_gpu = select_gpu
         self.stale = False
+        self.ready = False  # set once mounted: data may arrive between push and mount
 
     @property
     def state(self) -> data.FleetState:
@@ -183,6 +188,7 @@ class NodeScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#node-gpus", FleetTable).border_title = f" {self.node}: GPUs "
+        self.ready = True
         self.refresh_data(None)
         gpus = self.query_one("#node-gpus", FleetTable)
         if self.select_gpu:
@@ -196,7 +202,7 @@ class NodeScreen(Screen[None]):
             self.refresh_data(None)
 
     def refresh_data(self, changed: list[str] | None) -> None:
-        if changed is not None and self.node not in changed:
+        if not self.ready or (changed is not None and self.node not in changed):
             return
         entry, now = self.entry, self.state.clock()
         self.query_one(SummaryBar).show(self.state, self.app)
@@ -228,6 +234,9 @@ class NodeScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return bool(self.app.allowed(action))  # type: ignore[attr-defined]  # False: unbound when read-only
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
 
     def action_back(self) -> None:
         self.app.pop_screen()

@@ -205,6 +205,8 @@ class FleetTable(DataTable[Text]):
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         row_key = self._row_locations.get_key(row_index)
         column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         value = self._data[row_key][column_key]
         key = (
             row_key,
