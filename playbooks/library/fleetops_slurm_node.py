@@ -12,7 +12,9 @@ description:
   - C(state=resumed) resumes the node only when the marker says fleetops drained it and the node still carries
     that drain reason. A node drained by someone else, before or after us, stays drained.
   - C(state=query) only reports the node's state.
-  - Without scontrol on the host, reports C(managed=false) and changes nothing, unless O(required) is set.
+  - Without scontrol on the host, or with an scontrol that has no cluster configuration, or a cluster that
+    does not know the node, reports C(managed=false) and changes nothing, unless O(required) is set.
+    A Slurm controller that does not answer is a failure.
 options:
   name:
     description: Slurm node name.
@@ -91,6 +93,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 DRAIN_FLAGS = ("DRAIN", "DRAINED", "DRAINING")
+NO_CONFIG = ("Could not establish a configuration source", "fetch_config: DNS SRV lookup failed")
 BUSY_STATES = ("ALLOCATED", "ALLOC", "MIXED", "COMPLETING")
 _STAMP = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")  # "[root@2026-12-02T10:00:00]" appended by slurmctld
 
@@ -131,6 +134,20 @@ class Node:
 
     def show(self):
         rc, out, err = self.module.run_command([self.scontrol, "show", "node", self.name, "-o"])
+        text = "%s %s" % (out, err)
+        if rc != 0 and not self.module.params["required"]:
+            # scontrol without a cluster (no slurm.conf, no DNS SRV record), or a cluster that does
+            # not know this node: Slurm does not manage it. A controller that does not answer is
+            # not this case: that fails below, so no node is worked on undrained by accident.
+            reason = None
+            if any(m in text for m in NO_CONFIG):
+                reason = "scontrol has no Slurm configuration on this host"
+            elif "not found" in text and "Node" in text:
+                reason = "Slurm does not know a node named %s" % self.name
+            if reason:
+                self.module.exit_json(
+                    changed=False, managed=False, msg="%s: Slurm is not managed here" % reason
+                )
         if rc != 0:
             self.module.fail_json(
                 msg="scontrol show node %s failed: %s" % (self.name, (err or out).strip()), rc=rc

@@ -246,3 +246,23 @@ def test_nvfwupd_update_states_the_activation_it_needs(run_module, tmp_path, mon
     assert "password=pw" not in json.dumps(r)
     rc, r = run_module("fleetops_nvfwupd", {**args, "update": True})
     assert r["changed"] is False
+
+
+def test_slurm_scontrol_without_a_cluster_is_not_managed_but_a_dead_controller_fails(
+    run_module, tmp_path: Path, monkeypatch
+) -> None:
+    script = tmp_path / "scontrol"
+    script.write_text('#!/bin/sh\necho "scontrol: error: $FAKE_ERR" >&2\nexit 1\n')
+    script.chmod(0o755)
+    args = {"name": "n1", "state": "drained", "scontrol": str(script)}
+    monkeypatch.setenv(
+        "FAKE_ERR",
+        "_establish_config_source: failed to fetch config; Could not establish a configuration source",
+    )
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 0 and r["managed"] is False and "no Slurm configuration" in r["msg"]
+    rc, r = run_module("fleetops_slurm_node", {**args, "required": True})
+    assert rc == 1
+    monkeypatch.setenv("FAKE_ERR", "Unable to contact slurm controller (connect failure)")
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 1 and "Unable to contact" in r["msg"]
