@@ -16,6 +16,7 @@ OK_EVENTS = ("runner_on_ok", "runner_item_on_ok", "runner_on_async_ok")
 FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed", "runner_on_async_failed")
 SKIPPED_EVENTS = ("runner_on_skipped", "runner_item_on_skipped")
 MAX_MSG = 300
+TALKATIVE = ("fleetops_", "ansible.builtin.debug", "debug", "ansible.builtin.reboot")
 
 
 @dataclass
@@ -122,7 +123,10 @@ class Tracker:
         if kind in OK_EVENTS:
             if kind == "runner_on_ok" and res.get("changed"):
                 record.changed_tasks.append(label)
-                self._line("changed", record.name, f"{label}: {_message(res)}".rstrip(": "))
+                # Our modules say what changed (per GPU, per node); others' messages are noise
+                # ("debconf: delaying package configuration ...").
+                said = _message(res) if str(data.get("task_action", "")).startswith(TALKATIVE) else ""
+                self._line("changed", record.name, f"{label}: {said}" if said else label)
             elif self.verbose and kind == "runner_on_ok":
                 self._line("ok", record.name, label)
         elif kind in FAILED_EVENTS:
@@ -144,7 +148,7 @@ class Tracker:
     def _stats(self, data: dict[str, Any]) -> None:
         keys = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored", "processed")
         self.stats = {k: dict(data.get(k) or {}) for k in keys}
-        names = set()
+        names: set[str] = set()
         for key in keys:
             names.update(self.stats[key])
         for name in sorted(names):

@@ -95,7 +95,16 @@ def test_tracker_prints_changes_and_failures_and_builds_the_summary() -> None:
             host="n1",
             role="nvidia_driver",
             task="Install",
-            res={"changed": True, "msg": "installed"},
+            task_action="ansible.builtin.apt",
+            res={"changed": True, "msg": "debconf: delaying package configuration"},
+        ),
+        _ev(
+            "runner_on_ok",
+            host="n1",
+            role="gpu_power",
+            task="Set the GPU power cap",
+            task_action="fleetops_gpu_set",
+            res={"changed": True, "msg": "power 700 W: changed 1 of 8 GPUs (0: 500 W)"},
         ),
         _ev("runner_on_failed", host="n1", task="Verify", res={"msg": "driver_version is 570.133.20"}),
         _ev(
@@ -107,7 +116,7 @@ def test_tracker_prints_changes_and_failures_and_builds_the_summary() -> None:
         _ev(
             "playbook_on_stats",
             ok={"n1": 5, "n2": 1, "n3": 1},
-            changed={"n1": 1},
+            changed={"n1": 2},
             failures={"n1": 1},
             dark={},
             skipped={},
@@ -117,6 +126,11 @@ def test_tracker_prints_changes_and_failures_and_builds_the_summary() -> None:
     ]
     assert all(t.handle(e) is True for e in events)
     kinds = [k for k, _ in lines]
+    changed = [line for k, line in lines if k == "changed"]
+    assert changed[0].endswith("nvidia_driver : Install") and "debconf" not in changed[0]
+    assert changed[1].endswith(
+        "gpu_power : Set the GPU power cap: power 700 W: changed 1 of 8 GPUs (0: 500 W)"
+    )
     assert kinds.count("play") == 2 and "changed" in kinds and kinds.count("failed") == 2
     assert t.failed_hosts() == ["n1"]
     assert t.not_reached() == ["n2", "n3"]
