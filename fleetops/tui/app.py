@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.worker import get_current_worker
@@ -58,7 +59,6 @@ class FleetApp(App[None]):
         clock: Callable[[], float] = time.time,
         highlight_s: float = 1.5,
         tick_s: float = 1.0,
-        on_exit: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -74,8 +74,7 @@ class FleetApp(App[None]):
         self._inbox_lock = threading.Lock()
         self._posted = False
         self._stop = threading.Event()
-        self._on_exit = on_exit
-        self.refreshes = 0  # rounds of entries applied (tests wait on it)
+        self.last_action: ActionResult | None = None  # the latest action's result (tests read it)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -102,21 +101,11 @@ class FleetApp(App[None]):
         self._stop.set()
         if self.source is not None:
             self.source.close()
-        if self._on_exit is not None:
-            callback, self._on_exit = self._on_exit, None
-            callback()
 
     @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
     def poll(self) -> None:
         worker = get_current_worker()
-        stop = self._stop
-
-        class Stop:
-            @staticmethod
-            def is_set() -> bool:
-                return stop.is_set() or worker.is_cancelled
-
-        self.source.run(Stop, self.deliver)
+        self.source.run(lambda: self._stop.is_set() or worker.is_cancelled, self.deliver)
 
     # --- data in -----------------------------------------------------------------------
 
@@ -138,7 +127,6 @@ class FleetApp(App[None]):
     def feed(self, entries: Iterable[data.NodeEntry]) -> None:
         """Swap in new entries and update what is on screen (main thread)."""
         changed = self.state.update(entries)
-        self.refreshes += 1
         if changed:
             self.refresh_screens(changed)
 
@@ -146,7 +134,10 @@ class FleetApp(App[None]):
         screen = self.screen
         refresh = getattr(screen, "refresh_data", None)
         if refresh is not None:
-            refresh(changed)
+            try:
+                refresh(changed)
+            except NoMatches:  # its widgets are being removed: quitting while data arrives
+                return
         for other in self.screen_stack:
             if other is not screen and hasattr(other, "refresh_data"):
                 other.stale = True  # type: ignore[attr-defined]
@@ -284,8 +275,6 @@ class FleetApp(App[None]):
             entry = self.source.collect(name)
             self.deliver(entry)
             self.call_from_thread(self._report_entry, entry, "after reset")
-
-    last_action: ActionResult | None = None
 
     def action_help(self) -> None:
         from fleetops.tui.screens.help import HelpScreen

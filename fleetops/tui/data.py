@@ -57,7 +57,6 @@ _CHECK_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throttl", ("throttle",)),
     ("clock", ("throttle",)),
     ("mig", ("mig",)),
-    ("process", ("procs",)),
 )
 
 _THROTTLE_SHORT = {
@@ -562,28 +561,17 @@ def _cell_styles(findings: Iterable[model.Finding]) -> dict[str, str]:
 def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
     """Cell text, style and sort value for each GPU column (both GPU tables use these)."""
     gpu = g.gpu
-    styles = _cell_styles(g.findings)
     worst_f = next((f for f in g.findings if f.severity not in ("ok", "info")), None)
-    health = "LOST" if g.lost else g.health.upper()
+    check = worst_f.check if worst_f else ("(lost)" if g.lost else "")
     out: dict[str, tuple[str, str, Any]] = {
         "idx": (str(g.index), "", g.index),
         "uuid": (g.uuid, "", g.uuid),
-        "bus": (g.bus_id, "", g.bus_id),
         "health": (
-            health,
+            "LOST" if g.lost else g.health.upper(),
             "crit" if g.lost else g.health,
             HEALTH_RANK.get(g.health, 0) + (1 if g.lost else 0),
         ),
-        "worst": (
-            fmt_finding(worst_f) if worst_f else "",
-            worst_f.severity if worst_f else "",
-            worst_f.check if worst_f else "",
-        ),
-        "check": (
-            worst_f.check if worst_f else "",
-            worst_f.severity if worst_f else "",
-            worst_f.check if worst_f else "",
-        ),
+        "check": (check, "crit" if g.lost else (worst_f.severity if worst_f else ""), check),
     }
     if gpu is None or g.lost:
         for key in (
@@ -598,13 +586,10 @@ def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
             "nvlink",
             "throttle",
             "mig",
-            "procs",
         ):
             out[key] = ("-", "dim", -1)
-        if g.lost:
-            out["worst"] = (out["worst"][0] or "GPU no longer enumerated by the driver", "crit", "")
-            out["check"] = (out["check"][0] or "(lost)", "crit", "")
         return out
+    styles = _cell_styles(g.findings)
     out.update(
         {
             "temp": (_num(gpu.temp_gpu_c), styles.get("temp", ""), gpu.temp_gpu_c or -1),
@@ -646,7 +631,6 @@ def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
             ),
             "throttle": (fmt_throttle(gpu), styles.get("throttle", ""), fmt_throttle(gpu)),
             "mig": (fmt_mig(gpu), styles.get("mig", ""), fmt_mig(gpu)),
-            "procs": (str(len(gpu.processes or [])), styles.get("procs", ""), len(gpu.processes or [])),
         }
     )
     return out

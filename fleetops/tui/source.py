@@ -144,8 +144,8 @@ class SshSource:
                 )
             ]
 
-    def run(self, stop: threading.Event, deliver: Callable[[data.NodeEntry], None]) -> None:
-        """Keep every host refreshed until ``stop`` is set; ``deliver`` gets each new entry
+    def run(self, should_stop: Callable[[], bool], deliver: Callable[[data.NodeEntry], None]) -> None:
+        """Keep every host refreshed until ``should_stop()``; ``deliver`` gets each new entry
         from a pool thread as soon as it is there."""
         due = {name: 0.0 for name in self.hosts}
         running: set[str] = set()
@@ -155,7 +155,7 @@ class SshSource:
         def one(name: str) -> None:
             try:
                 entry = self.collect(name)
-                if not stop.is_set():
+                if not should_stop():
                     deliver(entry)
             finally:
                 with done_lock:
@@ -163,7 +163,7 @@ class SshSource:
                     due[name] = time.monotonic() + self.interval
                 changed.set()
 
-        while not stop.is_set():
+        while not should_stop():
             now = time.monotonic()
             with done_lock:
                 ready = [n for n, t in due.items() if t <= now and n not in running]
@@ -171,8 +171,8 @@ class SshSource:
                 pending = [t for n, t in due.items() if n not in running]
             for name in ready:
                 self._executor.submit(one, name)
-            wait = max(0.05, min(pending) - now) if pending else 1.0
-            changed.wait(min(wait, 1.0))
+            wait = max(0.05, min(pending) - now) if pending else 0.25
+            changed.wait(min(wait, 0.25))  # short, so a quit is noticed at once
             changed.clear()
 
     # --- actions -----------------------------------------------------------------------

@@ -36,8 +36,8 @@ class FakeSource:
         self.drains: list[str] = []
         self.entries: dict[str, data.NodeEntry] = {}
 
-    def run(self, stop: Any, deliver: Callable[[data.NodeEntry], None]) -> None:
-        while not stop.is_set():
+    def run(self, should_stop: Callable[[], bool], deliver: Callable[[data.NodeEntry], None]) -> None:
+        while not should_stop():
             time.sleep(0.02)
 
     def collect(self, name: str) -> data.NodeEntry:
