@@ -156,3 +156,24 @@ def test_driver_rollout_refuses_loopback_nodes_and_the_failed_canary_stops_it(co
     assert code == cli.EXIT_HOSTS_FAILED
     assert "FAILED: node001" in out and "NOT REACHED (run stopped): node002, node003" in out
     assert "node001 is a loopback simulated node" in out
+
+
+def test_firmware_audit_names_the_node_whose_vbios_drifted(converged, capsys) -> None:
+    """firmware.yml compares VBIOS/InfoROM per GPU model with the baseline through the agent;
+    with gpu_firmware_fail_on_drift the drifted node fails and is named, the others pass."""
+    fleet = converged
+    fleet.inject("node002", "vbios-drift", 6)
+    expected = {"NVIDIA H200": {"vbios_version": "96.00.A5.00.1A", "inforom_image": "G520.0282.02.02"}}
+    try:
+        report, lines = run(fleet, "firmware.yml", gpu_firmware_expected=expected)
+        assert report.ok and report.changed_hosts() == [], "\n".join(lines)
+        strict, lines = run(
+            fleet, "firmware.yml", gpu_firmware_expected=expected, gpu_firmware_fail_on_drift=True
+        )
+        assert strict.failed_hosts == ["node002"], "\n".join(lines)
+        failure = next(line for line in lines if "FAILED" in line)
+        assert "GPU 6" in failure and "vbios_version is 96.00.99.00.01, expected 96.00.A5.00.1A" in failure
+    finally:
+        from fleetops.sim import fleet as simfleet
+
+        simfleet.clear(str(fleet.directory), "node002", "vbios-drift")
