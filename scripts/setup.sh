@@ -9,6 +9,10 @@ command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
   command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+  # the realistic-host tier drains and resumes nodes through a real slurmctld
+  command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+  command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
+  command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
