@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from textual.widgets import DataTable
+
 from fleetops import model
 from fleetops.tui import data, simfeed
 from fleetops.tui.app import FleetApp
@@ -86,7 +88,12 @@ def build(nodes: int, count: int) -> tuple[list[data.NodeEntry], list[list[data.
 
 
 class Naive(FleetTable):
-    """The peer: a refresh that clears the table and adds every row again."""
+    """The peer: a stock DataTable refresh that clears the table and adds every row again
+    (none of FleetTable's render caches or sizing shortcuts)."""
+
+    _render_cell = DataTable._render_cell
+    _render_line_in_row = DataTable._render_line_in_row
+    _update_dimensions = DataTable._update_dimensions
 
     def apply(self, rows: list[data.Row], highlight: bool = True) -> int:
         self._ensure_columns()
@@ -225,9 +232,10 @@ def main() -> int:
         f"main thread: {per_node:.2f} ms; a round of {args.nodes} nodes: {per_node * args.nodes / 1000:.1f} s of CPU"
     )
 
-    total, from_feed = asyncio.run(first_paint(entries))
+    total, from_feed, cpu = asyncio.run(first_paint(entries))
     print(
-        f"first paint: {total * 1000:.0f} ms from app start ({from_feed * 1000:.0f} ms from the feed)  target < 1000 ms"
+        f"first paint: {total * 1000:.0f} ms from app start, {from_feed * 1000:.0f} ms from the feed "
+        f"({cpu * 1000:.0f} ms main-thread CPU)  target < 1000 ms"
     )
 
     cells_nodes = args.nodes * len(data.COLUMNS["nodes"])

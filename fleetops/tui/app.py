@@ -270,7 +270,7 @@ class FleetApp(App[None]):
             self.notify, result.message, severity="information" if result.ok else "error", timeout=10
         )
         self.last_action = result
-        if what == "reset":
+        if what == "reset" and result.ok:
             # what the reset left behind, now rather than at the next round
             entry = self.source.collect(name)
             self.deliver(entry)

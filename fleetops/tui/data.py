@@ -493,7 +493,7 @@ def summarize(
             by_gpu.setdefault(uuid, []).append(f)
     gpus: list[GpuView] = []
     present = set()
-    for g in sorted(snapshot.gpus, key=lambda g: g.index):
+    for g in snapshot.gpus:
         present.add(g.uuid)
         fs = tuple(by_gpu.get(g.uuid, ()))
         gpus.append(GpuView(g.uuid, g.index, g.bus_id, model.worst(f.severity for f in fs), g, fs))
@@ -502,6 +502,9 @@ def summarize(
             fs = tuple(by_gpu.get(old.uuid, ()))
             sev = model.worst([*(f.severity for f in fs), "crit"])
             gpus.append(replace(old, gpu=old.gpu, health=sev, findings=fs, lost=True))
+    # in bus order: a GPU's place does not move when another falls off the bus and the driver
+    # renumbers the rest (a lost GPU keeps its slot)
+    gpus.sort(key=lambda g: g.bus_id)
     xids = []
     seen_keys: dict[str, int] = {}
     for ev in snapshot.xids:
@@ -908,7 +911,8 @@ class FleetState:
 
 
 def detail_gpu_rows(entry: NodeEntry) -> list[Row]:
-    rows = [
+    """The node screen's GPU rows, in bus order like the entry (keyed by UUID)."""
+    return [
         make_row(
             g.uuid,
             gpu_cells(g),
@@ -920,5 +924,3 @@ def detail_gpu_rows(entry: NodeEntry) -> list[Row]:
         )
         for g in entry.gpus
     ]
-    rows.sort(key=lambda r: r.sort[0])
-    return rows

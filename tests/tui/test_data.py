@@ -141,6 +141,9 @@ def test_a_gpu_that_vanished_is_shown_lost_not_dropped() -> None:
     lost = [g for g in after.gpus if g.lost]
     assert len(lost) == 1 and lost[0].uuid == before.gpus[5].uuid
     assert after.gpus_ok == 7 and len(after.gpus) == 8
+    # rows stay in bus order: the lost GPU keeps its slot although the driver renumbered the rest
+    assert [g.uuid for g in after.gpus] == [g.uuid for g in before.gpus]
+    assert [g.index for g in after.gpus] == [0, 1, 2, 3, 4, 5, 5, 6]
 
 
 def test_totals_count_nodes_by_health_and_gpus(fleet: data.FleetState) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Size
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
@@ -262,6 +263,14 @@ class FleetTable(DataTable[Text]):
             self._lines_cache.clear()
         self._lines_cache[key] = (values, lines)
         return lines
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """DataTable measures every cell of every new row to size auto-width columns and
+        auto-height rows (7000 measurements for 1000 nodes). Here every column has a fixed
+        width and every row one line, so only the scrollable size needs setting."""
+        width = sum(column.get_render_width(self) for column in self.columns.values())
+        header = self.header_height if self.show_header else 0
+        self.virtual_size = Size(width, len(self.rows) + header)
 
     def notify_style_update(self) -> None:
         self._cells_cache.clear()
