@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -82,6 +84,15 @@ def drive(
             await body(pilot)
 
     asyncio.run(main())
+
+
+def screen_lines(app: FleetApp) -> list[str]:
+    """The text on the app's screen, line by line, as drawn (from its SVG screenshot)."""
+    svg = app.export_screenshot()
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>', svg):
+        rows.setdefault(float(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
+    return ["".join(t for _, t in sorted(parts)).replace("\xa0", " ") for _, parts in sorted(rows.items())]
 
 
 async def wait_for(

@@ -14,7 +14,7 @@ from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.widgets.fleet_table import FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
-from .conftest import FAULTY, NAMES, FakeSource, drive, fed_app, fed_entries, wait_for
+from .conftest import FAULTY, NAMES, FakeSource, drive, fed_app, fed_entries, screen_lines, wait_for
 
 ENTRIES = fed_entries()
 
@@ -137,6 +137,10 @@ def test_a_refresh_updates_only_changed_cells_lights_them_and_never_clears() -> 
         assert {k for k, _ in lit} == {"node006"}, sorted(lit)  # nothing else changed
         assert lit == {("node006", c) for c in ("health", "gpus", "xids", "worst")}
         assert tbl.last_changed_cells == 5  # and SEEN, which moves with the clock: not lit
+        drawn = next(line for line in screen_lines(app) if "node006" in line)
+        assert "CRIT" in drawn and "7/8" in drawn and "memory.ecc_dbe_volatile" in drawn
+        await pilot.press("down")  # the cursor moves off node010: both rows are drawn anew
+        assert tbl.cursor_key == "node011"
 
     drive(app, body, ENTRIES)
 

@@ -71,6 +71,7 @@ class FleetTable(DataTable[Text]):
         self.last_changed_cells = 0
         self._cells_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self._lines_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._strips_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def _ensure_columns(self) -> None:
         if not self._columns_added:
@@ -264,6 +265,40 @@ class FleetTable(DataTable[Text]):
         self._lines_cache[key] = (values, lines)
         return lines
 
+    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Any:
+        """And one more level up: a whole screen line (the row's cells joined, cropped to the
+        scroll position) is kept on the same terms."""
+        try:
+            row_key, _ = self._get_offsets(y)
+        except LookupError:
+            return super()._render_line(y, x1, x2, base_style)
+        row_index = self._row_locations.get(row_key)
+        if row_index is None or self.cursor_type != "row" or self.fixed_columns:
+            return super()._render_line(y, x1, x2, base_style)
+        values = tuple(self._data[row_key].values())
+        key = (
+            y,
+            x1,
+            x2,
+            self.size.width,
+            row_key,
+            row_index,
+            base_style,
+            self.cursor_coordinate.row == row_index,
+            self.hover_coordinate.row == row_index,
+            self.show_cursor,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        hit = self._strips_cache.get(key)
+        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values)):
+            return hit[1]
+        strip = super()._render_line(y, x1, x2, base_style)
+        if len(self._strips_cache) >= CELL_CACHE_SIZE:
+            self._strips_cache.clear()
+        self._strips_cache[key] = (values, strip)
+        return strip
+
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """DataTable measures every cell of every new row to size auto-width columns and
         auto-height rows (7000 measurements for 1000 nodes). Here every column has a fixed
@@ -275,6 +310,7 @@ class FleetTable(DataTable[Text]):
     def notify_style_update(self) -> None:
         self._cells_cache.clear()
         self._lines_cache.clear()
+        self._strips_cache.clear()
         super().notify_style_update()
 
     @property
