@@ -29,7 +29,9 @@ def register(sub: Any) -> None:
         "--readonly", action="store_true", help="no actions: re-audit, reset, drain and resume are off"
     )
     p.add_argument(
-        "--interval", type=float, default=2.0, help="seconds between collections of a node (default 2)"
+        "--interval",
+        type=float,
+        help="seconds between collections of a node (default: 2, longer for big fleets: 6 ms per node)",
     )
     p.add_argument("--db", help="history database for the node screen (default: the audit's, when it exists)")
     p.add_argument(
@@ -51,6 +53,13 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=8, help="nodes of the simulated fleet (default 8)")
     p.add_argument("--scenario", help="scenario YAML for the simulated fleet (faults, per-node overrides)")
     p.set_defaults(func=run)
+
+
+def default_interval(nodes: int) -> float:
+    """2 s, or longer where parsing and checking every node's answer (about 3 ms of CPU each,
+    bench/tui_refresh.py) would keep the refresh thread busy more than half the time and
+    compete with the screen for the interpreter."""
+    return max(2.0, round(nodes * 0.006, 1))
 
 
 def start_sim(nodes: int, directory: str, scenario: str | None) -> dict[str, Any]:
@@ -86,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("tui: give -i INVENTORY or --sim, not both")
     if not args.sim and not args.inventory:
         raise UsageError("tui: give -i INVENTORY (or --sim for a simulated fleet)")
-    if args.interval <= 0:
+    if args.interval is not None and args.interval <= 0:
         raise UsageError("tui: --interval must be more than 0 seconds")
     sim_dir = None
     restore = _exit_on_hangup()
@@ -131,10 +140,11 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
             raise UsageError(
                 f"{inventory}: no hosts" + (f" match --limit {args.limit}" if args.limit else "")
             )
+        interval = args.interval if args.interval is not None else default_interval(len(hosts))
         source = SshSource(
             hosts,
             baselines,
-            interval=args.interval,
+            interval=interval,
             connect_timeout=args.connect_timeout,
             command_timeout=args.timeout,
             forks=args.forks,
@@ -142,7 +152,7 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
             accept_new_hostkeys=args.accept_new_hostkeys,
             previous=previous_snapshots(store, [h.name for h in hosts]),
         )
-        app = FleetApp(source, readonly=args.readonly, interval=args.interval, where=where, store=store)
+        app = FleetApp(source, readonly=args.readonly, interval=interval, where=where, store=store)
         app.run()
         return 0
     finally:

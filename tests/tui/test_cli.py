@@ -1,0 +1,37 @@
+"""``fleetops tui`` on the command line: what it accepts and refuses before any screen opens."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetops import cli
+from fleetops.tui.cli import default_interval
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tui"],  # neither an inventory nor --sim
+        ["tui", "--sim", "-i", "inventory.yml"],
+        ["tui", "-i", "inventory.yml", "--interval", "0"],
+    ],
+)
+def test_tui_refuses_contradictory_or_missing_input_with_exit_4(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "tui:" in capsys.readouterr().err
+
+
+def test_tui_options_are_registered_with_the_fleetops_command() -> None:
+    args = cli.build_parser().parse_args(
+        ["tui", "-i", "inv.yml", "--readonly", "--interval", "5", "--db", "h.db"]
+    )
+    assert (args.inventory, args.readonly, args.interval, args.db) == ("inv.yml", True, 5.0, "h.db")
+    args = cli.build_parser().parse_args(["tui", "--sim", "--nodes", "12"])
+    assert args.sim and args.nodes == 12 and args.interval is None
+
+
+def test_default_interval_grows_with_the_fleet() -> None:
+    assert default_interval(12) == 2.0
+    assert default_interval(1000) == 6.0
