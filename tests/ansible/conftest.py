@@ -32,6 +32,13 @@ def load_module(name: str) -> Any:
 
 
 @pytest.fixture
+def library_module():
+    """Load a module from playbooks/library (tests import no conftest by name: several
+    conftest.py files exist and which one `import conftest` finds depends on test order)."""
+    return load_module
+
+
+@pytest.fixture
 def run_module(capsys: pytest.CaptureFixture[str]):
     """Run a library module in-process: returns (exit code, result dict)."""
     from ansible.module_utils.testing import patch_module_args

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
-from conftest import AGENT
-
 from fleetops.gpu import sim
+
+AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 
 
 def _limits(path: str) -> list[float]:
@@ -165,10 +167,8 @@ def test_slurm_without_scontrol_is_reported_not_failed(run_module, tmp_path: Pat
     assert rc == 1
 
 
-def test_slurm_parse_node_strips_the_stamp_and_later_keys() -> None:
-    from conftest import load_module
-
-    mod = load_module("fleetops_slurm_node")
+def test_slurm_parse_node_strips_the_stamp_and_later_keys(library_module) -> None:
+    mod = library_module("fleetops_slurm_node")
     state, reason = mod.parse_node(
         "NodeName=g1 State=MIXED+DRAIN Reason=fleetops driver rollout [root@2026-12-02T10:00:00] Comment=x"
     )
