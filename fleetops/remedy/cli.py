@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, host: Any, argv: list[str], timeout: float) -
     )[host.name]
 
 
-def _agent_doc(result: Any) -> tuple[dict[str, Any] | None, str | None]:
+def agent_doc(result: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The agent's JSON answer (also on a refusal, exit 1), or why there is none."""
     text = (result.stdout or "").strip()
     if text:
@@ -137,7 +137,7 @@ def resolve_gpu(args: argparse.Namespace, host: Any, selector: str) -> dict[str,
     """{"uuid", "bus_id", "index", "name"} of the node's GPU named by UUID, bus id or index."""
     text = selector.strip()
     result = _run(args, host, _agent_argv(host, "collect"), args.connect_timeout + 60)
-    doc, why = _agent_doc(result) if result.ok else (None, _agent_doc(result)[1])
+    doc, why = agent_doc(result) if result.ok else (None, agent_doc(result)[1])
     if doc is None:
         if text.isdigit():
             raise _usage(f"{host.name}: cannot resolve GPU index {text} to a UUID: collect failed: {why}")
@@ -167,7 +167,7 @@ def resolve_gpu(args: argparse.Namespace, host: Any, selector: str) -> dict[str,
     return {"uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "name": gpu.name}
 
 
-def _reset_argv(host: Any, gpu: dict[str, Any], dry_run: bool, kill: bool, selector: str) -> list[str]:
+def reset_argv(host: Any, gpu: dict[str, Any], dry_run: bool, kill: bool, selector: str) -> list[str]:
     target = gpu.get("uuid") or gpu.get("bus_id") or selector
     argv = ["reset", "--gpu", target, "--json"]
     if gpu.get("uuid") and gpu.get("bus_id"):
@@ -223,8 +223,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not answer:
             sys.stderr.write("not confirmed: nothing done\n")
             return 1
-    result = _run(args, host, _reset_argv(host, gpu, args.dry_run, args.kill_processes, args.gpu), args.timeout)
-    doc, why = _agent_doc(result)
+    result = _run(args, host, reset_argv(host, gpu, args.dry_run, args.kill_processes, args.gpu), args.timeout)
+    doc, why = agent_doc(result)
     if doc is None:
         sys.stderr.write(f"fleetops: reset on {host.name} failed: {why}\n")
         return 1
@@ -276,9 +276,9 @@ def _findings(args: argparse.Namespace, hosts: list[Any], inv: str) -> tuple[lis
 
 def _reset_one(args: argparse.Namespace, host: Any, item: plan_mod.Item, dry_run: bool) -> dict[str, Any]:
     gpu = item.gpu or {}
-    argv = _reset_argv(host, gpu, dry_run, args.kill_processes, str(gpu.get("uuid")))
+    argv = reset_argv(host, gpu, dry_run, args.kill_processes, str(gpu.get("uuid")))
     result = _run(args, host, argv, args.timeout)
-    doc, why = _agent_doc(result)
+    doc, why = agent_doc(result)
     out = {"node": host.name, "gpu": gpu, "dry_run": dry_run}
     if doc is None:
         out.update(result="error", message=why, remedy=None)

@@ -190,8 +190,8 @@ class SshSource:
 
         host = self.hosts[name]
         gpu = {"uuid": uuid, "bus_id": bus_id}
-        result = self.run_on(name, remedy._reset_argv(host, gpu, dry_run=False, kill=True, selector=uuid))
-        doc, why = remedy._agent_doc(result)
+        result = self.run_on(name, remedy.reset_argv(host, gpu, dry_run=False, kill=True, selector=uuid))
+        doc, why = remedy.agent_doc(result)
         if doc is None:
             return ActionResult(False, f"{name}: reset of {uuid} failed: {why}")
         ok = result.ok and doc.get("result") == "reset"
