@@ -39,9 +39,7 @@ class AuditResult:
         counts = {sev: 0 for sev in model.SEVERITIES}
         for f in self.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
-        per_node: dict[str, str] = {n.name: "ok" for n in self.nodes}
-        for f in self.findings:
-            per_node[f.node] = model.worst([per_node.get(f.node, "ok"), f.severity])
+        per_node = self.node_severity()
         node_counts = {sev: 0 for sev in model.SEVERITIES}
         for sev in per_node.values():
             node_counts[sev] += 1
