@@ -1,0 +1,45 @@
+"""One error base class and one exit-code table for every ``fleetops`` command."""
+
+from __future__ import annotations
+
+# The exit codes of every ``fleetops`` command (documented in the README and docs/reference).
+EXIT_OK = 0
+EXIT_WARN = 1  # audit: warnings; actions: the action failed or was refused
+EXIT_CRIT = 2  # audit: critical findings; rollout: the run itself failed
+EXIT_UNKNOWN = 3  # audit: only unknowns (unreachable hosts)
+EXIT_USAGE = 4  # usage or input error: nothing was done
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_WARN: "warnings (audit) / the action failed or was refused",
+    EXIT_CRIT: "critical findings (audit) / the run failed (rollout)",
+    EXIT_UNKNOWN: "only unknowns, e.g. unreachable hosts (audit)",
+    EXIT_USAGE: "usage or input error; nothing was done",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+class FleetopsError(Exception):
+    """Base of every error a front end shows the operator: a message naming the file, host or
+    field, and the exit code the command ends with."""
+
+    exit_code = EXIT_WARN
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(FleetopsError):
+    """Bad input (flags, inventory, baseline, selector): refused before anything acts."""
+
+    exit_code = EXIT_USAGE
+
+
+class Refused(FleetopsError):
+    """A precondition failed: the action was not sent."""
+
+    exit_code = EXIT_WARN
