@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 WRAPPER_KEY = "fleetops_baseline"
 
@@ -338,7 +338,7 @@ class Baseline:
 # --- YAML with line numbers ------------------------------------------------------------
 
 
-class _LineDict(dict):
+class _LineDict(dict[Any, Any]):
     """A mapping from YAML that remembers the line (1-based) of each of its keys."""
 
     __slots__ = ("duplicates", "key_lines", "line")
@@ -382,13 +382,13 @@ def _key_line(mapping: Any, key: Any) -> int | None:
     """Line of ``key`` in ``mapping``: from our loader, or from Ansible's position tags."""
     lines = getattr(mapping, "key_lines", None)
     if lines and key in lines:
-        return lines[key]
+        return int(lines[key])
     pos = getattr(key, "ansible_pos", None)  # ansible-core < 2.19
     if isinstance(pos, tuple) and len(pos) >= 2 and isinstance(pos[1], int):
         return pos[1]
     if "ansible" in sys.modules:  # ansible-core >= 2.19 data tagging; never import it ourselves
         try:
-            from ansible._internal._datatag._tags import Origin  # type: ignore[import-not-found]
+            from ansible._internal._datatag._tags import Origin
 
             origin = Origin.get_tag(key)
             if origin is not None and origin.line_num is not None:
@@ -433,7 +433,7 @@ class _Validator:
         self.source = source
         self.origins: dict[str, tuple[str, int | None]] = {}
 
-    def fail(self, path: str, problem: str, line: int | None) -> None:
+    def fail(self, path: str, problem: str, line: int | None) -> NoReturn:
         raise BaselineError(self.source, path, problem, line)
 
     def mapping(self, data: Any, schema_parent: str, shown_parent: str, line: int | None) -> dict[str, Any]:
@@ -448,6 +448,7 @@ class _Validator:
             kline = _key_line(data, key)
             if not isinstance(key, str):
                 self.fail(_fmt_path(shown_parent, str(key)), f"keys are text, got {_type_name(key)}", kline)
+            spec: SchemaKey | None
             if "*" in children:
                 spec = children["*"]
                 shown = _fmt_path(shown_parent, key)

@@ -359,7 +359,7 @@ def _make_converter(tp: Any) -> Converter:
             return {str(k): conv(v, f"{path}.{k}") for k, v in value.items()}
 
         return as_dict
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp)
     if tp is Any:
         return lambda value, path: value

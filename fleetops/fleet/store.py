@@ -147,7 +147,8 @@ class Store:
 
     def audits(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[AuditRow]:
         sql = "SELECT id, started_at, duration_s, inventory, worst, exit_code, summary FROM audits"
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | float | int] = []
         if node:
             where.append("id IN (SELECT audit_id FROM snapshots WHERE node = ?)")
             args.append(node)
@@ -162,7 +163,8 @@ class Store:
         return [AuditRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
 
     def findings(self, audit_id: int, node: str | None = None) -> list[model.Finding]:
-        sql, args = "SELECT finding FROM findings WHERE audit_id = ?", [audit_id]
+        sql = "SELECT finding FROM findings WHERE audit_id = ?"
+        args: list[str | int] = [audit_id]
         if node:
             sql += " AND node = ?"
             args.append(node)

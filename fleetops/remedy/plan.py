@@ -229,19 +229,20 @@ def build(findings: Iterable[model.Finding], node_order: list[str] | None = None
     names += sorted(n for n in set(per_node) | set(unknown) if n not in names)
     nodes = []
     for name in names:
-        items = list(per_node.get(name, {}).values())
-        if not items and name not in unknown:
+        node_items = sorted(
+            per_node.get(name, {}).values(), key=lambda i: (i.gpu is None, (i.gpu or {}).get("index", -1))
+        )
+        if not node_items and name not in unknown:
             continue
-        items.sort(key=lambda i: (i.gpu is None, (i.gpu or {}).get("index", -1)))
         node_action = "none"
-        for item in items:
-            if item.action in NODE_ACTIONS and RANK[item.action] > RANK[node_action]:
-                node_action = item.action
+        for it in node_items:
+            if it.action in NODE_ACTIONS and RANK[it.action] > RANK[node_action]:
+                node_action = it.action
         if node_action == "reboot_node":
-            for item in items:
-                if item.action == "reset_gpu":
-                    item.superseded_by = "reboot_node"
-        nodes.append(NodePlan(name, node_action, items, unknown.get(name, [])))
+            for it in node_items:
+                if it.action == "reset_gpu":
+                    it.superseded_by = "reboot_node"
+        nodes.append(NodePlan(name, node_action, node_items, unknown.get(name, [])))
     return Plan(nodes)
 
 

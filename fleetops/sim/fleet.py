@@ -404,7 +404,7 @@ def _resolve_node(fleet: dict[str, Any], node: str | int) -> str:
     if key in nodes:
         return key
     if key.isdigit() and 1 <= int(key) <= len(names):
-        return names[int(key) - 1]
+        return str(names[int(key) - 1])
     shown = ", ".join(names[:4]) + (f", ... {names[-1]}" if len(names) > 4 else "")
     raise SimFleetError(f"unknown node {key!r} in {fleet['directory']}; known: {shown} ({len(names)} nodes)")
 
@@ -587,7 +587,7 @@ def up(
 
         for name, address in zip(names, addrs):
             home = os.path.join(directory, "home", name)
-            node = {
+            node: dict[str, Any] = {
                 "address": address,
                 "port": port,
                 "state": os.path.join(directory, "state", f"{name}.json"),
@@ -650,7 +650,7 @@ def _node_status(entry: dict[str, Any]) -> str:
     pid = entry.get("pid")
     if not _is_our_sshd(pid, entry["config"]):
         return "down"
-    return "hung" if _stopped(pid) else "up"
+    return "hung" if pid is not None and _stopped(pid) else "up"
 
 
 def status(directory: str) -> list[dict[str, Any]]:
