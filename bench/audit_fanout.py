@@ -20,12 +20,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fleetops.sim import fleet  # noqa: E402
+from fleetops.sim import fleet
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     return time.perf_counter() - t0, proc.returncode, proc.stdout[-300:] + proc.stderr[-300:]
 
 

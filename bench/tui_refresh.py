@@ -80,7 +80,7 @@ def build(nodes: int, count: int) -> tuple[list[data.NodeEntry], list[list[data.
             fault = FAULTS[(i + r) % len(FAULTS)]
             node = simfeed.clone_node(faulty[fault] if e.health == "ok" else healthy, e.name)
             new = data.summarize(e.name, node, simfeed.findings(node), simfeed.T0 + r, e)
-            changed += sum(a != b for a, b in zip(node_cells(e), node_cells(new)))
+            changed += sum(a != b for a, b in zip(node_cells(e), node_cells(new), strict=True))
             batch.append(new)
             latest[i] = new
         rounds.append(batch)
@@ -101,7 +101,7 @@ class Naive(FleetTable):
         self._shown = {r.key: r for r in rows}
         self._order = [r.key for r in rows]
         for r in rows:
-            self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles)), key=r.key)
+            self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles, strict=True)), key=r.key)
         return len(rows) * len(self.spec)
 
 

@@ -367,7 +367,7 @@ def _make_loader(source: str) -> type:
             try:
                 hash(key)
             except TypeError:
-                raise BaselineError(source, "", f"a mapping key must be a plain value, got {key!r}", line)
+                raise BaselineError(source, "", f"a mapping key must be a plain value, got {key!r}", line) from None
             if key in data.key_lines:  # reported by the validator, which knows the key path
                 data.duplicates.setdefault(key, (line, data.key_lines[key]))
                 continue

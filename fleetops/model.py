@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetops.schema import SCHEMA_ID, SCHEMA_VERSION  # noqa: F401  (re-exported)
+
 FINDINGS_SCHEMA_ID = "fleetops.audit/v1"
 
 SEVERITIES = ("ok", "info", "unknown", "warn", "crit")

@@ -85,7 +85,7 @@ def run_playbook(
     """Run ``playbooks/<playbook>`` and return per-host results. ``emit(kind, line)`` gets each
     progress line as it happens."""
     try:
-        import ansible_runner  # type: ignore[import-untyped]
+        import ansible_runner
     except ImportError as exc:  # pragma: no cover - a dependency of the package
         raise RolloutError("ansible-runner is not installed: pip install ansible-runner") from exc
 

@@ -585,7 +585,7 @@ def up(
         _write_atomic(fleet["authorized_keys"], client_pub + "\n", 0o600)
         host_key_text = " ".join(host_pub.split()[:2])
 
-        for name, address in zip(names, addrs):
+        for name, address in zip(names, addrs, strict=True):
             home = os.path.join(directory, "home", name)
             node: dict[str, Any] = {
                 "address": address,

@@ -433,7 +433,7 @@ def _keypair(directory: Path) -> Path:
 
 def _start(host: Host, repo: Path) -> None:
     """Boot the host; a reboot inside (exit 133) boots it again, as systemd-nspawn@.service does."""
-    log = open(host.directory / "console.log", "ab")  # noqa: SIM115 - the child keeps it
+    log = open(host.directory / "console.log", "ab")
     nspawn = (
         f"systemd-nspawn -q -D {host.root} -b --register=no --keep-unit --machine=fo-{host.name} "
         f"--hostname={host.name} --bind-ro={repo}:{REPO_IN_HOST}"
@@ -553,7 +553,7 @@ def _slurm_up(directory: Path, base: Path, hosts: list[Host]) -> Slurm:
         ]
     )  # fmt: skip
     slurm = Slurm(sdir, conf, wrapper, munged_pid=int(pidfile.read_text().strip()))
-    log = open(sdir / "log" / "slurmctld.out", "ab")  # noqa: SIM115 - the child keeps it
+    log = open(sdir / "log" / "slurmctld.out", "ab")
     slurm.ctld = subprocess.Popen(
         [shutil.which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(conf)],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

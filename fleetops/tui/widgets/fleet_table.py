@@ -124,7 +124,7 @@ class FleetTable(DataTable[Text]):
             if old is r:
                 continue
             if old is None:
-                self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles)), key=r.key)
+                self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles, strict=True)), key=r.key)
                 self._order.append(r.key)
             elif old.cells != r.cells or old.styles != r.styles:
                 for i, col in enumerate(self.spec):
@@ -159,7 +159,7 @@ class FleetTable(DataTable[Text]):
         self._order = [r.key for r in rows]
         self._lit.clear()
         for r in rows:
-            self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles)), key=r.key)
+            self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles, strict=True)), key=r.key)
         self._restore_cursor(keep)
 
     def _restore_cursor(self, key: str | None) -> None:
@@ -257,7 +257,7 @@ class FleetTable(DataTable[Text]):
             self._pseudo_class_state,
         )
         hit = self._lines_cache.get(key)
-        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values)):
+        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values, strict=True)):
             return hit[1]
         lines = super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
         if len(self._lines_cache) >= CELL_CACHE_SIZE:
@@ -291,7 +291,7 @@ class FleetTable(DataTable[Text]):
             self._pseudo_class_state,
         )
         hit = self._strips_cache.get(key)
-        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values)):
+        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values, strict=True)):
             return hit[1]
         strip = super()._render_line(y, x1, x2, base_style)
         if len(self._strips_cache) >= CELL_CACHE_SIZE:
