@@ -2,6 +2,13 @@
 
 The latest reachable snapshot of each node feeds the growth and rate checks of the next audit;
 ``diff`` tells which findings are new, resolved or persisting between two audits.
+
+The layout is versioned with ``PRAGMA user_version`` and migrated forward on open (a database
+from a newer fleetops is refused, not guessed at). Snapshots are stored zlib-compressed, and
+audits older than the retention window (``keep_s``, 30 days by default) are pruned on write
+with their snapshots and findings, the freed pages handed back by incremental vacuum, so the
+file stays bounded: a fleet audited every few minutes writes thousands of node snapshots an
+hour. Sizes and timings: bench/store.py, bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -10,12 +17,20 @@ import json
 import os
 import sqlite3
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
 
-SCHEMA = """
+# Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
+# 2 stores snapshots compressed with their schema id beside them and vacuums incrementally.
+LAYOUT_VERSION = 2
+DEFAULT_KEEP_S = 30 * 86400.0
+_ZLIB_LEVEL = 6  # level 9 saves under 1 % more on snapshots and costs a third more time
+
+TABLES = """
 CREATE TABLE IF NOT EXISTS audits (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     started_at REAL NOT NULL,
@@ -25,13 +40,15 @@ CREATE TABLE IF NOT EXISTS audits (
     exit_code INTEGER NOT NULL,
     summary TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS audits_started ON audits(started_at);
 CREATE TABLE IF NOT EXISTS snapshots (
     audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
     node TEXT NOT NULL,
     reachable INTEGER NOT NULL,
     error TEXT,
     collected_at REAL,
-    snapshot TEXT,
+    snapshot BLOB,
+    schema TEXT,
     PRIMARY KEY (audit_id, node)
 );
 CREATE INDEX IF NOT EXISTS snapshots_node ON snapshots(node, audit_id);
@@ -59,6 +76,57 @@ class StoreError(Exception):
     pass
 
 
+def encode_snapshot(node: model.Node) -> bytes:
+    return zlib.compress(model.node_to_json(node).encode(), _ZLIB_LEVEL)
+
+
+def decode_snapshot(value: bytes | str) -> model.Node:
+    """A stored snapshot (compressed, or text from a layout-1 row) as a Node; SchemaError if its
+    schema is not one this release reads."""
+    if isinstance(value, bytes):
+        try:
+            text = zlib.decompress(value).decode()
+        except (zlib.error, UnicodeDecodeError) as exc:
+            raise model.SchemaError(f"snapshot: stored data is damaged ({exc})") from exc
+    else:
+        text = value
+    return model.node_from_json(text)
+
+
+def _schema_of(text: str) -> str | None:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if isinstance(schema, str) else None
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """Compress every snapshot and record its schema id (in batches: a year of a big fleet)."""
+    db.execute("ALTER TABLE snapshots ADD COLUMN schema TEXT")
+    last = (-1, "")
+    while True:
+        rows = db.execute(
+            """SELECT audit_id, node, snapshot FROM snapshots WHERE (audit_id, node) > (?, ?)
+               ORDER BY audit_id, node LIMIT 2000""",
+            last,
+        ).fetchall()
+        if not rows:
+            break
+        updates = []
+        for audit_id, node, text in rows:
+            if isinstance(text, str):
+                updates.append((zlib.compress(text.encode(), _ZLIB_LEVEL), _schema_of(text), audit_id, node))
+        db.executemany("UPDATE snapshots SET snapshot = ?, schema = ? WHERE audit_id = ? AND node = ?", updates)
+        last = (rows[-1][0], rows[-1][1])
+    db.execute("CREATE INDEX IF NOT EXISTS audits_started ON audits(started_at)")
+
+
+# from layout N to N+1; each runs inside one transaction
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_1_to_2}
+
+
 @dataclass
 class AuditRow:
     id: int
@@ -71,17 +139,65 @@ class AuditRow:
 
 
 class Store:
-    def __init__(self, path: str | None = None) -> None:
+    """``keep_s``: audits older than this are pruned when one is written (``None``: keep all)."""
+
+    def __init__(self, path: str | None = None, keep_s: float | None = DEFAULT_KEEP_S) -> None:
         self.path = path or default_path()
+        self.keep_s = keep_s
+        # node -> why its latest snapshot could not be read (set by previous_snapshots)
+        self.unreadable: dict[str, str] = {}
+        self.migrated_from: int | None = None
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(folder, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA foreign_keys=ON")
-            self.db.executescript(SCHEMA)
+            self._open_layout()
+            self.db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open history database: {exc}") from exc
+
+    def _open_layout(self) -> None:
+        db = self.db
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if version == LAYOUT_VERSION:
+            return
+        if version > LAYOUT_VERSION:
+            raise StoreError(
+                f"{self.path}: history layout {version} was written by a newer fleetops "
+                f"(this one reads up to {LAYOUT_VERSION}); upgrade fleetops or use another --db"
+            )
+        if version == 0 and not self._has_tables():
+            # before the first table: incremental vacuum is fixed when the file is laid out
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
+        try:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version == 0 and not self._has_tables():
+                for statement in TABLES.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            elif version < LAYOUT_VERSION:
+                start = version = version or 1  # layout 1 never set user_version
+                while version < LAYOUT_VERSION:
+                    MIGRATIONS[version](db)
+                    version += 1
+                self.migrated_from = start
+            db.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        if self.migrated_from is not None:
+            # an old file: switching to incremental vacuum takes one full VACUUM, once
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("VACUUM")
+
+    def _has_tables(self) -> bool:
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshots'").fetchone() is not None
+
+    def _transaction(self) -> Any:
+        return _Transaction(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -97,14 +213,15 @@ class Store:
     def record(self, result: Any, exit_code: int) -> int:
         """Write one ``AuditResult`` in a single transaction; returns the audit id."""
         summary = result.summary()
-        with self.db:
+        with self._transaction():
             cur = self.db.execute(
                 "INSERT INTO audits (started_at, duration_s, inventory, worst, exit_code, summary) VALUES (?,?,?,?,?,?)",
                 (result.started_at, result.duration_s, result.inventory, summary["worst"], exit_code, json.dumps(summary)),
             )
             audit_id = int(cur.lastrowid or 0)
             self.db.executemany(
-                "INSERT INTO snapshots (audit_id, node, reachable, error, collected_at, snapshot) VALUES (?,?,?,?,?,?)",
+                "INSERT INTO snapshots (audit_id, node, reachable, error, collected_at, snapshot, schema)"
+                " VALUES (?,?,?,?,?,?,?)",
                 [
                     (
                         audit_id,
@@ -112,7 +229,8 @@ class Store:
                         1 if n.snapshot is not None else 0,
                         n.error,
                         n.snapshot.collected_at if n.snapshot else None,
-                        model.node_to_json(n.snapshot) if n.snapshot else None,
+                        encode_snapshot(n.snapshot) if n.snapshot else None,
+                        n.snapshot.schema if n.snapshot else None,
                     )
                     for n in result.nodes
                 ],
@@ -121,13 +239,32 @@ class Store:
                 "INSERT INTO findings (audit_id, node, key, severity, finding) VALUES (?,?,?,?,?)",
                 [(audit_id, f.node, f.key, f.severity, json.dumps(f.to_dict())) for f in result.findings],
             )
+        self.prune(now=time.time(), spare=audit_id)
         return audit_id
+
+    def prune(self, now: float | None = None, spare: int | None = None) -> int:
+        """Delete audits older than the retention window (with their snapshots and findings) and
+        hand the freed pages back to the file system; returns how many audits went. The audit
+        ``spare`` (the one just written) is kept whatever its start time."""
+        if self.keep_s is None:
+            return 0
+        cutoff = (time.time() if now is None else now) - self.keep_s
+        with self._transaction():
+            cur = self.db.execute("DELETE FROM audits WHERE started_at < ? AND id != ?", (cutoff, spare or -1))
+            gone = cur.rowcount
+        if gone:
+            # executescript steps the pragma to the end (execute() frees only its first page)
+            self.db.executescript("PRAGMA incremental_vacuum;")
+        return gone
 
     # --- reading ---------------------------------------------------------------------
 
     def previous_snapshots(self, nodes: list[str]) -> dict[str, model.Node]:
-        """The latest snapshot of each node that had one."""
+        """The latest snapshot of each node that had one. A node whose latest snapshot this
+        release cannot read (another schema, damaged) is left out and named in ``unreadable``
+        with the reason, so the caller can say its rate checks have no baseline this time."""
         out: dict[str, model.Node] = {}
+        self.unreadable = {}
         for chunk_start in range(0, len(nodes), 500):
             chunk = nodes[chunk_start : chunk_start + 500]
             marks = ",".join("?" * len(chunk))
@@ -138,11 +275,11 @@ class Store:
                     ON s.node = last.node AND s.audit_id = last.a""",
                 chunk,
             ).fetchall()
-            for node, text in rows:
+            for node, value in rows:
                 try:
-                    out[node] = model.node_from_json(text)
-                except model.SchemaError:
-                    continue  # an older schema: no previous snapshot rather than a crash
+                    out[node] = decode_snapshot(value)
+                except model.SchemaError as exc:
+                    self.unreadable[node] = str(exc)
         return out
 
     def audits(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[AuditRow]:
@@ -210,12 +347,38 @@ class Store:
         return [(r[0], r[1], bool(r[2]), r[3]) for r in rows]
 
 
+class _Transaction:
+    """BEGIN ... COMMIT on a connection in autocommit mode (the layout code needs that mode for
+    PRAGMAs and VACUUM); rolls back on any exception."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_keep(text: str) -> float | None:
+    """``30d``, ``12h``, ``2w`` ... as seconds; ``0``, ``all`` or ``forever``: keep everything."""
+    t = text.strip().lower()
+    if t in ("0", "all", "forever"):
+        return None
+    if t and t[-1] in _UNITS and t[:-1].replace(".", "", 1).isdigit() and float(t[:-1]) > 0:
+        return float(t[:-1]) * _UNITS[t[-1]]
+    raise StoreError(f"--keep {text!r}: use 30d, 12h, 2w, or 'forever'")
+
+
 def parse_since(text: str) -> float:
     """``2h``, ``30m``, ``7d``, ``90s`` ago, or an ISO date/time, to epoch seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     text = text.strip()
-    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(text[:-1]) * units[text[-1]]
+    if text and text[-1] in _UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * _UNITS[text[-1]]
     from datetime import datetime
 
     try:
