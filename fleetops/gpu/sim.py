@@ -14,9 +14,10 @@ Two kinds of fault:
   process) are overlaid on the stored values each time a snapshot is taken; counters that
   should grow (SBE storm, PCIe replays, NVLink CRC) grow with the time since injection.
 
-The default scenario is an 8x H200 HGX node modelled on the capture in
-``shared/reference/h200``: same driver, VBIOS, InfoROM, limits and value shapes, with 18
-NVLinks per GPU through NVSwitch.
+The default scenario is an 8x H200 HGX node modelled on the real H200 captured in
+``tests/fixtures/h200``: same driver, VBIOS, InfoROM, limits, thresholds and the counts a healthy
+GPU shows (lifetime corrected ECC, two remapped rows), with 18 NVLinks per GPU through NVSwitch
+where that passthrough VM reported NVLink as Not Supported.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ DEFAULT_GPU: dict[str, Any] = {
     "power_enforced_limit_w": 700.0,
     "temp_gpu_c": 36.0,
     "temp_memory_c": 36.0,
-    "temp_slowdown_c": 87.0,
-    "temp_shutdown_c": 93.0,
+    "temp_slowdown_c": 89.0,
+    "temp_shutdown_c": 95.0,
     "temp_memory_max_c": 95.0,
     "clock_sm_mhz": 345,
     "clock_sm_max_mhz": 1980,
@@ -85,9 +86,9 @@ DEFAULT_GPU: dict[str, Any] = {
     "ecc_mode_pending": True,
     "ecc_corrected_volatile": 0,
     "ecc_uncorrected_volatile": 0,
-    "ecc_corrected_aggregate": 0,
+    "ecc_corrected_aggregate": 289,
     "ecc_uncorrected_aggregate": 0,
-    "remapped_rows_corrected": 0,
+    "remapped_rows_corrected": 2,
     "remapped_rows_uncorrected": 0,
     "remapped_rows_pending": False,
     "remapped_rows_failure": False,

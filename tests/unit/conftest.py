@@ -1,6 +1,6 @@
 """Fixtures for the baseline and checks tests: simulator nodes as ``model.Node``, a baseline
 that matches the simulator's default node, and a node shaped like the real H200 passthrough VM
-(``shared/reference/h200``)."""
+(``tests/fixtures/h200``)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def sim_baseline() -> baseline.Baseline:
 
 
 def passthrough_h200(reason: str = "NotSupported") -> model.Node:
-    """One H200 passed through to a VM, as the real capture reports it: NVLink, NUMA, retired
-    pages and fabric state unreadable (``reason``); remapped rows unreadable too."""
+    """One H200 passed through to a VM, with the real capture's values: NVLink, NUMA, retired
+    pages and fabric state unreadable (``reason``). Remapped rows are unreadable too, which the
+    capture's GPU did report (2 corrected): the stricter case, a VM that hides them as well."""
     unsupported = [
         "nvlinks", "numa_node", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
         "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending", "remapped_rows_failure",
@@ -82,10 +83,10 @@ def passthrough_h200(reason: str = "NotSupported") -> model.Node:
         serial="1654024197156", vbios_version="96.00.A5.00.1A", inforom_image="G520.0282.02.02",
         gsp_firmware="580.159.04", persistence_mode=True, compute_mode="Default", power_draw_w=77.7,
         power_limit_w=700.0, power_default_limit_w=700.0, power_min_limit_w=200.0, power_max_limit_w=700.0,
-        power_enforced_limit_w=700.0, temp_gpu_c=36.0, temp_memory_c=36.0, temp_slowdown_c=87.0,
-        temp_shutdown_c=93.0, temp_memory_max_c=95.0, clock_sm_mhz=345, clock_sm_max_mhz=1980,
+        power_enforced_limit_w=700.0, temp_gpu_c=36.0, temp_memory_c=36.0, temp_slowdown_c=89.0,
+        temp_shutdown_c=95.0, temp_memory_max_c=95.0, clock_sm_mhz=345, clock_sm_max_mhz=1980,
         clocks_event_mask=0x1, clocks_event_reasons=["gpu_idle"], ecc_mode_current=True, ecc_mode_pending=True,
-        ecc_corrected_volatile=0, ecc_uncorrected_volatile=0, ecc_corrected_aggregate=0,
+        ecc_corrected_volatile=0, ecc_uncorrected_volatile=0, ecc_corrected_aggregate=289,
         ecc_uncorrected_aggregate=0, pcie_gen_current=5, pcie_gen_max=5, pcie_width_current=16,
         pcie_width_max=16, pcie_replay_counter=0, mig_mode_current=False, mig_mode_pending=False,
         processes=[], recovery_action="none",

@@ -45,9 +45,9 @@ def test_throttle_reasons_decoded_from_the_mask_when_names_are_missing(sim_node)
 
 def test_temperature_within_margin_of_slowdown_warns_and_above_is_crit(sim_node):
     node = sim_node()
-    node.gpus[0].temp_gpu_c = 83.0  # slowdown 87, margin 5
-    node.gpus[1].temp_gpu_c = 87.0
-    node.gpus[2].temp_gpu_c = 81.0
+    node.gpus[0].temp_gpu_c = 84.0  # slowdown 89 (the real H200's), margin 5
+    node.gpus[1].temp_gpu_c = 89.0
+    node.gpus[2].temp_gpu_c = 83.0
     found = {f.gpu["index"]: f.severity for f in run_node_checks(node, None, None)}
     assert found == {0: "warn", 1: "crit"}
 

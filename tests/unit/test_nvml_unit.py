@@ -1,7 +1,8 @@
 """The NVML backend without a GPU: pynvml's functions are replaced by fakes.
 
-The default fake answers like the real H200 passthrough VM in shared/reference/h200
-(h200_nvml.json): the values below are that capture's, and every getter that answered
+The default fake answers like the real H200 passthrough VM captured in tests/fixtures/h200
+(h200_nvml.json, and h200_nvsmi_q.xml for what the probe did not read): the values below are that
+capture's (test_checks_on_h200_capture checks them against it), and every getter that answered
 "Not Supported" there (NVLink, NUMA node, retired pages, fan, fabric) raises NotSupported here.
 Any pynvml function the fake does not define raises, and the test fails on the reason it leaves.
 """
@@ -55,7 +56,8 @@ def h200(index: int = 0, bus: str = "00000000:00:06.0") -> dict:
         "constraints": [200000, 700000],
         "enforced": 700000,
         "temp": 36,
-        "thresholds": {0: 93, 1: 87, 2: 95},
+        # shutdown, slowdown: the XML's T.Limit margins in degrees; HBM maximum: not in the capture
+        "thresholds": {0: 95, 1: 89, 2: 95},
         "clocks": {1: 345, 2: 3201},
         "max_clocks": {1: 1980, 2: 3201},
         "events": 0x1,
@@ -71,7 +73,7 @@ def h200(index: int = 0, bus: str = "00000000:00:06.0") -> dict:
             pynvml.NVML_FI_DEV_MEMORY_TEMP: (0, 1, 36),
             pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (0, 3, 0),
             pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (0, 3, 0),
-            pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (0, 3, 0),
+            pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (0, 3, 289),  # lifetime, on a healthy GPU
             pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (0, 3, 0),
             pynvml.NVML_FI_DEV_REMAPPED_COR: (0, 3, 2),
             pynvml.NVML_FI_DEV_REMAPPED_UNC: (0, 3, 0),
@@ -441,7 +443,7 @@ def test_reference_h200_vm(monkeypatch):
     assert (g.power_default_limit_w, g.power_min_limit_w, g.power_max_limit_w) == (700.0, 200.0, 700.0)
     assert g.power_enforced_limit_w == 700.0
     assert (g.temp_gpu_c, g.temp_memory_c) == (36.0, 36.0)
-    assert (g.temp_slowdown_c, g.temp_shutdown_c, g.temp_memory_max_c) == (87.0, 93.0, 95.0)
+    assert (g.temp_slowdown_c, g.temp_shutdown_c, g.temp_memory_max_c) == (89.0, 95.0, 95.0)
     assert (g.clock_sm_mhz, g.clock_sm_max_mhz, g.clock_mem_mhz, g.clock_mem_max_mhz) == (
         345,
         1980,
@@ -453,7 +455,7 @@ def test_reference_h200_vm(monkeypatch):
     assert (g.memory_used_mib, g.memory_total_mib) == (0, 143771)
     assert (g.ecc_mode_current, g.ecc_mode_pending) == (True, True)
     assert (g.ecc_corrected_volatile, g.ecc_uncorrected_volatile) == (0, 0)
-    assert (g.ecc_corrected_aggregate, g.ecc_uncorrected_aggregate) == (0, 0)
+    assert (g.ecc_corrected_aggregate, g.ecc_uncorrected_aggregate) == (289, 0)
     assert g.remapped_rows_corrected == 2
     assert g.remapped_rows_uncorrected == 0
     assert g.remapped_rows_pending is False and g.remapped_rows_failure is False
