@@ -878,15 +878,19 @@ def _exit_codes() -> list[str]:
         (
             "`fleetops reset`",
             (
-                f"0 reset (or would reset, with `--dry-run`); 1 refused, failed or not "
-                f"confirmed; {cli.EXIT_USAGE} usage error (also: no terminal to confirm on and no `--yes`)"
+                f"0 reset (or would reset, with `--dry-run`); 1 refused (also: a process on the GPU that "
+                "was not listed before the question), failed, outcome unknown (the command to check the "
+                f"node is printed) or not confirmed; {cli.EXIT_USAGE} usage error (also: no terminal to "
+                "confirm on and no `--yes`)"
             ),
         ),
         (
             "`fleetops remediate`",
             (
                 "0 plan printed, and with `--dry-run` / `--yes` every planned reset "
-                f"would run / ran; 1 a planned reset was refused or failed; {cli.EXIT_USAGE} usage error"
+                "would run / ran; 1 a planned reset was refused, failed or its outcome is unknown, or "
+                "`--yes` refused an audit older than `--max-audit-age` or one that misses a host it "
+                f"acts on; {cli.EXIT_USAGE} usage error"
             ),
         ),
         (
