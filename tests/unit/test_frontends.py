@@ -122,3 +122,17 @@ def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
         "fleetops.tui.screens.probe:2 imports fleetops.remedy.plan",
         "fleetops.tui.screens.probe:4 imports fleetops.cli",
     ]
+
+
+def test_registering_every_subcommand_imports_no_front_end_internals() -> None:
+    """``fleetops --help`` (the whole parser, every front end's ``register``) loads neither
+    Textual nor SSH nor Ansible: the entry points keep their internals behind lazy imports."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fleetops.cli as c; c.build_parser(); "
+        "print(','.join(m for m in ('textual', 'paramiko', 'ansible_runner', 'ansible', 'rich') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PKG.parent)
+    assert out.stdout.strip() == ""
