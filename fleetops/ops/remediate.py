@@ -46,7 +46,7 @@ class AuditFitness:
     audit_id: int
     age_s: float
     max_age_s: float
-    missing: tuple[str, ...]  # hosts the plan acts on that the audit did not cover
+    missing: tuple[str, ...]  # hosts in remediate's scope (-i, --limit) that the audit did not cover
 
     @property
     def stale(self) -> bool:
@@ -64,7 +64,10 @@ class AuditFitness:
                 f"{format_age(self.max_age_s)} (--max-audit-age)"
             )
         if self.missing:
-            out.append(f"audit #{self.audit_id} did not cover {', '.join(self.missing)}, which the plan acts on")
+            out.append(
+                f"audit #{self.audit_id} did not cover {', '.join(self.missing)} "
+                "(hosts of this inventory and --limit, which the plan would act on)"
+            )
         return out
 
 

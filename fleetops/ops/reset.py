@@ -176,11 +176,9 @@ def outcome(host: Any, gpu: selectors.ResolvedGpu, argv: list[str], result: Any,
         if doc.get("remedy"):
             message += f" (remedy: {doc['remedy']})"
         return results.ActionResult(name, "reset", out, message, None, detail)
-    if answer.what == answers.TRANSPORT and answer.kind in SENT_UNANSWERED or answer.what in (
-        answers.UNREADABLE,
-        answers.SNAPSHOT,
-        answers.REPORT,
-    ):
+    sent_unanswered = answer.what == answers.TRANSPORT and answer.kind in SENT_UNANSWERED
+    # an answer that is not a reset report (a traceback, garbage) also leaves the outcome open
+    if sent_unanswered or answer.what in (answers.UNREADABLE, answers.SNAPSHOT, answers.REPORT):
         why = answer.describe()
         return results.ActionResult(
             name,
