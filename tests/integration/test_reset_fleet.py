@@ -369,3 +369,20 @@ def test_a_reset_longer_than_the_collect_timeout_is_reported_as_done(d):
     assert proc.returncode == 0, proc.stderr
     assert doc["result"] == "reset" and doc["verified"] is True
     assert next(a for a in doc["actions"] if a["action"] == "reset")["elapsed_s"] >= 12.0
+
+
+def test_a_reset_whose_answer_does_not_come_is_unknown_with_the_command_to_check(d):
+    # the answer cannot arrive within --timeout: the command was sent, so "failed" would be a lie
+    with sim.locked_state(str(state(d, "node001"))) as st:
+        st["node"]["reset_duration_s"] = 10.0
+    gpu = uuid(d, "node001", 0)
+    proc = fleetops(d, "reset", "node001", gpu, "-i", inventory(d), "--yes", "--timeout", "3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the reset of" in proc.stderr and "outcome is unknown" in proc.stderr
+    journal = str(state(d, "node001").with_suffix(".reset.jsonl"))
+    assert f"check with: fleetops reset node001 {gpu} --dry-run" in proc.stderr and journal in proc.stderr
+    lock = Path(str(state(d, "node001")) + ".maintenance.lock")
+    deadline = time.monotonic() + 60
+    while lock.exists():  # the agent carries on unseen: let it finish before the next test
+        assert time.monotonic() < deadline, "the reset on the node never finished"
+        time.sleep(0.2)

@@ -28,7 +28,7 @@ def table(app: Any) -> FleetTable:
 def cells(tbl: FleetTable, key: str) -> dict[str, str]:
     row = tbl.row(key)
     assert row is not None, key
-    return dict(zip((c.key for c in tbl.spec), row.cells))
+    return dict(zip((c.key for c in tbl.spec), row.cells, strict=False))
 
 
 def summary(app: Any) -> str:
