@@ -1,7 +1,8 @@
 """``fleetops``: the controller command.
 
 Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 only unknowns (e.g. unreachable hosts), 4 usage or
-input error. Other commands: 0 success, 1 failure, 4 usage or input error.
+input error. Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
+``fleetops.ops.errors``, shared by every command.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import os
 import sys
 from typing import Any
 
-EXIT_USAGE = 4
+from fleetops.ops.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 
-
-class UsageError(Exception):
-    """Bad input the user can fix: the message names the file, host or field."""
+__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,29 +34,10 @@ def _stderr_console() -> Any:
 # --- audit -------------------------------------------------------------------------------
 
 
-def resolve_baselines(hosts: list[Any], baseline_path: str | None, inventory: str) -> dict[str, Any]:
-    from fleetops import baseline as bl
-
-    if baseline_path:
-        one = bl.load_file(baseline_path)
-        return {h.name: one for h in hosts}
-    cache: dict[str, Any] = {}
-    out: dict[str, Any] = {}
-    for host in hosts:
-        data = host.vars.get("fleetops_baseline")
-        if data is None:
-            out[host.name] = None
-            continue
-        key = json.dumps(data, sort_keys=True, default=str)
-        if key not in cache:
-            cache[key] = bl.from_mapping(data, source=f"{inventory}: fleetops_baseline of host {host.name}")
-        out[host.name] = cache[key]
-    return out
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.fleet import audit, inventory
     from fleetops.fleet.store import Store
+    from fleetops.ops.baseline import resolve_baselines
 
     hosts = inventory.load(args.inventory, args.limit)
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
@@ -275,12 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that live with their front end or feature. Each of these modules is a registration
+# entry point: it exposes ``register(sub)`` and keeps its internals (Textual, ansible-runner, SSH)
+# behind lazy imports, so this module needs nothing else from them; tests/unit/test_frontends.py
+# holds cli.py to that.
+ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.tui.cli", "fleetops.docs.cli")
+
+
 def _feature_modules() -> list[Any]:
-    """Commands that live with their feature (rollout/apply, reset/remediate, tui, docs)."""
     import importlib
 
     mods = []
-    for name in ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.tui.cli", "fleetops.docs.cli"):
+    for name in ENTRY_POINTS:
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:
@@ -290,7 +276,7 @@ def _feature_modules() -> list[Any]:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [UsageError, FileNotFoundError]
+    errors: list[type[BaseException]] = [FileNotFoundError]
     for mod, attr in (
         ("fleetops.fleet.inventory", "InventoryError"),
         ("fleetops.baseline", "BaselineError"),
@@ -312,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         sys.stderr.write("fleetops: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
+    except FleetopsError as exc:
+        sys.stderr.write(f"fleetops: error: {exc.message}\n")
+        return exc.exit_code
     except BrokenPipeError:  # `fleetops history | head`: the reader left; not an error of ours
         import os as _os
 

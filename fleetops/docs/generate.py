@@ -575,7 +575,7 @@ def xid_page() -> str:
         "## Codes",
         "",
     ]
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             f"[{code}](#xid-{code})",
             info.name,
@@ -786,7 +786,7 @@ def _field_rows(cls: type) -> list[tuple[str, str]]:
 
 
 def _trim_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
-    snap = json.loads(json.dumps(snapshot))
+    snap: dict[str, Any] = json.loads(json.dumps(snapshot))
     gpus = snap.get("gpus") or []
     snap["gpus"] = gpus[:1]
     for gpu in snap["gpus"]:
@@ -878,15 +878,19 @@ def _exit_codes() -> list[str]:
         (
             "`fleetops reset`",
             (
-                f"0 reset (or would reset, with `--dry-run`); 1 refused, failed or not "
-                f"confirmed; {cli.EXIT_USAGE} usage error (also: no terminal to confirm on and no `--yes`)"
+                f"0 reset (or would reset, with `--dry-run`); 1 refused (also: a process on the GPU that "
+                "was not listed before the question), failed, outcome unknown (the command to check the "
+                f"node is printed) or not confirmed; {cli.EXIT_USAGE} usage error (also: no terminal to "
+                "confirm on and no `--yes`)"
             ),
         ),
         (
             "`fleetops remediate`",
             (
                 "0 plan printed, and with `--dry-run` / `--yes` every planned reset "
-                f"would run / ran; 1 a planned reset was refused or failed; {cli.EXIT_USAGE} usage error"
+                "would run / ran; 1 a planned reset was refused, failed or its outcome is unknown, or "
+                "`--yes` refused an audit older than `--max-audit-age` or one that misses a host it "
+                f"acts on; {cli.EXIT_USAGE} usage error"
             ),
         ),
         (
@@ -926,6 +930,7 @@ def _exit_codes() -> list[str]:
 def outputs_page() -> str:
     from fleetops import model
     from fleetops.report import json_report, junit, prometheus
+    from fleetops.schema import SCHEMA_ID
 
     result, code = example_audit()
     doc = json_report.document(result, code)
@@ -1006,7 +1011,7 @@ def outputs_page() -> str:
         "### Snapshot fields",
         "",
         (
-            f"The snapshot is `fleetops-agent collect`'s output, schema `{model.SCHEMA_ID}`, the same "
+            f"The snapshot is `fleetops-agent collect`'s output, schema `{SCHEMA_ID}`, the same "
             "for NVML and the simulator. A value that could not be read is `null` and its field is a "
             "key of the owner's `unavailable` map, whose value says why (`NotSupported`, "
             "`NoPermission`, `GpuIsLost`, ...)."
@@ -1057,7 +1062,7 @@ def outputs_page() -> str:
         ),
         "",
     ]
-    rows = [(_code(n), k, l, h) for n, k, l, h in metrics if n not in gauge_names]
+    rows = [(_code(n), k, lbl, h) for n, k, lbl, h in metrics if n not in gauge_names]
     for name, attr, help_text in prometheus.GPU_GAUGES:
         rows.append(
             (_code(name), "gauge", "node, gpu, uuid, bus_id", f"{help_text} (snapshot field `{attr}`)")

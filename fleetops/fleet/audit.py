@@ -6,7 +6,6 @@ Transport problems (unreachable, hung, no agent, garbage output) become findings
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -115,39 +114,42 @@ _ACTIONS = {
 
 
 def node_from_result(host: str, result: Any) -> tuple[NodeResult, model.Finding | None]:
-    """Turn one transport result into a node result, or a finding saying why there is none."""
+    """Turn one transport result into a node result, or a finding saying why there is none.
+
+    The agent's answer is read by its JSON (``fleetops.ops.answers``): only exit 127 without an
+    agent error line means the agent is missing; an error the agent printed (a simulator state
+    file not found, a collect error) is reported as the agent's, with its kind."""
+    from fleetops.ops import answers
+
     elapsed = getattr(result, "elapsed_s", None)
-    if result.ok:
+    answer = answers.read(result)
+    if answer.what == answers.SNAPSHOT and answer.doc is not None:
         try:
-            node = parse_agent_output(host, result.stdout)
+            node = model.node_from_dict(answer.doc)
         except model.SchemaError as exc:
             msg = f"agent output unusable: {exc}"
             return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
-        return NodeResult(host, True, None, node, elapsed), None
-    kind = result.error_kind or "unreachable"
-    detail = (result.error or "").strip()
-    if kind == "command":
-        stderr = (result.stderr or "").strip()
-        agent_error = _agent_error(stderr)
-        if result.exit_status == 127 or "not found" in stderr:
-            msg = f"fleetops-agent not found on the node ({stderr or detail})"
-            return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "agent", msg, _ACTIONS["agent"])
-        msg = f"agent failed (exit {result.exit_status}): {agent_error or stderr or detail}"
+        if result.ok:
+            return NodeResult(host, True, None, node, elapsed), None
+        msg = f"agent printed a snapshot but exited {result.exit_status}"
         return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
-    msg = f"{kind}: {detail}" if detail else kind
-    action = _ACTIONS.get(kind, _ACTIONS["unreachable"])
-    return NodeResult(host, False, msg, None, elapsed), _transport_finding(host, kind, msg, action)
-
-
-def _agent_error(stderr: str) -> str | None:
-    for line in reversed(stderr.splitlines()):
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and "error" in doc:
-            return str(doc["error"])
-    return None
+    if answer.what == answers.TRANSPORT:
+        kind = answer.kind or "unreachable"
+        msg = f"{kind}: {answer.error}" if answer.error else kind
+        action = _ACTIONS.get(kind, _ACTIONS["unreachable"])
+        return NodeResult(host, False, msg, None, elapsed), _transport_finding(host, kind, msg, action)
+    if answer.what == answers.MISSING:
+        msg = f"fleetops-agent not found on the node ({answer.error})"
+        return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "agent", msg, _ACTIONS["agent"])
+    if answer.what == answers.AGENT_ERROR:
+        msg = f"agent failed (exit {result.exit_status}, {answer.kind or 'no kind'}): {answer.error}"
+        return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
+    if answer.what == answers.UNREADABLE and not result.ok:
+        msg = f"agent failed (exit {result.exit_status}): {answer.error}"
+        return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
+    why = answer.error if answer.what == answers.UNREADABLE else f"a {answer.action or answer.what} report, not a snapshot"
+    msg = f"agent output unusable: {why}"
+    return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
 
 
 def run(

@@ -14,7 +14,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-EXIT_OK, EXIT_HOSTS_FAILED, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2, 4
+from fleetops.ops.errors import EXIT_CRIT as EXIT_RUN_FAILED
+from fleetops.ops.errors import EXIT_OK, EXIT_USAGE
+from fleetops.ops.errors import EXIT_WARN as EXIT_HOSTS_FAILED
+
+__all__ = ["EXIT_HOSTS_FAILED", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "register"]
 
 APPLY_PLAYBOOKS = {"power": "power_caps.yml", "mig": "mig.yml", "firmware": "firmware.yml"}
 APPLY_WHAT = {

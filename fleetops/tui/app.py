@@ -27,8 +27,8 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.worker import get_current_worker
 
+from fleetops.ops import results as ops_results
 from fleetops.tui import data
-from fleetops.tui.source import ActionResult
 
 DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume"})
 GC_GEN0_THRESHOLD = 50_000
@@ -74,7 +74,7 @@ class FleetApp(App[None]):
         self._inbox_lock = threading.Lock()
         self._posted = False
         self._stop = threading.Event()
-        self.last_action: ActionResult | None = None  # the latest action's result (tests read it)
+        self.last_action: Any = None  # the latest action's result, with ok and message (tests read it)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -188,7 +188,8 @@ class FleetApp(App[None]):
         self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail})", severity=sev, timeout=6)
 
     def request_reset(self, name: str, uuid: str) -> None:
-        """Ask first (the dialog names node, GPU and the processes a reset kills), then reset."""
+        """Ask first (the dialog names node, GPU and the processes a reset ends), then reset,
+        passing exactly the PIDs the dialog showed: none shown, none ended."""
         if self.refuse_readonly("GPU reset"):
             return
         from fleetops.tui.screens.confirm import ConfirmScreen, reset_question
@@ -199,11 +200,12 @@ class FleetApp(App[None]):
             return
         question = reset_question(entry, uuid, self.state.clock())
         bus_id = entry.gpu(uuid).bus_id  # type: ignore[union-attr]
+        shown = question.pids or ()
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.notify(f"resetting {uuid} on {name} ...", timeout=3)
-                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id))
+                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id, shown))
             else:
                 self.notify(f"reset of {uuid} on {name} cancelled", timeout=3)
 
@@ -258,14 +260,16 @@ class FleetApp(App[None]):
         self.push_screen(ConfirmScreen(question, confirm_label="Resume"), answered)
 
     @work(thread=True, group="actions", exit_on_error=False)
-    def _action(self, name: str, what: str, call: Callable[[], ActionResult]) -> None:
+    def _action(self, name: str, what: str, call: Callable[[], Any]) -> None:
         if self.source is None:
             self.call_from_thread(self.notify, f"{name}: no live source for {what}", severity="warning")
             return
         try:
             result = call()
-        except Exception as exc:  # noqa: BLE001 - a failed action is reported, never kills the screen
-            result = ActionResult(False, f"{name}: {what} failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a failed action is reported, never kills the screen
+            result = ops_results.ActionResult(
+                name, what, ops_results.FAILED, f"{name}: {what} failed: {type(exc).__name__}: {exc}"
+            )
         self.call_from_thread(
             self.notify, result.message, severity="information" if result.ok else "error", timeout=10
         )

@@ -89,7 +89,7 @@ def open_store(path: str | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetops.cli import UsageError
+    from fleetops.ops.errors import UsageError
 
     if args.sim and args.inventory:
         raise UsageError("tui: give -i INVENTORY or --sim, not both")
@@ -135,7 +135,7 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
     try:
         hosts, baselines = resolve_hosts(inventory, args.baseline, args.limit)
         if not hosts:
-            from fleetops.cli import UsageError
+            from fleetops.ops.errors import UsageError
 
             raise UsageError(
                 f"{inventory}: no hosts" + (f" match --limit {args.limit}" if args.limit else "")

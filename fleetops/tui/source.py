@@ -11,17 +11,19 @@ No Textual here: entries are handed to a callback, which the app turns into mess
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetops import model
 from fleetops.fleet import audit
+from fleetops.ops import results as ops_results
 from fleetops.tui import data
 
 # Rate and growth checks compare with an earlier snapshot; one a few seconds old makes rates
@@ -31,7 +33,8 @@ RATE_BASE_MIN_AGE_S = 60.0
 
 @dataclass(frozen=True)
 class ActionResult:
-    """What an action did, said so an operator can act on it."""
+    """What drain/resume did (the reset answers with ``fleetops.ops.results.ActionResult``; both
+    have ``ok`` and ``message``, which is all the app reads)."""
 
     ok: bool
     message: str
@@ -67,6 +70,9 @@ class SshSource:
         self.baselines = baselines or {}
         self.interval = float(interval)
         self.clock = clock
+        self._connect_timeout = float(connect_timeout)
+        self._known_hosts = known_hosts
+        self._accept_new_hostkeys = accept_new_hostkeys
         self.pool = transport.SessionPool(
             hosts,
             forks=forks,
@@ -133,7 +139,7 @@ class SshSource:
         previous = base if base is not None and base is not snap else None
         try:
             return list(checks.run_node_checks(snap, self.baselines.get(name), previous))
-        except Exception as exc:  # noqa: BLE001 - a check bug must not blank the screen: say it, keep the data
+        except Exception as exc:  # a check bug must not blank the screen: say it, keep the data
             return [
                 model.Finding(
                     check="tui.checks_failed",
@@ -181,24 +187,54 @@ class SshSource:
         with self._lock:
             return self._entries.get(name)
 
-    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None) -> ActionResult:
-        """Reset one GPU the way ``fleetops reset`` does (the remedy controller builds the
-        agent's command and reads its answer), on this host's persistent session: the agent
-        checks every precondition, ends the GPU's processes (the dialog listed them), resets,
-        verifies. ``bus_id`` makes it refuse if the UUID has moved since the screen saw it."""
-        from fleetops.remedy import cli as remedy
+    def run_action(self, name: str, command: list[str], timeout_s: float) -> Any:
+        """Run an action's command with the action's own timeout (a reset outlasts the collect
+        timeout by far). On the host's session when the pool takes a per-command timeout; else on
+        a connection of its own, sent once, so the refresh loop keeps this host's session."""
+        run_one: Any = self.pool.run_one
+        if "timeout" in inspect.signature(run_one).parameters:
+            with self._host_locks[name]:
+                return run_one(name, command, timeout=timeout_s)
+        from fleetops.fleet import transport
+
+        return transport.run_all(
+            [self.hosts[name]],
+            command,
+            forks=1,
+            connect_timeout=self._connect_timeout,
+            command_timeout=timeout_s,
+            known_hosts=self._known_hosts,
+            accept_new_hostkeys=self._accept_new_hostkeys,
+        )[name]
+
+    def reset_gpu(
+        self, name: str, uuid: str, bus_id: str | None = None, pids: Sequence[int] | None = None
+    ) -> ops_results.ActionResult:
+        """Reset one GPU through ``fleetops.ops.reset``, as ``fleetops reset`` does: the agent
+        checks every precondition, ends exactly ``pids`` (the processes the dialog showed; none
+        shown: none ended, and a busy GPU is refused), resets, verifies. ``bus_id`` makes it
+        refuse if the UUID has moved since the screen saw it."""
+        from fleetops.ops import reset as ops_reset
+        from fleetops.ops import selectors
 
         host = self.hosts[name]
-        gpu = {"uuid": uuid, "bus_id": bus_id}
-        result = self.run_on(name, remedy.reset_argv(host, gpu, dry_run=False, kill=True, selector=uuid))
-        doc, why = remedy.agent_doc(result)
-        if doc is None:
-            return ActionResult(False, f"{name}: reset of {uuid} failed: {why}")
-        ok = result.ok and doc.get("result") == "reset"
-        message = f"{name}: {doc.get('message') or doc.get('result')}"
-        if doc.get("remedy"):
-            message += f" (remedy: {doc['remedy']})"
-        return ActionResult(ok, message, {"report": remedy.render_reset(name, doc), **doc})
+        gpu = selectors.ResolvedGpu(selectors.parse(uuid), uuid, bus_id)
+        result = ops_reset.run(
+            host,
+            gpu,
+            lambda argv, timeout: self.run_action(name, argv, timeout),
+            kill_pids=list(pids or ()),
+            timeout_s=ops_reset.command_timeout_s(),
+        )
+        report = result.detail.get("report")
+        if report is not None:
+            result.detail["text"] = ops_reset.render(name, report)
+        if result.check:
+            return ops_results.ActionResult(
+                result.node, result.action, result.outcome, f"{result.message}; check: {result.check}",
+                result.check, result.detail,
+            )
+        return result
 
     def drain(self, name: str, reason: str) -> ActionResult:
         return self._scontrol(name, "DRAIN", reason)
@@ -242,8 +278,8 @@ def resolve_hosts(
     inventory: str, baseline: str | None, limit: str | None = None
 ) -> tuple[list[Any], dict[str, Any]]:
     """Hosts and per-host baselines, as ``fleetops audit`` resolves them."""
-    from fleetops.cli import resolve_baselines
     from fleetops.fleet import inventory as inv
+    from fleetops.ops.baseline import resolve_baselines
 
     hosts = inv.load(inventory, limit)
     return hosts, resolve_baselines(hosts, baseline, inventory)

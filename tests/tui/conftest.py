@@ -34,7 +34,7 @@ class FakeSource:
 
     def __init__(self, names: list[str]) -> None:
         self.names = list(names)
-        self.resets: list[tuple[str, str, str | None]] = []
+        self.resets: list[tuple[str, str, str | None, tuple[int, ...]]] = []
         self.drains: list[str] = []
         self.entries: dict[str, data.NodeEntry] = {}
 
@@ -45,8 +45,8 @@ class FakeSource:
     def collect(self, name: str) -> data.NodeEntry:
         return self.entries.get(name) or data.pending_entry(name)
 
-    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None) -> ActionResult:
-        self.resets.append((name, uuid, bus_id))
+    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None, pids: Any = ()) -> ActionResult:
+        self.resets.append((name, uuid, bus_id, tuple(pids or ())))
         return ActionResult(True, f"{name}: reset {uuid}")
 
     def slurm_refusal(self, name: str, verb: str) -> str | None:

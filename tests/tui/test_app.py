@@ -28,7 +28,7 @@ def table(app: Any) -> FleetTable:
 def cells(tbl: FleetTable, key: str) -> dict[str, str]:
     row = tbl.row(key)
     assert row is not None, key
-    return dict(zip((c.key for c in tbl.spec), row.cells))
+    return dict(zip((c.key for c in tbl.spec), row.cells, strict=False))
 
 
 def summary(app: Any) -> str:
@@ -264,7 +264,28 @@ def test_reset_dialog_names_node_gpu_and_processes_and_defaults_to_cancel() -> N
         assert isinstance(app.screen, NodeScreen) and source.resets == []
         await pilot.press("r", "tab", "enter")  # move to "Reset GPU" and press it
         await wait_for(pilot, lambda: app.last_action is not None, 5, "the reset")
-        assert source.resets == [("node008", gpu6.uuid, gpu6.bus_id)]
+        # exactly the PIDs the dialog showed travel with the reset
+        assert source.resets == [("node008", gpu6.uuid, gpu6.bus_id, (48213,))]
+
+    drive(app, body, ENTRIES)
+
+
+def test_reset_of_a_gpu_the_dialog_showed_idle_passes_no_pids() -> None:
+    source = FakeSource(NAMES)
+    app = fed_app(source=source)
+    e = ENTRIES[NAMES.index("node003")]
+    gpu3 = e.gpus[3]
+
+    async def body(pilot: Any) -> None:
+        table(app).select_key("node003")
+        await pilot.press("enter")
+        app.screen.query_one("#node-gpus", FleetTable).select_key(gpu3.uuid)
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Processes: none" in str(app.screen.query_one("#dialog-body", Static).render())
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.last_action is not None, 5, "the reset")
+        assert source.resets == [("node003", gpu3.uuid, gpu3.bus_id, ())]
 
     drive(app, body, ENTRIES)
 

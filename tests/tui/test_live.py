@@ -85,7 +85,7 @@ def fleet_table(app: FleetApp) -> FleetTable:
 def cells(tbl: FleetTable, key: str) -> dict[str, str]:
     row = tbl.row(key)
     assert row is not None, key
-    return dict(zip((c.key for c in tbl.spec), row.cells))
+    return dict(zip((c.key for c in tbl.spec), row.cells, strict=False))
 
 
 async def all_seen(pilot: Any, app: FleetApp) -> None:
@@ -210,3 +210,93 @@ def test_live_drain_on_a_simulated_node_says_it_is_not_a_slurm_node(fleet_dir: s
         assert any("not a Slurm node" in m for m in messages), messages
 
     drive(app, body)
+
+
+# --- the reset does what the dialog showed, and waits as long as a reset takes -----------------
+
+
+async def _open_reset_dialog(pilot: Any, app: FleetApp, node: str, gpu: str) -> str:
+    fleet_table(app).select_key(node)
+    await pilot.press("enter")
+    app.screen.query_one("#node-gpus", FleetTable).select_key(gpu)
+    await pilot.press("r")
+    assert isinstance(app.screen, ConfirmScreen)
+    return str(app.screen.question.lines)
+
+
+def test_live_a_process_that_starts_while_the_dialog_is_open_makes_the_reset_refused(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+    gpu = uuid_of(fleet_dir, "node005", 2)
+    state_path = os.path.join(fleet_dir, "state", "node005.json")
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        shown = await _open_reset_dialog(pilot, app, "node005", gpu)
+        assert "Processes: none" in shown
+        with sim.locked_state(state_path) as st:  # a job starts on the GPU while the operator reads
+            sim.add_process(st, 2, 7781, "late_job.py")
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.last_action is not None, 60, "the reset's answer")
+        result = app.last_action
+        assert result.outcome == "refused", result
+        assert "pid 7781" in result.message and "late_job.py" in result.message
+        assert "--kill-processes" not in result.detail["argv"]
+        assert [p["pid"] for p in sim.gpu_processes(sim.read_state(state_path), 2)] == [7781]
+
+    drive(app, body)
+
+
+@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
+def test_live_reset_ends_only_the_processes_the_dialog_showed(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)
+    gpu = uuid_of(fleet_dir, "node004", 3)
+    state_path = os.path.join(fleet_dir, "state", "node004.json")
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node004", "stray-process", 3)
+        await wait_for(pilot, lambda: any(p.pid == sim.STRAY_PID for p in (entry(app, "node004").snapshot.gpus[3].processes or [])),
+                       40, "the stray process to show")
+        shown = await _open_reset_dialog(pilot, app, "node004", gpu)
+        assert f"pid {sim.STRAY_PID}" in shown and "7782" not in shown
+        with sim.locked_state(state_path) as st:
+            sim.add_process(st, 3, 7782, "late_job.py")
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.last_action is not None, 60, "the reset's answer")
+        result = app.last_action
+        argv = result.detail["argv"]
+        assert argv[argv.index("--expect-pids") + 1] == str(sim.STRAY_PID) and "--kill-processes" in argv
+        assert result.outcome == "refused", result
+        assert "7782" in result.message
+        left = {p["pid"] for p in sim.gpu_processes(sim.read_state(state_path), 3)}
+        assert left == {sim.STRAY_PID, 7782}
+
+    drive(app, body)
+
+
+def test_live_a_reset_longer_than_the_collect_timeout_is_reported_as_done(fleet_dir: str) -> None:
+    app = live_app(fleet_dir)  # collect timeout 5 s
+    gpu = uuid_of(fleet_dir, "node006", 1)
+    state_path = os.path.join(fleet_dir, "state", "node006.json")
+    with sim.locked_state(state_path) as st:
+        st["node"]["reset_duration_s"] = 8.0
+
+    async def body(pilot: Any) -> None:
+        await all_seen(pilot, app)
+        fleet.inject(fleet_dir, "node006", "ecc-dbe", 1)
+        await wait_for(pilot, lambda: entry(app, "node006").health == "crit", 40, "the DBE to show")
+        await _open_reset_dialog(pilot, app, "node006", gpu)
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.last_action is not None, 120, "the reset's answer")
+        result = app.last_action
+        assert result.outcome == "done", result
+        assert result.detail["timeout_s"] > 5.0
+        report = result.detail["report"]
+        assert report["result"] == "reset" and report["verified"] is True
+        assert not sim.read_state(state_path)["faults"]
+
+    try:
+        drive(app, body)
+    finally:
+        with sim.locked_state(state_path) as st:
+            st["node"]["reset_duration_s"] = 0.0

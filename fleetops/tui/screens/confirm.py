@@ -22,11 +22,14 @@ class Question:
     title: str
     lines: list[str] = field(default_factory=list)
     warning: str | None = None
+    # a reset's processes as the dialog shows them: exactly these may be ended (None: unknown)
+    pids: tuple[int, ...] | None = None
 
 
 def reset_question(entry: data.NodeEntry, uuid: str, now: float) -> Question:
     """What a GPU reset will do, named exactly: node, GPU (UUID, index, bus id) and every
-    process the last snapshot saw on it (a reset kills them)."""
+    process the last snapshot saw on it. Those PIDs travel with the answer (``pids``): the reset
+    ends exactly them and is refused if the GPU's processes differ by then."""
     gv = entry.gpu(uuid)
     assert gv is not None
     age = data.format_age(now - entry.seen_at) if entry.seen_at is not None else "never"
@@ -46,13 +49,14 @@ def reset_question(entry: data.NodeEntry, uuid: str, now: float) -> Question:
         for p in procs:
             mem = f"{p.used_memory_mib} MiB" if p.used_memory_mib is not None else "? MiB"
             lines.append(f"  pid {p.pid:<8} {p.name or '?':<24} {mem}")
+    pids = tuple(p.pid for p in procs) if procs is not None else None
     faults = [f for f in gv.findings if f.severity in data.FAULT_SEVERITIES]
     if faults:
         lines.append("Why:      " + data.fmt_finding(faults[0]))
     warning = None
     if entry.status != data.STATUS_OK:
         warning = f"{entry.name} is {entry.mark} right now: the reset will probably fail."
-    return Question(title=f"Reset GPU {gv.index} on {entry.name}?", lines=lines, warning=warning)
+    return Question(title=f"Reset GPU {gv.index} on {entry.name}?", lines=lines, warning=warning, pids=pids)
 
 
 class ConfirmScreen(ModalScreen[bool]):

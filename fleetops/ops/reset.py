@@ -1,0 +1,227 @@
+"""The GPU reset action, the same from every front end.
+
+Two steps. ``preview`` resolves the operator's selector against a fresh snapshot and returns
+the GPU (UUID, bus id) and the processes on it, for the front end to show and ask about. ``run``
+then sends ``fleetops-agent reset`` once, through the runner the front end passes (the TUI's
+session, the CLI's one-shot SSH), and maps the agent's report to an ``ActionResult``.
+
+Safety rules kept here rather than in each front end:
+
+- the agent gets the UUID *and* the bus id, so a GPU renumbered in between is refused;
+- ``--kill-processes`` is passed only with ``--expect-pids`` and exactly the PIDs the operator
+  was shown; with none shown it is not passed, so a process that appeared meanwhile makes the
+  agent refuse instead of being killed unseen;
+- the command timeout is the reset's own budget (``catalog.actions``), never the collect's;
+- a command that was sent but not answered is ``unknown``, with the command that tells what
+  happened, never "failed" (which invites a second reset).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleetops import model
+from fleetops.catalog import actions as catalog_actions
+from fleetops.ops import answers, results, selectors
+from fleetops.ops.errors import Refused
+
+AGENT_VAR = "fleetops_agent_path"
+DEFAULT_AGENT = "fleetops-agent"
+SIM_STATE_VAR = "fleetops_sim_state"
+DEFAULT_JOURNAL = "/var/log/fleetops/reset.jsonl"
+DEFAULT_COLLECT_TIMEOUT_S = 60.0
+
+# runner(argv, timeout_s) -> a transport result (fleet.transport.Result or alike)
+Runner = Callable[[list[str], float], Any]
+
+RESULT_OUTCOME = {
+    "reset": results.DONE,
+    "would-reset": results.DRY_RUN,
+    "refused": results.REFUSED,
+    "error": results.REFUSED,  # no such GPU: nothing was touched
+    "failed": results.FAILED,
+}
+# transport error kinds after which the command may have run on the node
+SENT_UNANSWERED = ("outcome-unknown", "timeout")
+
+
+def agent_argv(host: Any, *args: str) -> list[str]:
+    """The agent command for ``host``: its path from the inventory, and on a simulated node the
+    backend and state file named on the command line (not left to the session's environment)."""
+    argv = [str(host.vars.get(AGENT_VAR, DEFAULT_AGENT)), *args]
+    state = host.vars.get(SIM_STATE_VAR)
+    if state:
+        argv += ["--backend", "sim", "--state", str(state)]
+    return argv
+
+
+def journal_path(host: Any) -> str:
+    """Where the agent on ``host`` appends its reset journal (the simulator keeps it by the state)."""
+    state = host.vars.get(SIM_STATE_VAR)
+    if state:
+        return os.path.splitext(os.path.abspath(str(state)))[0] + ".reset.jsonl"
+    return DEFAULT_JOURNAL
+
+
+def command_timeout_s(clients: Sequence[str] | int = catalog_actions.DEFAULT_CLIENTS) -> float:
+    """How long to wait for the agent's answer to a reset: its own phases plus SSH."""
+    return catalog_actions.reset_command_timeout_s(clients=clients)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a front end shows before it asks: the GPU as a fresh snapshot has it, and its
+    processes (``None`` when the node could not list them)."""
+
+    node: str
+    gpu: selectors.ResolvedGpu
+    collected_at: float
+
+    @property
+    def processes(self) -> tuple[model.GpuProcess, ...] | None:
+        return self.gpu.processes
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return self.gpu.pids
+
+    def process_lines(self) -> list[str]:
+        if self.gpu.processes is None:
+            return ["processes: unknown (the node did not list them)"] if self.gpu.enumerated else []
+        if not self.gpu.processes:
+            return ["processes: none"]
+        out = [f"processes ({len(self.gpu.processes)}):"]
+        for p in self.gpu.processes:
+            mem = f"{p.used_memory_mib} MiB" if p.used_memory_mib is not None else "? MiB"
+            out.append(f"  pid {p.pid:<8} {p.name or '?':<24} {mem}")
+        return out
+
+
+def snapshot(host: Any, runner: Runner, timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S) -> model.Node:
+    """A fresh snapshot of ``host``, or a FleetopsError saying why there is none."""
+    answer = answers.read(runner(agent_argv(host, "collect"), timeout_s))
+    if not answer.is_snapshot or answer.doc is None:
+        raise Refused(f"{host.name}: cannot take a fresh snapshot: {answer.describe()}")
+    try:
+        return model.node_from_dict(answer.doc)
+    except model.SchemaError as exc:
+        raise Refused(f"{host.name}: the agent's snapshot is unusable: {exc}") from exc
+
+
+def preview(
+    host: Any, selector: str, runner: Runner, collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S
+) -> Preview:
+    """Resolve ``selector`` on a fresh snapshot of ``host`` (an index to its UUID and bus id)."""
+    sel = selectors.parse(selector)
+    node = snapshot(host, runner, collect_timeout_s)
+    return Preview(host.name, selectors.resolve(sel, node, host.name), node.collected_at)
+
+
+def command(
+    host: Any, gpu: selectors.ResolvedGpu, *, dry_run: bool = False, kill_pids: Sequence[int] | None = None
+) -> list[str]:
+    """The agent's argv. ``kill_pids``: the processes the operator agreed to end; empty or None
+    means none, and then ``--kill-processes`` is not passed."""
+    target = gpu.uuid or gpu.bus_id or gpu.selector.text
+    argv = ["reset", "--gpu", target]
+    if gpu.uuid and gpu.bus_id:
+        argv += ["--bus-id", gpu.bus_id]
+    argv.append("--json")
+    if dry_run:
+        argv.append("--dry-run")
+    pids = sorted({int(p) for p in kill_pids or ()})
+    if pids:
+        argv += ["--kill-processes", "--expect-pids", ",".join(str(p) for p in pids)]
+    return agent_argv(host, *argv)
+
+
+def check_command(host: Any, gpu: selectors.ResolvedGpu) -> str:
+    """What tells the operator what a reset without an answer did."""
+    target = gpu.uuid or gpu.bus_id or gpu.selector.text
+    return f"fleetops reset {host.name} {target} --dry-run; then read the agent's journal {journal_path(host)} on {host.name}"
+
+
+def run(
+    host: Any,
+    gpu: selectors.ResolvedGpu,
+    runner: Runner,
+    *,
+    dry_run: bool = False,
+    kill_pids: Sequence[int] | None = None,
+    timeout_s: float | None = None,
+) -> results.ActionResult:
+    """Send the reset once and say what came of it."""
+    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids)
+    wait = float(timeout_s) if timeout_s is not None else command_timeout_s()
+    result = runner(argv, wait)
+    return outcome(host, gpu, argv, result, wait)
+
+
+def outcome(host: Any, gpu: selectors.ResolvedGpu, argv: list[str], result: Any, timeout_s: float) -> results.ActionResult:
+    answer = answers.read(result)
+    name = str(host.name)
+    detail: dict[str, Any] = {"argv": argv, "timeout_s": timeout_s, "answer": answer.what}
+    label = gpu.label()
+    if answer.is_report and answer.action == "reset" and answer.doc is not None:
+        doc = answer.doc
+        detail["report"] = doc
+        verdict = str(doc.get("result"))
+        out = RESULT_OUTCOME.get(verdict, results.FAILED)
+        if out == results.DONE and not result.ok:  # said reset but exited non-zero: not a success
+            out = results.FAILED
+        message = f"{name}: {doc.get('message') or verdict}"
+        if doc.get("remedy"):
+            message += f" (remedy: {doc['remedy']})"
+        return results.ActionResult(name, "reset", out, message, None, detail)
+    sent_unanswered = answer.what == answers.TRANSPORT and answer.kind in SENT_UNANSWERED
+    # an answer that is not a reset report (a traceback, garbage) also leaves the outcome open
+    if sent_unanswered or answer.what in (answers.UNREADABLE, answers.SNAPSHOT, answers.REPORT):
+        why = answer.describe()
+        return results.ActionResult(
+            name,
+            "reset",
+            results.UNKNOWN,
+            f"{name}: the reset of {label} was sent but its outcome is unknown ({why})",
+            check_command(host, gpu),
+            detail,
+        )
+    if answer.what == answers.AGENT_ERROR:
+        detail["agent_error_kind"] = answer.kind
+        return results.ActionResult(name, "reset", results.FAILED, f"{name}: reset of {label}: {answer.describe()}", None, detail)
+    # not sent, or nothing ran: unreachable, auth, hostkey, local, agent missing
+    return results.ActionResult(
+        name, "reset", results.FAILED, f"{name}: reset of {label} not done: {answer.describe()}", None, detail
+    )
+
+
+MARK = {"ok": "ok", "failed": "FAILED", "skipped": "-"}
+
+
+def render(node: str, doc: dict[str, Any]) -> str:
+    """The agent's reset report as text, for a terminal or the TUI's notification detail."""
+    gpu = doc.get("gpu") or {}
+    head = f"{node} {gpu.get('uuid') or gpu.get('selector')} ({gpu.get('bus_id') or '?'}"
+    head += f", GPU {gpu['index']})" if gpu.get("index") is not None else ")"
+    lines = [f"{head}: {doc.get('result')}" + (" [dry run]" if doc.get("dry_run") else "")]
+    for c in doc.get("preconditions") or []:
+        lines.append(f"  {MARK.get(c.get('status'), c.get('status')):7} {c.get('name'):20} {c.get('detail')}")
+    for a in doc.get("actions") or []:
+        if a.get("action") == "end_processes":
+            for p in a.get("processes") or []:
+                sig = " -> ".join(p.get("signals") or []) or "no signal"
+                lines.append(
+                    f"  action  end pid {p['pid']} ({p.get('name') or '?'}): {sig}: "
+                    + ("ended" if p.get("ended") else f"NOT ended ({p.get('detail', '')})")
+                )
+        elif a.get("action") in ("stop_service", "start_service"):
+            lines.append(f"  action  {a['action'].split('_')[0]} {a.get('unit')}: {'ok' if a.get('ok') else 'FAILED'}")
+        else:
+            lines.append(f"  action  {a.get('action')}: {'ok' if a.get('ok') else 'FAILED'}: {a.get('detail')}")
+    if doc.get("verification"):
+        lines.append(f"  verify  {'ok' if doc.get('verified') else 'FAILED'}: {doc['verification'].get('detail')}")
+    if doc.get("remedy"):
+        lines.append(f"  remedy: {doc['remedy']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""The one rule for naming a GPU, for every front end and for the agent.
+
+A GPU is named by its UUID (``GPU-...``) or its PCI bus id (any spelling
+``model.normalize_bus_id`` knows); an index is accepted as operator input but is only ever
+*resolved*: against a fresh snapshot, to the UUID and bus id that the front end shows before
+anything acts. Indices move when a GPU falls off the bus, so nothing is ever sent to a node by
+index alone.
+
+Light on purpose (only ``fleetops.model``): the agent's cold path imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetops import model
+from fleetops.ops.errors import UsageError
+
+UUID = "uuid"
+BUS_ID = "bus_id"
+INDEX = "index"
+
+
+class SelectorError(UsageError):
+    """A GPU selector that names no GPU, or names one in a form this rule does not take."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    text: str  # as the operator wrote it
+    form: str  # UUID | BUS_ID | INDEX
+    uuid: str | None = None
+    bus_id: str | None = None  # normalized
+    index: int | None = None
+
+
+def parse(text: str) -> Selector:
+    """UUID, bus id (normalized) or index; anything else is a SelectorError that says which forms
+    are taken."""
+    raw = (text or "").strip()
+    if not raw:
+        raise SelectorError("GPU selector is empty: give the GPU's UUID (GPU-...), PCI bus id or index")
+    if raw.upper().startswith("MIG-"):
+        raise SelectorError(f"GPU {raw!r}: a MIG device, not a GPU (MIG instances are reset with `mig reset`)")
+    if raw.upper().startswith("GPU-"):
+        return Selector(raw, UUID, uuid=raw)
+    if raw.isdigit():
+        return Selector(raw, INDEX, index=int(raw))
+    try:
+        return Selector(raw, BUS_ID, bus_id=model.normalize_bus_id(raw))
+    except ValueError:
+        raise SelectorError(
+            f"GPU {raw!r}: not a UUID (GPU-...), a PCI bus id (0000:18:00.0) or an index"
+        ) from None
+
+
+def present(node: model.Node) -> str:
+    """The node's GPUs as ``index=UUID@bus``: what an error shows so the operator can pick."""
+    return ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in node.gpus) or "none"
+
+
+@dataclass(frozen=True)
+class ResolvedGpu:
+    """A selector resolved against a fresh snapshot: what the front end shows and the agent gets.
+
+    ``enumerated`` is False for a UUID or bus id the driver does not list now (fallen off the
+    bus): it is still sent, so the agent can say why and what to do, but never for an index."""
+
+    selector: Selector
+    uuid: str | None
+    bus_id: str | None
+    index: int | None = None
+    name: str | None = None
+    enumerated: bool = True
+    processes: tuple[model.GpuProcess, ...] | None = field(default=None)  # None: not reported
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.processes or ())
+
+    def label(self) -> str:
+        """``UUID at BUS (GPU i, name)``, as the confirmation shows it."""
+        text = str(self.uuid or self.bus_id or self.selector.text)
+        if self.uuid and self.bus_id:
+            text += f" at {self.bus_id}"
+        if self.index is not None:
+            text += f" (GPU {self.index}, {self.name or 'unnamed'})"
+        return text
+
+
+def find(node: model.Node, sel: Selector) -> model.Gpu | None:
+    if sel.form == UUID:
+        return node.gpu_by_uuid(sel.uuid or "")
+    if sel.form == BUS_ID:
+        return node.gpu_by_bus_id(sel.bus_id or "")
+    return next((g for g in node.gpus if g.index == sel.index), None)
+
+
+def resolve(sel: Selector | str, node: model.Node, host: str, *, allow_absent: bool = True) -> ResolvedGpu:
+    """The GPU ``sel`` names on ``node`` (a fresh snapshot of ``host``).
+
+    An index that names no GPU is always an error naming the host and listing the GPUs present;
+    a UUID or bus id that is not enumerated is an error only when ``allow_absent`` is False."""
+    if isinstance(sel, str):
+        sel = parse(sel)
+    gpu = find(node, sel)
+    if gpu is not None:
+        procs = tuple(gpu.processes) if gpu.processes is not None else None
+        return ResolvedGpu(sel, gpu.uuid, gpu.bus_id, gpu.index, gpu.name, True, procs)
+    if sel.form == INDEX or not allow_absent:
+        what = {INDEX: "index", UUID: "UUID", BUS_ID: "bus id"}[sel.form]
+        raise SelectorError(f"{host} has no GPU with {what} {sel.text} (present: {present(node)})")
+    return ResolvedGpu(sel, sel.uuid, sel.bus_id, None, None, False, None)

@@ -1,0 +1,98 @@
+"""``fleetops remediate --yes`` acts only on an audit that is recent and covers every host it acts
+on: real audits over SSH into a real history database, then the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops.gpu import sim
+from fleetops.ops import remediate
+from fleetops.ops.errors import UsageError
+from fleetops.sim import fleet
+
+pytestmark = [pytest.mark.root]
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "fleetops.cli"]
+
+
+def fleetops(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=timeout, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+
+
+def state_path(f: Any, node: str) -> Path:
+    return Path(f.directory) / "state" / f"{node}.json"
+
+
+def audit(f: Any, db: str, *extra: str) -> None:
+    proc = fleetops("audit", "-i", f.inventory_path, "--db", db, "-q", "--format", "json", *extra)
+    assert proc.stdout.strip().startswith("{"), proc.stderr  # recorded whatever its exit code
+
+
+def test_yes_refuses_an_audit_older_than_the_limit_and_resets_nothing(clean_fleet: Any, tmp_path: Path) -> None:
+    f = clean_fleet
+    fleet.inject(f.directory, "node001", "ecc-dbe", 1)
+    db = str(tmp_path / "history.db")
+    audit(f, db, "--limit", "node001")
+    time.sleep(1.5)  # the audit is now older than the 1s limit below
+    before = state_path(f, "node001").read_bytes()
+    proc = fleetops("remediate", "-i", f.inventory_path, "--limit", "node001", "--db", db, "--yes",
+                    "--max-audit-age", "1s")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refusing --yes" in proc.stderr and "older than the limit of 1s" in proc.stderr
+    assert "Nothing was reset" in proc.stderr
+    assert state_path(f, "node001").read_bytes() == before
+    # the same audit within the default limit (15 min) is acted on
+    proc = fleetops("remediate", "-i", f.inventory_path, "--limit", "node001", "--db", db, "--yes", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [x["name"] for x in sim.read_state(str(state_path(f, "node001")))["faults"]] == []
+
+
+def test_yes_refuses_an_audit_that_misses_hosts_and_names_them(clean_fleet: Any, tmp_path: Path) -> None:
+    f = clean_fleet
+    fleet.inject(f.directory, "node001", "ecc-dbe", 2)
+    db = str(tmp_path / "history.db")
+    audit(f, db, "--limit", "node001,node002")
+    before = state_path(f, "node001").read_bytes()
+    proc = fleetops("remediate", "-i", f.inventory_path, "--db", db, "--yes", "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    missing = "node003, node004, node005, node006"
+    assert f"did not cover {missing}" in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["source"]["missing"] == missing.split(", ") and doc["executed"] == []
+    assert state_path(f, "node001").read_bytes() == before
+
+
+def test_dry_run_on_a_stale_audit_still_shows_the_plan_with_a_warning(clean_fleet: Any, tmp_path: Path) -> None:
+    f = clean_fleet
+    fleet.inject(f.directory, "node003", "ecc-dbe", 0)
+    db = str(tmp_path / "history.db")
+    audit(f, db, "--limit", "node003")
+    time.sleep(1.5)
+    before = state_path(f, "node003").read_bytes()
+    proc = fleetops("remediate", "-i", f.inventory_path, "--db", db, "--dry-run", "--max-audit-age", "1s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING: audit #1 is" in proc.stdout and "older than the limit of 1s" in proc.stdout
+    assert "WARNING: audit #1 did not cover node001, node002, node004, node005, node006" in proc.stdout
+    assert ": would-reset" in proc.stdout
+    assert state_path(f, "node003").read_bytes() == before
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("900", 900.0), ("900s", 900.0), ("15m", 900.0), ("1h", 3600.0),
+                                               ("1.5h", 5400.0), ("2d", 172800.0)])
+def test_max_audit_age_takes_seconds_minutes_hours_days(text: str, seconds: float) -> None:
+    assert remediate.parse_age(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "15 minutes", "-5m", "0", "1w"])
+def test_a_bad_max_audit_age_is_a_usage_error_naming_the_flag(text: str) -> None:
+    with pytest.raises(UsageError, match="--max-audit-age"):
+        remediate.parse_age(text)

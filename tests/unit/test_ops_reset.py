@@ -1,0 +1,103 @@
+"""The reset action in ``fleetops.ops.reset``: the agent's argv, the timeout it is given, and how
+each answer maps to an outcome. The agent runs for real (a subprocess on simulator state); the
+transport failures are the transport's own result type."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops.catalog import actions
+from fleetops.fleet import inventory
+from fleetops.fleet.transport import Result
+from fleetops.gpu import sim
+from fleetops.ops import reset, results, selectors
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class LocalRunner:
+    """The runner a front end passes, here running the agent locally; records argv and timeout."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], float]] = []
+
+    def __call__(self, argv: list[str], timeout: float) -> Result:
+        self.calls.append((list(argv), timeout))
+        extra = ["--no-syslog"] if argv[1] == "reset" else []
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop(sim.STATE_ENV, None)
+        proc = subprocess.run([sys.executable, "-m", "fleetops.agent.main", *argv[1:], *extra], capture_output=True,
+                              text=True, check=False, env=env, timeout=timeout)
+        ok = proc.returncode == 0
+        return Result("node001", ok, proc.returncode, proc.stdout, proc.stderr, None if ok else "command",
+                      None if ok else f"exit status {proc.returncode}", 0.1)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Any:
+    path = tmp_path / "node001.json"
+    sim.init_state(str(path), "node001", {"faults": ["ecc-dbe@1", "stray-process@2"]})
+    (h,) = inventory.load("node001,")
+    h.vars["fleetops_sim_state"] = str(path)
+    return h
+
+
+def test_preview_resolves_an_index_and_lists_the_gpus_processes(host: Any) -> None:
+    view = reset.preview(host, "2", LocalRunner())
+    state = sim.read_state(host.vars["fleetops_sim_state"])
+    assert (view.gpu.uuid, view.gpu.bus_id) == (state["gpus"][2]["uuid"], state["gpus"][2]["bus_id"])
+    assert view.pids == (sim.STRAY_PID,)
+    assert any("python3 train.py" in line for line in view.process_lines())
+
+
+def test_no_listed_processes_means_no_kill_flag_and_listed_ones_travel_exactly(host: Any) -> None:
+    gpu = selectors.ResolvedGpu(selectors.parse("GPU-x"), "GPU-x", "0000:18:00.0")
+    idle = reset.command(host, gpu, kill_pids=[])
+    assert "--kill-processes" not in idle and "--expect-pids" not in idle
+    busy = reset.command(host, gpu, kill_pids=[31, 7, 31])
+    at = busy.index("--kill-processes")
+    assert busy[at : at + 3] == ["--kill-processes", "--expect-pids", "7,31"]
+    assert busy[busy.index("--bus-id") + 1] == "0000:18:00.0"
+
+
+def test_the_reset_waits_for_the_resets_own_budget_not_a_collect_timeout(host: Any) -> None:
+    runner = LocalRunner()
+    view = reset.preview(host, "1", runner, collect_timeout_s=7.0)
+    result = reset.run(host, view.gpu, runner)
+    assert [t for _, t in runner.calls] == [7.0, actions.reset_command_timeout_s()]
+    assert result.outcome == results.DONE, result.message
+    assert result.detail["report"]["verified"] is True
+
+
+def test_a_busy_gpu_without_listed_pids_is_refused_and_a_dry_run_is_a_dry_run(host: Any) -> None:
+    runner = LocalRunner()
+    busy = reset.preview(host, "2", runner).gpu
+    refused = reset.run(host, busy, runner)
+    assert refused.outcome == results.REFUSED and f"pid {sim.STRAY_PID}" in refused.message
+    idle = reset.preview(host, "1", runner).gpu
+    assert reset.run(host, idle, runner, dry_run=True).outcome == results.DRY_RUN
+
+
+@pytest.mark.parametrize("kind", ["outcome-unknown", "timeout"])
+def test_a_command_sent_without_an_answer_is_unknown_with_the_command_to_check(host: Any, kind: str) -> None:
+    gpu = selectors.ResolvedGpu(selectors.parse("GPU-abc"), "GPU-abc", "0000:18:00.0")
+    lost = Result("node001", False, None, "", "", kind, "connection lost after the command was sent", 3.0)
+    result = reset.run(host, gpu, lambda argv, timeout: lost)
+    assert result.outcome == results.UNKNOWN and not result.ok
+    assert result.check is not None and result.check.startswith("fleetops reset node001 GPU-abc --dry-run")
+    journal = os.path.splitext(host.vars["fleetops_sim_state"])[0] + ".reset.jsonl"
+    assert journal in result.check
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "auth", "hostkey"])
+def test_a_command_that_never_ran_is_failed_not_unknown(host: Any, kind: str) -> None:
+    gpu = selectors.ResolvedGpu(selectors.parse("GPU-abc"), "GPU-abc", "0000:18:00.0")
+    never = Result("node001", False, None, "", "", kind, "connection refused", 0.1)
+    result = reset.run(host, gpu, lambda argv, timeout: never)
+    assert result.outcome == results.FAILED and result.check is None
