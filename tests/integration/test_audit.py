@@ -54,7 +54,7 @@ def audit(d, *extra, db=None):
     args = [*CLI, "audit", "-i", os.path.join(d, "inventory.yml"), "--format", "json", "-q"]
     args += ["--db", db] if db else ["--no-history"]
     args += ["--connect-timeout", "2", "--timeout", "10", *extra]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
     doc = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
     return proc.returncode, doc, proc.stderr
 
@@ -229,14 +229,14 @@ def test_history_records_each_audit_and_tells_new_and_resolved(simfleet, tmp_pat
         fleet.clear(simfleet, "node003", "ecc-dbe", 1)
     rc2, _, _ = audit(simfleet, "--baseline", BASELINE, db=db)
     assert (rc1, rc2) == (2, 0)
-    out = subprocess.run([*CLI, "history", "--db", db, "--format", "json"], capture_output=True, text=True)
+    out = subprocess.run([*CLI, "history", "--db", db, "--format", "json"], capture_output=True, text=True, check=False)
     rows = json.loads(out.stdout)
     assert len(rows) == 2
     latest, first = rows
     assert {f["check"]: f["severity"] for f in latest["resolved"]} == EXPECTED["ecc-dbe"] and not latest["new"]
     assert {f["check"]: f["severity"] for f in first["new"]} == EXPECTED["ecc-dbe"]
     assert all(f["node"] == "node003" for f in first["new"])
-    text = subprocess.run([*CLI, "history", "node003", "--db", db], capture_output=True, text=True).stdout
+    text = subprocess.run([*CLI, "history", "node003", "--db", db], capture_output=True, text=True, check=False).stdout
     assert f"new 0, resolved {len(EXPECTED['ecc-dbe'])}, persisting 0" in text, text
     assert "- [crit] node003 GPU1" in text, text
 
@@ -255,7 +255,7 @@ def test_bad_inputs_exit_4_and_write_no_history(simfleet, tmp_path):
         (["-i", str(tmp_path / "missing.yml")], ["missing.yml"]),
     ]
     for args, words in cases:
-        proc = subprocess.run([*CLI, "audit", *args, "--db", db, "-q"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([*CLI, "audit", *args, "--db", db, "-q"], capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 4, (args, proc.stderr)
         for word in words:
             assert word in proc.stderr, (word, proc.stderr)
@@ -273,7 +273,7 @@ def test_other_formats_render_the_same_audit(simfleet, fmt, tmp_path):
         proc = subprocess.run(
             [*CLI, "audit", "-i", os.path.join(simfleet, "inventory.yml"), "--baseline", BASELINE,
              "--format", fmt, "-o", str(out), "--no-history", "-q"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=60, check=False,
         )
     finally:
         fleet.clear(simfleet, "node003", "ecc-dbe", 2)
