@@ -1,6 +1,6 @@
 """Fixtures for the baseline and checks tests: simulator nodes as ``model.Node``, a baseline
 that matches the simulator's default node, and a node shaped like the real H200 passthrough VM
-(``shared/reference/h200``)."""
+(captured in ``tests/fixtures/h200/``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The NVML backend without a GPU: pynvml's functions are replaced by fakes.
 
-The default fake answers like the real H200 passthrough VM in shared/reference/h200
+The default fake answers like the real H200 passthrough VM captured in tests/fixtures/h200/
 (h200_nvml.json): the values below are that capture's, and every getter that answered
 "Not Supported" there (NVLink, NUMA node, retired pages, fan, fabric) raises NotSupported here.
 Any pynvml function the fake does not define raises, and the test fails on the reason it leaves.
