@@ -1,8 +1,12 @@
 """The desired state of a group of GPU nodes, and the thresholds the checks use.
 
 A baseline is YAML: a standalone file, or the ``fleetops_baseline`` variable of an Ansible
-inventory's ``group_vars`` (groups layer with ``merge``). Every key is optional: a key that is
-absent (or ``null``) is not checked. ``thresholds`` are the exception: each has a default.
+inventory's ``group_vars``. Each host gets that variable as Ansible resolves it, and Ansible
+replaces a dict variable rather than merging it: a child group's ``fleetops_baseline`` replaces
+its parent's whole mapping, so a key the child leaves out is not checked on its hosts. Nothing
+layers group baselines key by key today; ``merge`` does that for two baselines, but the audit
+does not call it on inventory groups. Every key is optional: a key that is absent (or ``null``)
+is not checked. ``thresholds`` are the exception: each has a default.
 
 ``SCHEMA`` describes every key (path, type, default, description, example). The validator is
 driven by it, and the docs generator reads it, so the two cannot drift. Errors are
@@ -64,7 +68,7 @@ class SchemaKey:
     default: Any
     description: str
     example: Any
-    nullable: bool = True  # null = "not checked" (used to unset a key in a child group)
+    nullable: bool = True  # null = "not checked" (in the override given to merge(), it unsets the key)
     minimum: float | None = None
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None

@@ -89,25 +89,37 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
+    """With ``output``, every format is written whole to a temporary file in the same folder
+    and renamed over ``output``: a reader (node-exporter's textfile collector, a CI job) sees
+    the old report or the new one, never half of one."""
+    import contextlib
+    import io
+
     from fleetops.report import json_report, junit, prometheus, table
 
     if fmt == "table":
         from rich.console import Console
 
-        if output:
-            with open(output, "w", encoding="utf-8") as fh:
-                table.render(result, code, Console(file=fh, width=160, no_color=True))
-        else:
+        if not output:
             table.render(result, code, Console())
-        return
-    text = {"json": json_report.render, "junit": junit.render, "prom": prometheus.render}[fmt](result, code)
-    if output:
-        tmp = f"{output}.tmp.{os.getpid()}"
+            return
+        buffer = io.StringIO()
+        table.render(result, code, Console(file=buffer, width=160, no_color=True))
+        text = buffer.getvalue()
+    else:
+        text = {"json": json_report.render, "junit": junit.render, "prom": prometheus.render}[fmt](result, code)
+        if not output:
+            sys.stdout.write(text)
+            return
+    tmp = f"{output}.tmp.{os.getpid()}"  # same folder: the rename stays on one file system
+    try:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, output)  # node-exporter must never read half a file
-    else:
-        sys.stdout.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # --- history -----------------------------------------------------------------------------

@@ -357,11 +357,6 @@ def command_exists(words: list[str], parser: argparse.ArgumentParser | None = No
 
 
 MISSING_COMMANDS_HEADING = "Commands named in actions that do not exist yet"
-# What to run instead of a command a check's action names but this version does not have.
-COMMAND_SUBSTITUTES: dict[str, str] = {
-    "fleetops apply persistence": "fleetops apply power -i INVENTORY -e gpu_power_persistence_mode=true --yes",
-    "fleetops rollout firmware": "fleetops apply firmware -i INVENTORY --update-firmware --yes",
-}
 
 
 def checks_page() -> str:
@@ -475,20 +470,13 @@ def checks_page() -> str:
             "",
             (
                 "These actions name a `fleetops` command this version does not have. Until it exists, "
-                "run what the last column says:"
+                "do the step by hand:"
             ),
             "",
         ]
         lines += _table(
-            ("named", "by", "run instead"),
-            (
-                (
-                    _code(cmd),
-                    ", ".join(_code(i) for i in ids),
-                    _code(COMMAND_SUBSTITUTES[cmd]) if cmd in COMMAND_SUBSTITUTES else "the step by hand",
-                )
-                for cmd, ids in sorted(missing_commands.items())
-            ),
+            ("named", "by"),
+            ((_code(cmd), ", ".join(_code(i) for i in ids)) for cmd, ids in sorted(missing_commands.items())),
         )
         lines.append("")
     return _finish(lines)

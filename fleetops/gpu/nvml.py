@@ -22,15 +22,15 @@ Rules this module keeps:
   (18 on H100/H200), else up to ``NVML_NVLINK_MAX_LINKS`` stopping at the first link that does
   not exist. Per-link error counters are read only when the GPU-wide total is non-zero or
   unknown: a zero total means every link's counter is zero.
-- Kept out on purpose: ``nvmlDeviceGetInforomConfigurationChecksum`` (70 ms on an H200),
-  ``nvmlDeviceGetCpuAffinity`` while sysfs answers (10-16 ms for its first call on an H200
-  VM; sysfs ``local_cpulist`` is the same list, "0-15" on that VM, for a file read), and
-  ``nvmlShutdown`` (4 ms; the process exit releases NVML, and a long-running caller keeps
-  NVML initialised for its next snapshot, nvmlInit being reference-counted).
+- Kept out on purpose, each slower than what it would give (figures: bench/RESULTS.md):
+  ``nvmlDeviceGetInforomConfigurationChecksum``, ``nvmlDeviceGetCpuAffinity`` while sysfs
+  answers (sysfs ``local_cpulist`` is the same list, for a file read), and ``nvmlShutdown``
+  (the process exit releases NVML, and a long-running caller keeps NVML initialised for its
+  next snapshot, nvmlInit being reference-counted).
 - NUMA node: ``nvmlDeviceGetNumaNodeId``; where NVML does not support it (x86 hosts,
   passthrough VMs) the PCI device's ``numa_node`` from sysfs, when that is not -1.
 - Memory used/total: ``nvmlDeviceGetMemoryInfo`` v2, which keeps driver-reserved memory out
-  of "used" as nvidia-smi does (v1 says 615 MiB used on an idle H200).
+  of "used" as nvidia-smi does (v1 counts that memory as used, on an idle GPU too).
 - ``pynvml`` is imported inside functions only: importing this module costs nothing.
 
 Set ``FLEETOPS_NVML_TRACE=1`` to get each NVML call's time on stderr (profiling aid).
@@ -193,7 +193,7 @@ def collect_into(node: model.Node) -> None:
         from fleetops.agent.collect import CollectError
 
         raise CollectError(f"NVML initialisation failed: {reason}")
-    # No nvmlShutdown: it costs 4 ms on an H200 VM, the process's exit releases NVML, and a
+    # No nvmlShutdown: it costs time (bench/RESULTS.md), the process's exit releases NVML, and a
     # long-running caller keeps NVML initialised for its next snapshot (nvmlInit is counted).
     try:
         _collect(nv, node)
@@ -312,9 +312,8 @@ SECTIONS: tuple[Callable[[_GpuReader], None], ...] = (
 def _read_all(readers: list[_GpuReader]) -> None:
     """Read every GPU, one call after another.
 
-    Reading in threads was measured on the H200 VM and dropped: the driver serialises the
-    calls (each one waited for the others: 141 ms of summed call time for 44 ms of work), and
-    the whole collection got slower (52 ms against 45 ms)."""
+    Reading in threads was tried and dropped: the driver serialises the calls, so each one
+    waited for the others and the whole collection got slower (bench/RESULTS.md)."""
     for r in readers:
         r.read("name", "nvmlDeviceGetName", conv=_text)
         if not r.lost:
@@ -489,8 +488,8 @@ def _read_ecc_memory(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | N
     gpu = r.gpu
     _apply_field(r, fields, "temp_memory_c", float)
 
-    # v2 counts driver-reserved memory apart from "used", as nvidia-smi shows it (Used 0 MiB
-    # on an idle H200, where v1 says 616 MiB); v1 where the driver or binding lacks v2.
+    # v2 counts driver-reserved memory apart from "used", as nvidia-smi shows it (v1 counts
+    # it as used, on an idle GPU too); v1 where the driver or binding lacks v2.
     version = getattr(N, "nvmlMemory_v2", None)
     value, reason = r.call("nvmlDeviceGetMemoryInfo", version) if version else (None, "no v2")
     if reason is not None and reason != LOST:
@@ -809,7 +808,7 @@ def cpu_list(words: Any, word_bits: int = 64) -> str:
 def _read_affinity(r: _GpuReader, N: Any) -> None:
     gpu = r.gpu
     # CPU affinity: sysfs local_cpulist is the list NVML derives its mask from, for a file read
-    # instead of nvmlDeviceGetCpuAffinity's 10 ms on an H200 VM.
+    # instead of nvmlDeviceGetCpuAffinity's slow first call (bench/RESULTS.md).
     cpus = _read_sysfs(gpu.bus_id, "local_cpulist")
     if cpus:
         gpu.cpu_affinity = cpus

@@ -13,9 +13,9 @@ run for real against ``fleetops-agent`` on the far side. Layout of the fleet fol
     DIR/home/<node>/            the node's HOME (an empty .bashrc: root's own runs pyenv setup)
     DIR/sshd/<node>.conf        its sshd_config;  DIR/log/<node>.log  its sshd log
 
-Measured pitfalls this follows (shared/reference/sim-fleet.md): one sshd per address (one sshd
-listens on at most 16 sockets), absolute paths (sshd re-execs after ``chdir /``), ``/run/sshd``
-created, a high MaxStartups, curve25519-sha256 key exchange, and a HOME per node.
+Pitfalls this follows: one sshd per address (one sshd listens on at most 16 sockets), absolute
+paths (sshd re-execs after ``chdir /``), ``/run/sshd`` created, a high MaxStartups,
+curve25519-sha256 key exchange, and a HOME per node.
 
 Faults: everything ``fleetops.gpu.sim`` knows (written to the node's state file), plus the
 fleet-level ``host-down`` (the node's sshd is killed; clearing starts it again with the same

@@ -56,9 +56,9 @@ def register(sub: Any) -> None:
 
 
 def default_interval(nodes: int) -> float:
-    """2 s, or longer where parsing and checking every node's answer (about 3 ms of CPU each,
-    bench/tui_refresh.py) would keep the refresh thread busy more than half the time and
-    compete with the screen for the interpreter."""
+    """2 s, or longer where parsing and checking every node's answer (its CPU cost per node:
+    bench/tui_refresh.py, bench/RESULTS.md) would keep the refresh thread busy more than half
+    the time and compete with the screen for the interpreter."""
     return max(2.0, round(nodes * 0.006, 1))
 
 

@@ -95,7 +95,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-# --- agent helper: identical in fleetops_gpu_set.py and fleetops_gpu_facts.py (a test checks) ---
+# --- agent helper: identical in fleetops_gpu_facts.py, _set.py and _reset.py (a test checks) ---
 # Self-contained on purpose: ansible-lint and the unit tests import modules in-process, where a
 # playbook-adjacent module_utils folder is not importable.
 
@@ -161,9 +161,13 @@ def run_agent(module, argv):
     try:
         rc, out, err = module.run_command(cmd, check_rc=False, environ_update={"LC_ALL": "C"})
     except Exception as exc:  # run_command raises on a missing binary only in odd setups
-        raise AgentError("could not start %s: %s" % (cmd[0], exc), kind="missing-agent", cmd=cmd)
+        raise AgentError("could not start %s: %s" % (cmd[0], exc), kind="missing-agent", cmd=cmd) from exc
     if rc != 0:
-        message, kind = _error_line(err) or ("exit %d: %s" % (rc, (err or out).strip()[-2000:]), "agent")
+        error = _error_line(err)
+        if error:
+            message, kind = str(error["error"]), str(error.get("kind", "agent"))
+        else:
+            message, kind = "exit %d: %s" % (rc, (err or out).strip()[-2000:]), "agent"
         raise AgentError(message, kind=kind, rc=rc, stderr=err, cmd=cmd)
     try:
         return json.loads(out)
@@ -172,17 +176,18 @@ def run_agent(module, argv):
             "the agent printed something that is not JSON (%s): %r" % (exc, out[:300]),
             kind="bad-output",
             cmd=cmd,
-        )
+        ) from exc
 
 
 def _error_line(stderr):
+    """The agent's last ``{"error": ..., "kind": ...}`` line on stderr, as a dict, or None."""
     for line in reversed((stderr or "").strip().splitlines()):
         try:
             doc = json.loads(line)
         except ValueError:
             continue
         if isinstance(doc, dict) and "error" in doc:
-            return str(doc["error"]), str(doc.get("kind", "agent"))
+            return doc
     return None
 
 

@@ -81,10 +81,16 @@ def test_role_has_defaults_specs_and_prefixed_documented_variables(role: str) ->
     assert not unknown, f"{role}: argument_specs options with no default: {unknown}"
 
 
-def test_agent_helper_block_is_identical_in_both_gpu_modules() -> None:
+def test_agent_helper_block_is_identical_in_every_module_that_calls_the_agent() -> None:
+    library = REPO / "playbooks" / "library"
+    callers = sorted(p.stem for p in library.glob("*.py") if "fleetops-agent" in p.read_text())
+    assert callers == ["fleetops_gpu_facts", "fleetops_gpu_reset", "fleetops_gpu_set"]
+
     def block(name: str) -> str:
-        text = (REPO / "playbooks" / "library" / f"{name}.py").read_text()
+        text = (library / f"{name}.py").read_text()
         start = text.index("# --- agent helper")
         return text[start : text.index("# --- end of agent helper ---", start)]
 
-    assert block("fleetops_gpu_set") == block("fleetops_gpu_facts")
+    blocks = {name: block(name) for name in callers}
+    drifted = [name for name in callers if blocks[name] != blocks["fleetops_gpu_facts"]]
+    assert drifted == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,13 @@ from fleetops.sim import fleet
 pytestmark = pytest.mark.root
 
 COLLECT = ["fleetops-agent", "collect"]
+# Fleets of their own take /24s next to the session fleet's block (FLEETOPS_TEST_FLEET_ADDRESS).
+_FIRST = os.environ.get("FLEETOPS_TEST_FLEET_ADDRESS", "127.0.20.1").split(".")
+
+
+def block(offset: int) -> str:
+    """The first address of the /24 ``offset`` above the session fleet's."""
+    return f"{_FIRST[0]}.{_FIRST[1]}.{int(_FIRST[2]) + offset}.1"
 
 
 def free_port(address: str) -> int:
@@ -116,15 +123,6 @@ def test_layout_and_generated_files(sim_fleet):
         assert node["state"] == os.path.join(d, "state", f"{name}.json")
         assert sim.read_state(node["state"])["hostname"] == name
         assert os.path.getsize(os.path.join(d, "home", name, ".bashrc")) == 0
-        config = Path(node["config"]).read_text()
-        assert f"ListenAddress {node['address']}" in config
-        assert "KexAlgorithms curve25519-sha256" in config and "MaxStartups 1000" in config
-        setenv = next(line for line in config.splitlines() if line.startswith("SetEnv "))
-        assert f"FLEETOPS_SIM_STATE={node['state']}" in setenv and f"HOME={node['home']}" in setenv
-        for line in config.splitlines():  # every path in the config is absolute
-            for word in line.split()[1:]:
-                if "/" in word:
-                    assert word.split("=", 1)[-1].startswith("/"), line
         assert isinstance(node["pid"], int)
     known = Path(d, "known_hosts").read_text().splitlines()
     port = sim_fleet.info["port"]
@@ -132,6 +130,54 @@ def test_layout_and_generated_files(sim_fleet):
     assert len(known) == 6
     assert oct(os.stat(os.path.join(d, "id_ed25519")).st_mode & 0o777) == "0o600"
     assert os.path.isdir("/run/sshd")
+
+
+def ssh(fleet_dir: str, node: dict, command: str, *options: str, key: str | None = None):
+    """The system ssh client, told nothing but this fleet's key and known_hosts."""
+    argv = [
+        "ssh", "-F", "/dev/null", "-p", str(node["port"]), "-i", key or os.path.join(fleet_dir, "id_ed25519"),
+        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={fleet_dir}/known_hosts",
+        "-o", "GlobalKnownHostsFile=/dev/null", *options, f"root@{node['address']}", command,
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # no agent's keys either
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def test_each_address_reaches_its_own_node_with_the_fleet_key(sim_fleet):
+    for name, node in sorted(sim_fleet.info["nodes"].items()):
+        proc = ssh(sim_fleet.directory, node, 'echo "$FLEETOPS_SIM_STATE"')
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert proc.stdout.strip() == node["state"], name  # the agent there finds this node's state
+
+
+def test_sshd_refuses_passwords_and_any_other_key(sim_fleet, tmp_path):
+    node = sim_fleet.info["nodes"]["node002"]
+    # The server lists the methods it would take in its refusal: publickey, and nothing else.
+    proc = ssh(sim_fleet.directory, node, "true", "-o", "PubkeyAuthentication=no",
+               "-o", "PasswordAuthentication=yes", "-o", "KbdInteractiveAuthentication=yes")
+    assert proc.returncode == 255 and "Permission denied (publickey)." in proc.stderr, proc.stderr
+    other = str(tmp_path / "other_key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other], check=True)
+    proc = ssh(sim_fleet.directory, node, "true", key=other)
+    assert proc.returncode == 255 and "Permission denied (publickey)." in proc.stderr, proc.stderr
+
+
+def test_known_hosts_holds_the_key_each_server_presents(sim_fleet):
+    known = {}
+    for line in Path(sim_fleet.directory, "known_hosts").read_text().splitlines():
+        host, kind, key = line.split()[:3]
+        known[host] = (kind, key)
+    for name, node in sorted(sim_fleet.info["nodes"].items()):
+        scan = subprocess.run(
+            ["ssh-keyscan", "-T", "10", "-p", str(node["port"]), "-t", "ed25519", node["address"]],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        presented = [line.split() for line in scan.stdout.splitlines() if line and not line.startswith("#")]
+        assert len(presented) == 1, (name, scan.stdout, scan.stderr)
+        host, kind, key = presented[0][:3]
+        assert host == f"[{node['address']}]:{node['port']}"
+        assert known.get(host) == (kind, key), name
 
 
 def test_generated_inventory_reads_back(sim_fleet):
@@ -176,7 +222,7 @@ def test_status_follows_faults(clean_fleet):
 
 def test_up_again_on_a_running_fleet_says_so(sim_fleet):
     with pytest.raises(fleet.SimFleetError, match="already runs a fleet"):
-        fleet.up(6, sim_fleet.directory, first_address="127.0.21.1")
+        fleet.up(6, sim_fleet.directory, first_address=block(1))
 
 
 def test_unknown_node_and_fault_are_named(sim_fleet):
@@ -208,7 +254,7 @@ def test_scenario_defaults_and_per_node_overrides(root_sshd, tmp_path):
         )
     )
     d = str(tmp_path / "fleet")
-    info = fleet.up(3, d, str(scenario), first_address="127.0.22.1", port=free_port("127.0.22.1"))
+    info = fleet.up(3, d, str(scenario), first_address=block(2), port=free_port(block(2)))
     try:
         results = transport.run_all(inventory.load(info["inventory"]), COLLECT)
         nodes = {name: model.node_from_json(r.stdout) for name, r in results.items()}
@@ -231,17 +277,17 @@ def test_bad_scenario_is_refused_before_anything_starts(root_sshd, tmp_path):
     scenario.write_text("nodes: {node009: {faults: [ecc-dbe]}}\n")
     d = str(tmp_path / "fleet")
     with pytest.raises(fleet.SimFleetError, match="node009"):
-        fleet.up(3, d, str(scenario), first_address="127.0.23.1", port=free_port("127.0.23.1"))
+        fleet.up(3, d, str(scenario), first_address=block(3), port=free_port(block(3)))
     assert fleet_processes(d) == []
     scenario.write_text("nodes: {2: {faults: [warp-drive]}}\n")
     with pytest.raises(fleet.SimFleetError, match="warp-drive"):
-        fleet.up(3, d, str(scenario), first_address="127.0.23.1", port=free_port("127.0.23.1"))
+        fleet.up(3, d, str(scenario), first_address=block(3), port=free_port(block(3)))
     assert fleet_processes(d) == []
 
 
 def test_down_stops_everything_including_sessions_and_hung_ones(root_sshd, tmp_path):
     d = str(tmp_path / "fleet")
-    info = fleet.up(4, d, first_address="127.0.24.1", port=free_port("127.0.24.1"))
+    info = fleet.up(4, d, first_address=block(4), port=free_port(block(4)))
     hosts = inventory.load(info["inventory"])
     with transport.SessionPool(hosts) as pool:  # open sessions: sshd children per connection
         assert all(r.ok for r in pool.run(["true"]).values())
@@ -252,9 +298,7 @@ def test_down_stops_everything_including_sessions_and_hung_ones(root_sshd, tmp_p
         assert len(listeners) == 3
         before = fleet_processes(d)
         assert len(before) >= 3 + 3  # listeners and the sessions' own sshd processes
-        start = time.monotonic()
-        assert fleet.down(d) == 3
-        assert time.monotonic() - start < 8
+        assert fleet.down(d) == 3  # it raises if anything outlives SIGKILL
         assert fleet_processes(d) == []
         for pid in before:
             stat = _stat(pid)
@@ -262,7 +306,7 @@ def test_down_stops_everything_including_sessions_and_hung_ones(root_sshd, tmp_p
     assert fleet.down(d) == 0  # safe twice
     assert all(r["status"] == "down" for r in fleet.status(d))
     # the folder can hold a fleet again, with the same keys
-    info2 = fleet.up(2, d, first_address="127.0.24.1", port=free_port("127.0.24.1"))
+    info2 = fleet.up(2, d, first_address=block(4), port=free_port(block(4)))
     try:
         assert all(r.ok for r in transport.run_all(inventory.load(info2["inventory"]), ["true"]).values())
     finally:
@@ -270,20 +314,16 @@ def test_down_stops_everything_including_sessions_and_hung_ones(root_sshd, tmp_p
 
 
 @pytest.mark.slow
-def test_hundred_nodes_start_fast_and_answer(root_sshd, tmp_path):
+def test_hundred_nodes_start_and_answer(root_sshd, tmp_path):
+    # How fast they do is bench/audit_fanout.py's business, not a test's.
     d = str(tmp_path / "fleet")
-    start = time.monotonic()
-    info = fleet.up(100, d, first_address="127.0.30.1", port=free_port("127.0.30.1"))
-    up_s = time.monotonic() - start
+    info = fleet.up(100, d, first_address=block(5), port=free_port(block(5)))
     try:
         hosts = inventory.load(info["inventory"])
-        assert info["nodes"]["node100"]["address"] == "127.0.30.100"
-        start = time.monotonic()
+        assert info["nodes"]["node100"]["address"] == block(5)[:-1] + "100"
         results = transport.run_all(hosts, COLLECT, forks=50)
-        run_s = time.monotonic() - start
+        assert sorted(results) == [h.name for h in hosts]
         assert all(r.ok for r in results.values()), [r for r in results.values() if not r.ok][:3]
-        print(f"\nfleet.up(100): {up_s:.2f}s; run_all(collect) over 100 nodes, forks 50: {run_s:.2f}s")
-        assert up_s < 15  # a few seconds measured; generous for a loaded CI machine
-        assert run_s < 30
+        assert {model.node_from_json(r.stdout).hostname for r in results.values()} == set(results)
     finally:
         assert fleet.down(d) == 100

@@ -100,10 +100,12 @@ def test_host_down_is_unreachable_and_host_hang_times_out_without_stalling_other
     total = time.monotonic() - start
     down, hung = results["node005"], results["node006"]
     assert down.error_kind == "unreachable" and "refused" in down.error
-    assert down.elapsed_s < 1.0
+    assert down.elapsed_s < hung.elapsed_s  # a refusal is final at once: it never waits out the timeout
     assert hung.error_kind == "timeout" and not hung.ok and "3s" in hung.error
-    assert 2.5 <= hung.elapsed_s <= 5.5, hung  # about connect_timeout, never much more
-    assert total <= 6.5
+    assert hung.elapsed_s >= 2.5, hung  # it did wait for connect_timeout (3 s)...
+    # ...and no more than a bound a loaded machine meets (ten times it); without the timeout the
+    # hung host would hold run_all for ever.
+    assert hung.elapsed_s < 30 and total < 30, (hung, total)
     for name in ("node001", "node002", "node003", "node004"):
         assert results[name].ok, results[name]
         assert results[name].elapsed_s < hung.elapsed_s  # not held up by the hung one
@@ -150,7 +152,7 @@ def test_command_timeout(clean_fleet):
     host = clean_fleet.hosts[0]
     start = time.monotonic()
     res = transport.run_all([host], ["sh", "-c", "echo started; sleep 30"], command_timeout=1.0)[host.name]
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 15  # the command alone sleeps 30 s
     assert res.error_kind == "timeout" and "1s" in res.error
     assert res.stdout == "started\n"  # what came before the timeout is kept
 
@@ -288,10 +290,10 @@ def test_session_pool_reuses_connections_and_recovers(clean_fleet):
         first = pool.run(COLLECT)
         assert all(r.ok for r in first.values())
         assert pool.connected() == sorted(h.name for h in hosts)
-        start = time.monotonic()
-        second = pool.run(["true"])
-        assert all(r.ok for r in second.values())
-        assert time.monotonic() - start < 2.0
+        # the same connection answers again: the command's parent is the same sshd session process
+        parents = [pool.run(["sh", "-c", "echo $PPID"]) for _ in range(2)]
+        assert all(r.ok for run in parents for r in run.values())
+        assert {n: r.stdout for n, r in parents[0].items()} == {n: r.stdout for n, r in parents[1].items()}
 
         # node003 restarts: its old connection is dead, the pool reconnects in the same run
         fleet.inject(clean_fleet.directory, "node003", "host-down")
@@ -305,7 +307,7 @@ def test_session_pool_reuses_connections_and_recovers(clean_fleet):
         start = time.monotonic()
         hung = pool.run(["true"])
         assert hung["node004"].error_kind == "timeout"
-        assert time.monotonic() - start < 4.0
+        assert time.monotonic() - start < 50  # ten times the 5 s command timeout; unbounded without it
         assert all(r.ok for n, r in hung.items() if n != "node004")
         fleet.clear(clean_fleet.directory, "node004", "host-hang")
         assert pool.run(["true"], hosts=["node004"])["node004"].ok

@@ -14,7 +14,7 @@ from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.widgets.fleet_table import FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
-from .conftest import FAULTY, NAMES, FakeSource, drive, fed_app, fed_entries, screen_lines, wait_for
+from .conftest import FAULTS, FAULTY, NAMES, FakeSource, drive, fed_app, fed_entries, screen_lines, wait_for
 
 ENTRIES = fed_entries()
 
@@ -28,7 +28,7 @@ def table(app: Any) -> FleetTable:
 def cells(tbl: FleetTable, key: str) -> dict[str, str]:
     row = tbl.row(key)
     assert row is not None, key
-    return dict(zip((c.key for c in tbl.spec), row.cells, strict=False))
+    return dict(zip((c.key for c in tbl.spec), row.cells, strict=True))
 
 
 def summary(app: Any) -> str:
@@ -98,20 +98,27 @@ def test_colon_switches_views_and_each_view_keeps_its_place() -> None:
     drive(app, body, ENTRIES)
 
 
+# Two warn-only nodes beside the four crit ones, so that the sort has three ranks to order.
+SORT_FAULTS = {**FAULTS, "node006": ["pcie-downgrade@1"], "node012": ["row-remap-pending@2"]}
+HEALTHY = ["node001", "node002", "node004", "node007", "node009", "node010"]
+
+
 def test_shift_letter_sort_moves_rows_but_keeps_the_cursor_on_its_node() -> None:
     app = fed_app()
 
     async def body(pilot: Any) -> None:
         tbl = table(app)
+        assert [cells(tbl, k)["health"] for k in ("node006", "node012", "node003")] == ["WARN", "WARN", "CRIT"]
         tbl.select_key("node008")
-        await pilot.press("H")  # health ascending: worst last
-        assert tbl.keys[-4:] == ["node005", "node008", "node003", "node011"] or tbl.keys[-1] in FAULTY
+        await pilot.press("H")  # health ascending: worst last, ties in inventory order
+        assert tbl.keys == [*HEALTHY, "node006", "node012", "node003", "node005", "node008", "node011"]
         assert tbl.cursor_key == "node008"
-        await pilot.press("H")  # again: reversed
-        assert tbl.keys[0] in FAULTY and tbl.cursor_key == "node008"
+        await pilot.press("H")  # again: reversed, ties still in inventory order (a stable sort)
+        assert tbl.keys == ["node003", "node005", "node008", "node011", "node006", "node012", *HEALTHY]
+        assert tbl.cursor_key == "node008"
         assert "sort HEALTH ▼" in str(tbl.border_subtitle)
 
-    drive(app, body, ENTRIES)
+    drive(app, body, fed_entries(SORT_FAULTS))
 
 
 def test_a_refresh_updates_only_changed_cells_lights_them_and_never_clears() -> None:

@@ -13,8 +13,9 @@ from fleetops.tui import data, simfeed
 T0 = simfeed.T0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fleet() -> data.FleetState:
+    """A fresh state per test: the tests set filters, sorts and faults-only on it."""
     state = data.FleetState(clock=lambda: T0 + 5)
     names = {f"node{i:03d}": [] for i in range(1, 11)}
     names["node003"] = ["ecc-dbe@3"]
@@ -52,7 +53,7 @@ def test_summarize_names_the_faulty_gpu_and_counts_healthy_gpus(fleet: data.Flee
 
 def test_node_rows_show_health_gpus_driver_xids_and_worst_finding(fleet: data.FleetState) -> None:
     row = next(r for r in fleet.rows("nodes") if r.key == "node003")
-    cells = dict(zip((c.key for c in data.COLUMNS["nodes"]), row.cells))
+    cells = dict(zip((c.key for c in data.COLUMNS["nodes"]), row.cells, strict=True))
     assert cells["health"] == "CRIT"
     assert cells["gpus"] == "7/8"
     assert cells["driver"] == "580.159.04"
@@ -63,22 +64,16 @@ def test_node_rows_show_health_gpus_driver_xids_and_worst_finding(fleet: data.Fl
 
 def test_faults_only_keeps_exactly_the_unhealthy_nodes(fleet: data.FleetState) -> None:
     fleet.faults_only = True
-    try:
-        assert [r.key for r in fleet.rows("nodes")] == ["node003", "node007", "node010"]
-    finally:
-        fleet.faults_only = False
+    assert [r.key for r in fleet.rows("nodes")] == ["node003", "node007", "node010"]
 
 
 def test_filter_is_a_regex_over_names_and_findings_and_bang_inverts(fleet: data.FleetState) -> None:
-    try:
-        fleet.filter = data.Filter.parse("node00[12]")
-        assert [r.key for r in fleet.rows("nodes")] == ["node001", "node002"]
-        fleet.filter = data.Filter.parse("nvlink")  # only node010's findings mention NVLink
-        assert [r.key for r in fleet.rows("nodes")] == ["node010"]
-        fleet.filter = data.Filter.parse("!node0(0[1-9])")
-        assert [r.key for r in fleet.rows("nodes")] == ["node010"]
-    finally:
-        fleet.filter = data.Filter()
+    fleet.filter = data.Filter.parse("node00[12]")
+    assert [r.key for r in fleet.rows("nodes")] == ["node001", "node002"]
+    fleet.filter = data.Filter.parse("nvlink")  # only node010's findings mention NVLink
+    assert [r.key for r in fleet.rows("nodes")] == ["node010"]
+    fleet.filter = data.Filter.parse("!node0(0[1-9])")
+    assert [r.key for r in fleet.rows("nodes")] == ["node010"]
 
 
 def test_a_bad_regex_is_matched_literally_and_says_so() -> None:
@@ -88,15 +83,14 @@ def test_a_bad_regex_is_matched_literally_and_says_so() -> None:
 
 
 def test_sort_by_letter_then_again_reverses(fleet: data.FleetState) -> None:
-    try:
-        assert fleet.sort_letter("nodes", "H") == "health"
-        assert [r.key for r in fleet.rows("nodes")][-3:] == ["node007", "node003", "node010"]  # worst last
-        fleet.sort_letter("nodes", "H")
-        # reversed: worst first, ties still in inventory order
-        assert [r.key for r in fleet.rows("nodes")][:4] == ["node003", "node010", "node007", "node001"]
-        assert fleet.sort_letter("nodes", "?") is None
-    finally:
-        fleet.sorts["nodes"] = data.ViewState("node")
+    healthy = ["node001", "node002", "node004", "node005", "node006", "node008", "node009"]
+    assert fleet.sort_letter("nodes", "H") == "health"
+    # worst last; ties in inventory order
+    assert [r.key for r in fleet.rows("nodes")] == [*healthy, "node007", "node003", "node010"]
+    fleet.sort_letter("nodes", "H")
+    # reversed: worst first, ties still in inventory order
+    assert [r.key for r in fleet.rows("nodes")] == ["node003", "node010", "node007", *healthy]
+    assert fleet.sort_letter("nodes", "?") is None
 
 
 def test_views_have_stable_row_keys(fleet: data.FleetState) -> None:
@@ -117,7 +111,7 @@ def test_unreachable_node_keeps_last_state_with_age_and_mark(fleet: data.FleetSt
     state = data.FleetState(clock=lambda: T0 + 95)
     state.update([gone])
     row = state.rows("nodes")[0]
-    cells = dict(zip((c.key for c in data.COLUMNS["nodes"]), row.cells))
+    cells = dict(zip((c.key for c in data.COLUMNS["nodes"]), row.cells, strict=True))
     assert cells["health"] == "UNREACH"
     assert cells["gpus"] == "7/8" and cells["driver"] == "580.159.04"
     assert cells["seen"] == "1m35s"
@@ -155,8 +149,8 @@ def test_totals_count_nodes_by_health_and_gpus(fleet: data.FleetState) -> None:
 def test_gpu_cells_colour_the_value_at_fault() -> None:
     e = simfeed.entry("node001", ["pcie-downgrade@2"])
     row = next(r for r in e.gpu_rows if r.gpu == e.gpus[2].uuid)
-    styles = dict(zip((c.key for c in data.COLUMNS["gpus"]), row.styles))
-    cells = dict(zip((c.key for c in data.COLUMNS["gpus"]), row.cells))
+    styles = dict(zip((c.key for c in data.COLUMNS["gpus"]), row.styles, strict=True))
+    cells = dict(zip((c.key for c in data.COLUMNS["gpus"]), row.cells, strict=True))
     assert cells["pcie"] == "G4x8<G5x16"
     assert styles["pcie"] == "warn" and styles["temp"] == "" and styles["power"] == ""
 

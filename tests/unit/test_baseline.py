@@ -262,7 +262,8 @@ def test_schema_describes_every_key_with_type_default_description_example():
 
 @pytest.mark.parametrize("key", SCHEMA, ids=lambda k: k.path)
 def test_every_schema_example_validates_at_its_own_path(key):
-    from_mapping(_nest(key.path, key.example), f"example of {key.path}")
+    given = _nest(key.path, key.example)
+    assert from_mapping(given, f"example of {key.path}").raw == given  # kept, at that path
 
 
 def test_schema_top_level_keys_are_the_baseline_fields():

@@ -6,45 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from expected_faults import EXPECTED, NODE_LEVEL
 
 from fleetops import model
 from fleetops.checks import checks_run, run_node_checks
 from fleetops.gpu import sim
 
 TARGET = 3
-# fault -> warn/crit check ids it must raise (exactly), and whether they are node-level.
-EXPECTED: dict[str, dict[str, str]] = {
-    "power-cap-drift": {"thermal_power.power_limit": "warn"},
-    "persistence-off": {"config.persistence_mode": "warn"},
-    "mig-drift": {"config.mig_mode": "warn"},
-    "vbios-drift": {"versions.vbios": "warn"},
-    "driver-drift": {
-        "versions.driver": "warn",
-        "versions.fabric_manager_match": "crit",  # FM 580 cannot run against driver 570
-        "versions.driver_package": "warn",  # installed package 580 is not the loaded 570
-    },
-    "ecc-dbe": {"memory.ecc_dbe_volatile": "crit", "xid.recent": "crit"},  # the sim also logs XID 48
-    "ecc-sbe-storm": {"memory.ecc_sbe_volatile": "warn", "memory.ecc_sbe_rate": "warn"},
-    "row-remap-pending": {"memory.row_remap_pending": "warn"},
-    "row-remap-failure": {"memory.row_remap_failure": "crit", "xid.recent": "crit"},  # and XID 64
-    "pcie-downgrade": {"pcie.link_degraded": "warn"},
-    "pcie-replay-storm": {"pcie.replay_rate": "warn"},
-    "nvlink-down": {"nvlink.links_down": "crit"},
-    "nvlink-crc-storm": {"nvlink.error_rate": "warn"},
-    "thermal-slowdown": {
-        "thermal_power.throttle": "warn",
-        "thermal_power.temperature": "crit",
-        "thermal_power.memory_temperature": "warn",
-    },
-    "power-brake": {"thermal_power.throttle": "warn"},
-    "gpu-missing": {"config.gpu_count": "crit", "config.gpu_missing": "crit"},
-    "stray-process": {"config.stray_processes": "warn"},
-    "xid:79": {"xid.recent": "crit", "config.gpu_count": "crit", "config.gpu_missing": "crit"},
-    "xid:48": {"xid.recent": "crit"},
-    "xid:94": {"xid.recent": "warn"},
-    "xid:13": {"xid.recent": "warn"},
-}
-NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count"}
 
 
 def test_expected_table_covers_every_simulator_fault() -> None:
@@ -120,4 +88,4 @@ def test_fault_is_caught_without_any_baseline_where_it_is_a_health_fault(sim_nod
                          ("row-remap-failure", "memory.row_remap_failure"), ("xid:48", "xid.recent")):
         state = sim.build_state("n1", {"faults": [f"{fault}@2"]})
         findings = run_node_checks(sim_node(state=state), None, None)
-        assert check in {f.check for f in findings if f.severity in ("warn", "crit")}, fault
+        assert {f.check: f.severity for f in findings}.get(check) == EXPECTED[fault][check], fault

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
-import time
 
 import pytest
 
@@ -256,23 +253,15 @@ def test_comma_host_list_like_ansible():
     assert [h.address for h in hosts] == ["10.0.0.1", "10.0.0.2"]
 
 
-def test_thousand_hosts_load_fast(tmp_path):
+def test_thousand_hosts_load_with_their_group_vars(tmp_path):
+    # How long it takes is bench/inventory_load.py's figure (bench/RESULTS.md), not a test's.
     lines = ["[gpu]"] + [
         f"gpu{i:04d} ansible_host=10.{i // 250}.0.{i % 250 + 1} ansible_port=22" for i in range(1000)
     ]
     lines += ["[gpu:vars]", "ansible_user=ops"]
     path = write(tmp_path / "big.ini", "\n".join(lines) + "\n")
     write(tmp_path / "group_vars" / "gpu.yml", "fleetops_baseline: {driver_version: '580.159.04'}\n")
-    inventory.load(path)  # warm: imports
-    start = time.perf_counter()
     hosts = inventory.load(path, "gpu")
-    elapsed = time.perf_counter() - start
-    assert len(hosts) == 1000 and hosts[999].user == "ops"
-    assert elapsed < 3.0, f"1000 hosts took {elapsed:.2f}s"
-    # and in a fresh process, ansible's imports included
-    code = f"import time; t=time.perf_counter(); from fleetops.fleet import inventory; inventory.load({path!r}); print(time.perf_counter()-t)"
-    cold = float(
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    )
-    print(f"\n1000-host inventory: {elapsed:.2f}s warm, {cold:.2f}s in a fresh process")
-    assert cold < 5.0
+    assert [h.name for h in hosts] == [f"gpu{i:04d}" for i in range(1000)]
+    assert hosts[999].user == "ops" and hosts[999].address == "10.3.0.250"
+    assert all(h.vars["fleetops_baseline"] == {"driver_version": "580.159.04"} for h in hosts)

@@ -479,7 +479,7 @@ def test_reference_h200_vm(monkeypatch):
     assert topo.links == [["X"]] and topo.nvlink_counts == [[0]]
     assert topo.numa == {"0000:00:06.0": None}
 
-    # the rules: one FieldValues call, NVLink asked once, the 70 ms checksum never
+    # the rules: one FieldValues call, NVLink asked once, the slow checksum never
     assert fake.count("nvmlDeviceGetFieldValues") == 1
     assert fake.count("nvmlDeviceGetNvLinkState") == 1
     assert fake.count("nvmlDeviceGetNvLinkRemotePciInfo") == 0
@@ -488,7 +488,7 @@ def test_reference_h200_vm(monkeypatch):
     assert fake.count("nvmlDeviceGetRemappedRows") == 0  # the fields answered
     assert fake.count("nvmlDeviceGetTotalEccErrors") == 0
     assert fake.count("nvmlDeviceGetRetiredPages") == 0  # pending status said NotSupported
-    assert fake.count("nvmlShutdown") == 0  # left to the process exit (4 ms saved)
+    assert fake.count("nvmlShutdown") == 0  # left to the process exit
 
 
 def test_round_trips_through_the_schema(monkeypatch):

@@ -293,7 +293,9 @@ def test_bytes_line_is_decoded():
 def test_malformed_junk_is_fast():
     start = time.perf_counter()
     xid.parse_lines(NASTY * 3)
-    assert time.perf_counter() - start < 2.0
+    # Under a second even on a loaded machine; a pattern that backtracks over the megabyte
+    # lines would take hours, so twenty seconds tells the two apart without flaking.
+    assert time.perf_counter() - start < 20
 
 
 def test_parse_lines_skips_what_is_not_an_xid_and_keeps_order():
