@@ -93,16 +93,19 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
     if chosen == "sim":
         node = model.node_from_dict(_sim_dict(state_path, now))
     else:
+        import socket
+
         from fleetops.agent import hostinfo
         from fleetops.gpu import nvml, xid
-
-        import socket
 
         node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
         node.kernel = hostinfo.kernel()
         node.os = hostinfo.os_name()
         node.uptime_s = hostinfo.uptime_s()
-        nvml.collect_into(node)
+        try:
+            nvml.collect_into(node)
+        except nvml.NvmlUnavailable as exc:
+            raise CollectError(str(exc)) from exc
         node.services, reason = hostinfo.service_states()
         if reason:
             node.unavailable["services"] = reason

@@ -12,7 +12,8 @@ Rules this module keeps:
   ``unavailable`` map with that reason (see ``fleetops.model``).
 - ``GpuIsLost`` on a GPU marks it lost: its remaining calls are not made and every field not
   yet read gets the reason ``"GpuIsLost"``. Other GPUs are collected as usual.
-- A failing ``nvmlInit`` (no driver, no library) raises ``CollectError`` naming the reason.
+- A failing ``nvmlInit`` (no driver, no library) raises ``NvmlUnavailable`` naming the reason
+  (the agent's collect turns it into its ``CollectError``; this layer imports nothing of the agent).
 - Scalar counters are read with ONE ``nvmlDeviceGetFieldValues`` call per GPU (memory
   temperature, ECC totals, remapped rows, PCIe replays, NVLink link count and error totals,
   recovery action); each returned field's own ``nvmlReturn`` is checked. Where a field fails
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetops import model
-from fleetops.gpu import throttle
+from fleetops.catalog import throttle
 
 SYSFS_PCI = "/sys/bus/pci/devices"  # tests point this elsewhere
 PROC = "/proc"
@@ -127,7 +128,7 @@ class _Nvml:
             value, reason = fn(*args), None
         except self.N.NVMLError as exc:
             value, reason = None, _reason_of(exc)
-        except Exception as exc:  # noqa: BLE001 - a binding bug must not end the collection
+        except Exception as exc:
             value, reason = None, _reason_of(exc)
         if self.trace is not None:
             self.trace.append(((time.perf_counter() - start) * 1000.0, name))
@@ -179,20 +180,20 @@ class _GpuReader:
 # --- entry point ---------------------------------------------------------------------------
 
 
+class NvmlUnavailable(Exception):
+    """NVML cannot start at all (no nvidia-ml-py, no driver, no library); the message says why."""
+
+
 def collect_into(node: model.Node) -> None:
-    """Fill ``node`` from NVML. Raises ``CollectError`` only when NVML cannot start at all."""
+    """Fill ``node`` from NVML. Raises ``NvmlUnavailable`` only when NVML cannot start at all."""
     try:
         import pynvml
     except ImportError as exc:
-        from fleetops.agent.collect import CollectError
-
-        raise CollectError(f"NVML backend: nvidia-ml-py is not installed ({exc})") from exc
+        raise NvmlUnavailable(f"NVML backend: nvidia-ml-py is not installed ({exc})") from exc
     nv = _Nvml(pynvml, trace=bool(os.environ.get("FLEETOPS_NVML_TRACE")))
     _, reason = nv.call("nvmlInit")
     if reason is not None:
-        from fleetops.agent.collect import CollectError
-
-        raise CollectError(f"NVML initialisation failed: {reason}")
+        raise NvmlUnavailable(f"NVML initialisation failed: {reason}")
     # No nvmlShutdown: it costs 4 ms on an H200 VM, the process's exit releases NVML, and a
     # long-running caller keeps NVML initialised for its next snapshot (nvmlInit is counted).
     try:
@@ -326,7 +327,7 @@ def _read_all(readers: list[_GpuReader]) -> None:
 def _guarded(section: Callable[[_GpuReader], None], r: _GpuReader) -> None:
     try:
         section(r)
-    except Exception as exc:  # noqa: BLE001 - a bug in one section must not cost the snapshot
+    except Exception as exc:
         r.errors.append(f"GPU {r.gpu.index} ({r.gpu.bus_id}): {type(exc).__name__}: {exc}")
 
 
@@ -458,7 +459,7 @@ def _read_fields(r: _GpuReader) -> dict[str, tuple[Any, str | None]]:
         for key, _ in wanted:
             out[key] = (None, reason)
         return out
-    for (key, _), fv in zip(wanted, values):
+    for (key, _), fv in zip(wanted, values, strict=False):
         ret = fv.nvmlReturn
         if ret == 0:
             out[key] = (_field_value(fv), None)
@@ -526,11 +527,11 @@ def _read_ecc_memory(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | N
         "remapped_rows_failure",
     )
     convs = (int, int, bool, bool)
-    ok = [_apply_field(r, fields, key, conv) for key, conv in zip(remap, convs)]
+    ok = [_apply_field(r, fields, key, conv) for key, conv in zip(remap, convs, strict=True)]
     if not all(ok) and any(_retry(fields[key][1]) for key in remap):
         value, reason = r.call("nvmlDeviceGetRemappedRows")
         if reason is None:
-            for key, conv, v in zip(remap, convs, value):
+            for key, conv, v in zip(remap, convs, value, strict=False):
                 setattr(gpu, key, conv(v))
                 gpu.unavailable.pop(key, None)
         else:

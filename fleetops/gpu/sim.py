@@ -26,11 +26,12 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
+from fleetops.catalog import throttle
 from fleetops.schema import SCHEMA_ID
-from fleetops.gpu import throttle
 
 STATE_ENV = "FLEETOPS_SIM_STATE"
 STATE_VERSION = 1

@@ -7,7 +7,7 @@ import pytest
 from fleetops import baseline, model
 from fleetops.checks import run_node_checks
 from fleetops.checks.config import process_allowed
-from fleetops.gpu import throttle
+from fleetops.catalog import throttle
 
 
 def _checks(findings):
