@@ -50,7 +50,7 @@ def service_states(units: tuple[str, ...] = SERVICES) -> tuple[dict[str, str | N
     states = proc.stdout.split()
     if len(states) != len(units):
         return {u: None for u in units}, f"systemctl answered {proc.stdout.strip()!r}"
-    return dict(zip(units, states)), None
+    return dict(zip(units, states, strict=True)), None
 
 
 def nvidia_packages() -> tuple[dict[str, str], str | None]:

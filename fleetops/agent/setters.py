@@ -11,6 +11,8 @@ from typing import Any
 
 from fleetops import model
 
+SET_KIND = "fleetops.set/v1"  # the report's kind (see agent.main's output contract)
+
 SETTINGS = {
     # name -> (snapshot field, how to parse the requested value)
     "power": "power_limit_w",
@@ -97,6 +99,7 @@ def apply(
         else:
             _apply_nvml(setting, value, changed)
     return {
+        "kind": SET_KIND,
         "setting": setting,
         "field": field_name,
         "value": value,

@@ -204,7 +204,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
     }
     for entry in scenario.get("faults") or []:
         name, gpu_index = _parse_fault_entry(entry)
-        _inject(state, name, gpu_index)
+        inject_into(state, name, gpu_index)
     return state
 
 
@@ -327,7 +327,9 @@ def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
     return gpu
 
 
-def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+    """Inject ``name`` into a state held in memory (a scenario being built, a test's node); False
+    if it was already there. ``inject`` does the same on a state file."""
     check_fault_name(name)
     index = _gpu_index(state, name, gpu)
     for fault in state["faults"]:
@@ -349,6 +351,10 @@ def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
     return True
 
 
+# the old private spelling, for callers not yet moved to ``inject_into``
+_inject = inject_into
+
+
 def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
     gpu = state["gpus"][index or 0]
     bus = gpu["bus_id"]  # 0000:18:00.0 -> PCI:0000:18:00 as the driver prints it
@@ -367,7 +373,7 @@ def inject(path: str, name: str, gpu: int | None = None) -> bool:
     """Inject ``name`` on the node whose state is at ``path``; False if it was already there."""
     check_fault_name(name)
     with locked_state(path) as state:
-        return _inject(state, name, gpu)
+        return inject_into(state, name, gpu)
 
 
 def clear(path: str, name: str, gpu: int | None = None) -> int:
@@ -592,6 +598,27 @@ def _same_bus(a: str, b: str) -> bool:
 # the fault stays and the next snapshot shows it). A GPU that fell off the bus (xid:79) or is
 # not enumerated (gpu-missing) cannot be reached by a reset at all: only a reboot brings it back.
 # Settings (power cap, persistence, MIG mode, VBIOS, driver) are not the reset's business.
+
+# How long a simulated ``nvidia-smi -r`` keeps the GPU away: the node's ``reset_duration_s``
+# (seconds, default 0). A real reset takes seconds to minutes; tests set it to watch a reset in
+# progress (a second action refused by the lock, a signal during the reset phase).
+RESET_DURATION_FIELD = "reset_duration_s"
+
+
+def reset_duration_s(state: dict[str, Any]) -> float:
+    """The simulated reset's duration in seconds (``node.reset_duration_s``; 0 when unset)."""
+    try:
+        return max(0.0, float(state["node"].get(RESET_DURATION_FIELD) or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def set_reset_duration(state: dict[str, Any], seconds: float) -> None:
+    """Make the simulated reset take ``seconds`` (see ``reset_duration_s``)."""
+    if seconds < 0:
+        raise SimError(f"reset duration must be >= 0 s, not {seconds}")
+    state["node"][RESET_DURATION_FIELD] = float(seconds)
+
 
 RESET_CLEARS = ("ecc-dbe", "ecc-sbe-storm", "row-remap-pending", "nvlink-crc-storm", "pcie-replay-storm")
 RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "thermal-slowdown", "power-brake")
