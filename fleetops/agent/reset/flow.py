@@ -445,15 +445,19 @@ class _Attempt:
         try:
             self.beat("stop_clients")
             for unit in to_stop:
-                ok, detail = backend.stop_service(unit)
-                actions.append({"action": "stop_service", "unit": unit, "ok": ok, "detail": detail})
+                # a signal is held until the stop is on record: a unit stopped but not noted down
+                # would never be started again
+                with self.guard.deferred():
+                    ok, detail = backend.stop_service(unit)
+                    actions.append({"action": "stop_service", "unit": unit, "ok": ok, "detail": detail})
+                    if ok:
+                        stopped.append(unit)
+                        if self.held is not None:
+                            self.held.update(stopped=list(stopped))
                 if not ok:
                     doc["result"] = "failed"
                     doc["remedy"] = f"{unit} did not stop: stop it by hand and retry"
                     return 1
-                stopped.append(unit)
-                if self.held is not None:
-                    self.held.update(stopped=list(stopped))
             self.beat("reset")
             t0 = time.time()
             with self.guard.deferred():
