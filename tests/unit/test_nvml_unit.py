@@ -16,8 +16,8 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from fleetops import model
-from fleetops.gpu import nvml
+from fleetops import model  # noqa: E402 - after the skip: pynvml must be importable
+from fleetops.gpu import nvml  # noqa: E402
 
 MIB = 1024 * 1024
 NS = pynvml.NVML_ERROR_NOT_SUPPORTED

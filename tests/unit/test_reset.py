@@ -17,8 +17,8 @@ import pytest
 from fleetops import checks, model
 from fleetops.agent import lock as node_lock
 from fleetops.agent import reset
-from fleetops.agent.reset import backends, flow, journal
 from fleetops.agent.collect import collect
+from fleetops.agent.reset import backends, journal
 from fleetops.gpu import sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
@@ -387,7 +387,6 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
     for name in ("nvidia_smi_reset", "systemctl", "send_signal", "nvidia_smi_mig"):
         monkeypatch.setattr(backends, name, _forbid(name))
     monkeypatch.setattr(journal, "send_syslog", _forbid("send_syslog"))
-    monkeypatch.setattr(flow._Attempt, "_act", _forbid("_act"))
     monkeypatch.setattr(os, "kill", _forbid("os.kill"))
     monkeypatch.setattr(subprocess, "run", _forbid("subprocess.run"))
     monkeypatch.setattr(node_lock, "acquire", _forbid("lock.acquire"))

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from fleetops import model
-from fleetops.agent import hostinfo
+from fleetops.agent import hostinfo, reset
 from fleetops.agent import lock as node_lock
-from fleetops.agent import reset
 from fleetops.agent.reset import backends
 from fleetops.catalog import actions
 from fleetops.gpu import sim
