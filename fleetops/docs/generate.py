@@ -915,7 +915,9 @@ def _exit_codes() -> list[str]:
             "`fleetops-agent` (on the node)",
             (
                 f"{agent_main.EXIT_OK} done (one JSON document on stdout); {agent_main.EXIT_FAIL} failed or "
-                f"refused (a JSON error line on stderr); {agent_main.EXIT_USAGE} usage error"
+                f"refused (a JSON error line on stderr); {agent_main.EXIT_USAGE} usage error (also: `reset "
+                "--kill-processes` without `--expect-pids`); 128 + N: `reset` ended by signal N (SIGTERM, SIGHUP, "
+                "SIGINT) after restarting the clients it stopped and releasing the lock (result `interrupted`)"
             ),
         )
     )
