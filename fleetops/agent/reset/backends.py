@@ -37,6 +37,10 @@ class ResetError(Exception):
         self.exit_code = exit_code
 
 
+class NodeChangeError(Exception):
+    """The node refused a change (NVML said no); the message names the setting and the reason."""
+
+
 class DryRunViolation(RuntimeError):
     """A changing operation was reached in a dry run: a bug, stopped before it did anything."""
 
@@ -190,6 +194,10 @@ class Backend:
         """Destroy the GPU's MIG instances and create ``profiles`` (``mig reset``)."""
         raise NotImplementedError
 
+    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
+        """Set power cap, persistence or MIG mode on the GPUs ``uuids`` (``fleetops-agent set``)."""
+        raise NotImplementedError
+
 
 class SimBackend(Backend):
     """The node's simulator state file: processes, services and the reset are records in it.
@@ -330,6 +338,18 @@ class SimBackend(Backend):
             return False, str(exc)
         return True, "simulated: destroyed and recreated"
 
+    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
+        from fleetops.gpu import sim
+
+        self._changing(f"set {setting}")
+        with sim.locked_state(self.path) as state:
+            for uuid in uuids:
+                pos = next(i for i, g in enumerate(state["gpus"]) if g["uuid"] == uuid)
+                state["gpus"][pos][field_name] = value
+                if field_name == "mig_mode_current":
+                    state["gpus"][pos]["mig_mode_pending"] = value
+                sim.retire_setting_fault(state, field_name, pos)
+
 
 class NvmlBackend(Backend):
     """A real node: NVML for reading, signals, systemctl and ``nvidia-smi -r`` for changing."""
@@ -422,6 +442,25 @@ class NvmlBackend(Backend):
             if rc != 0 and step[-1] not in ("-dci", "-dgi"):
                 return False, "; ".join(said) + (f": {out}" if out else "")
         return True, "; ".join(said)
+
+    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
+        import pynvml as nv
+
+        self._changing(f"set {setting}")
+        nv.nvmlInit()
+        try:
+            for uuid in uuids:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                if setting == "power":
+                    nv.nvmlDeviceSetPowerManagementLimit(handle, int(value * 1000))
+                elif setting == "persistence":
+                    nv.nvmlDeviceSetPersistenceMode(handle, 1 if value else 0)
+                elif setting == "mig":
+                    nv.nvmlDeviceSetMigMode(handle, 1 if value else 0)
+        except nv.NVMLError as exc:
+            raise NodeChangeError(f"{setting}: NVML refused the change: {exc}") from exc
+        finally:
+            nv.nvmlShutdown()
 
 
 def nvidia_smi_mig(args: list[str], timeout: float | None = None) -> tuple[int, str]:
