@@ -137,7 +137,7 @@ class _Nvml:
     def reason_code(self, code: int) -> str:
         cls = self.N.NVMLError._valClassMapping.get(code)
         if cls is not None and cls.__name__.startswith("NVMLError_"):
-            return cls.__name__[len("NVMLError_") :]
+            return str(cls.__name__[len("NVMLError_") :])
         return f"NVMLError{code}"
 
     def const(self, name: str, default: Any = None) -> Any:
@@ -357,7 +357,8 @@ def _read_identity(r: _GpuReader) -> None:
 
 
 def _watts(milliwatts: Any) -> float:
-    return round(milliwatts / 1000.0, 3)
+    watts: float = round(milliwatts / 1000.0, 3)
+    return watts
 
 
 def _read_power_thermal(r: _GpuReader, N: Any) -> None:
@@ -496,11 +497,11 @@ def _read_ecc_memory(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | N
     value, reason = r.call("nvmlDeviceGetMemoryInfo", version) if version else (None, "no v2")
     if reason is not None and reason != LOST:
         value, reason = r.call("nvmlDeviceGetMemoryInfo")
-    if reason is None:
+    if reason is None and value is not None:
         gpu.memory_used_mib, gpu.memory_total_mib = int(value.used) // _MIB, int(value.total) // _MIB
     else:
-        r.miss("memory_used_mib", reason)
-        r.miss("memory_total_mib", reason)
+        r.miss("memory_used_mib", reason or "Unknown")
+        r.miss("memory_total_mib", reason or "Unknown")
 
     value, reason = r.call("nvmlDeviceGetEccMode")
     if reason is None:
@@ -793,7 +794,8 @@ def cpu_list(words: Any, word_bits: int = 64) -> str:
     """A CPU bit mask (NVML's array of unsigned longs) as a list string: "0-15,32-47"."""
     cpus = [w * word_bits + b for w, word in enumerate(words) for b in range(word_bits) if int(word) >> b & 1]
     parts = []
-    start = prev = None
+    start: int | None = None
+    prev = -2
     for cpu in cpus:
         if start is None:
             start = prev = cpu
@@ -869,6 +871,8 @@ def _topology(nv: _Nvml, readers: list[_GpuReader]) -> model.Topology:
             if count:
                 links[i][j] = links[j][i] = f"NV{count}"
                 continue
+            reason: str | None
+            level: Any
             if a.lost or b.lost:
                 level, reason = None, LOST
             else:

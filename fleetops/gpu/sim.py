@@ -213,8 +213,8 @@ def _parse_fault_entry(entry: Any) -> tuple[str, int | None]:
         name, _, gpu = entry.partition("@")
         return name, int(gpu) if gpu else None
     if isinstance(entry, dict) and "fault" in entry:
-        gpu = entry.get("gpu")
-        return str(entry["fault"]), int(gpu) if gpu is not None else None
+        index = entry.get("gpu")
+        return str(entry["fault"]), int(index) if index is not None else None
     raise SimError(f"faults: entry {entry!r} is neither 'NAME[@GPU]' nor {{fault: NAME, gpu: N}}")
 
 
@@ -692,7 +692,7 @@ def set_service(state: dict[str, Any], unit: str, status: str) -> str | None:
     services = state["node"].setdefault("services", {})
     before = services.get(unit)
     services[unit] = status
-    return before
+    return None if before is None else str(before)
 
 
 def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) -> dict[str, Any]:
@@ -798,7 +798,8 @@ def set_mig_instances(state: dict[str, Any], position: int, profiles: list[str],
         }
         for slot, profile in enumerate(profiles)
     ]
-    return gpu["mig_instances"]
+    made: list[dict[str, Any]] = gpu["mig_instances"]
+    return made
 
 
 def mig_reset(state: dict[str, Any], position: int, profiles: list[str] | None = None) -> dict[str, Any]:
