@@ -1059,7 +1059,7 @@ def outputs_page() -> str:
         ),
         "",
     ]
-    rows = [(_code(n), k, l, h) for n, k, l, h in metrics if n not in gauge_names]
+    rows = [(_code(n), k, lab, h) for n, k, lab, h in metrics if n not in gauge_names]
     for name, attr, help_text in prometheus.GPU_GAUGES:
         rows.append(
             (_code(name), "gauge", "node, gpu, uuid, bus_id", f"{help_text} (snapshot field `{attr}`)")
