@@ -135,9 +135,13 @@ class _Nvml:
         return value, reason
 
     def reason_code(self, code: int) -> str:
-        cls = self.N.NVMLError._valClassMapping.get(code)
-        if cls is not None and cls.__name__.startswith("NVMLError_"):
-            return str(cls.__name__[len("NVMLError_") :])
+        # NVMLError(code) builds the code's own subclass (NVMLError_NotSupported, ...)
+        try:
+            name = type(self.N.NVMLError(code)).__name__
+        except Exception:  # a binding without that behaviour: the plain code
+            name = ""
+        if name.startswith("NVMLError_"):
+            return name[len("NVMLError_") :]
         return f"NVMLError{code}"
 
     def const(self, name: str, default: Any = None) -> Any:
