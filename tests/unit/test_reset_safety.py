@@ -318,7 +318,7 @@ def _wait_for_phase(lock: Path, phase: str, child: subprocess.Popen[str]) -> dic
 def test_a_signal_during_the_reset_restarts_the_clients_frees_the_lock_and_is_journalled(state, sig):
     with sim.locked_state(str(state)) as st:
         sim.set_service(st, "nvidia-dcgm", "active")
-        sim.set_reset_duration(st, 2.0)  # the GPU is away while it resets
+        sim.set_reset_duration(st, 4.0)  # the GPU is away while it resets: time to signal it
     child = subprocess.Popen(AGENT + ["reset", "--gpu", uuid_of(state, 0), "--no-syslog", "--grace", "1",
                                       "--reset-timeout", "30"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_env(state))
