@@ -575,7 +575,7 @@ def xid_page() -> str:
         "## Codes",
         "",
     ]
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             f"[{code}](#xid-{code})",
             info.name,
@@ -786,7 +786,7 @@ def _field_rows(cls: type) -> list[tuple[str, str]]:
 
 
 def _trim_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
-    snap = json.loads(json.dumps(snapshot))
+    snap: dict[str, Any] = json.loads(json.dumps(snapshot))
     gpus = snap.get("gpus") or []
     snap["gpus"] = gpus[:1]
     for gpu in snap["gpus"]:
@@ -926,7 +926,7 @@ def _exit_codes() -> list[str]:
 
 
 def outputs_page() -> str:
-    from fleetops import model
+    from fleetops import model, schema
     from fleetops.report import json_report, junit, prometheus
 
     result, code = example_audit()
@@ -1008,7 +1008,7 @@ def outputs_page() -> str:
         "### Snapshot fields",
         "",
         (
-            f"The snapshot is `fleetops-agent collect`'s output, schema `{model.SCHEMA_ID}`, the same "
+            f"The snapshot is `fleetops-agent collect`'s output, schema `{schema.SCHEMA_ID}`, the same "
             "for NVML and the simulator. A value that could not be read is `null` and its field is a "
             "key of the owner's `unavailable` map, whose value says why (`NotSupported`, "
             "`NoPermission`, `GpuIsLost`, ...)."
