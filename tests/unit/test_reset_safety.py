@@ -378,3 +378,27 @@ def test_a_signal_while_stopping_clients_starts_again_what_was_stopped(state, mo
     services = sim.read_state(str(state))["node"]["services"]
     assert services["nvidia-persistenced"] == "active" and services["nvidia-dcgm"] == "active"
     assert not lock_of(state).exists()
+
+
+def test_mig_reset_holds_the_lock_with_its_own_budget_and_a_phase_per_gpu(state, monkeypatch):
+    from fleetops.agent import mig
+
+    with sim.locked_state(str(state)) as st:
+        for pos in (0, 1):
+            st["gpus"][pos]["mig_mode_current"] = st["gpus"][pos]["mig_mode_pending"] = True
+            sim.set_mig_instances(st, pos, ["3g.71gb", "3g.71gb"])
+    seen: list[dict[str, Any]] = []
+    real = reset.SimBackend.recreate_mig
+
+    def recreate(self: reset.SimBackend, uuid: str, profiles: list[str]) -> tuple[bool, str]:
+        seen.append(json.loads(lock_of(state).read_text()))
+        return real(self, uuid, profiles)
+
+    monkeypatch.setattr(reset.SimBackend, "recreate_mig", recreate)
+    doc, code = mig.run("all", None, False, "sim", str(state), None)
+    assert code == 0 and doc["kind"] == "fleetops.mig/v1" and doc["result"] == "recreated"
+    uuids = [uuid_of(state, 0), uuid_of(state, 1)]
+    assert [r["phase"] for r in seen] == [f"recreate {u}" for u in uuids]
+    assert [r["deadline"] - r["heartbeat_at"] for r in seen] == pytest.approx(
+        [actions.mig_budget_s(2), actions.mig_budget_s(1)])
+    assert not lock_of(state).exists()
