@@ -106,7 +106,7 @@ class Gpu:
     clock_mem_mhz: int | None = None
     clock_mem_max_mhz: int | None = None
     clocks_event_mask: int | None = None
-    clocks_event_reasons: list[str] | None = None  # decoded names, see gpu.throttle
+    clocks_event_reasons: list[str] | None = None  # decoded names, see catalog.throttle
     utilization_gpu_pct: int | None = None
     utilization_mem_pct: int | None = None
     memory_used_mib: int | None = None

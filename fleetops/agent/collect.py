@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleetops import model
@@ -49,7 +49,7 @@ def _xid_events(
     return events
 
 
-def _sim_dict(state_path: str | None, now: float) -> dict:
+def _sim_dict(state_path: str | None, now: float) -> dict[str, Any]:
     from fleetops.gpu import sim
 
     path = state_path or os.environ.get(sim.STATE_ENV)
@@ -59,7 +59,7 @@ def _sim_dict(state_path: str | None, now: float) -> dict:
         state = sim.read_state(path)
     except sim.SimError as exc:
         raise CollectError(str(exc)) from exc
-    data = sim.snapshot(state, now=now)
+    data: dict[str, Any] = sim.snapshot(state, now=now)
     lines = data.pop("_kernel_log")
     data["collected_at"] = now
     gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
@@ -71,14 +71,15 @@ def _sim_dict(state_path: str | None, now: float) -> dict:
     return data
 
 
-def collect_dict(backend: str = "auto", state_path: str | None = None) -> dict:
+def collect_dict(backend: str = "auto", state_path: str | None = None) -> dict[str, Any]:
     """The snapshot as the JSON-ready mapping the agent prints. The simulator's path builds the
     mapping directly (the controller validates it on receipt); NVML's goes through ``collect``."""
     start = time.perf_counter()
     if choose_backend(backend) != "sim":
         from fleetops.model import to_dict
 
-        return to_dict(collect(backend, state_path))
+        doc: dict[str, Any] = to_dict(collect(backend, state_path))
+        return doc
     data = _sim_dict(state_path, time.time())
     data["collect_ms"] = round((time.perf_counter() - start) * 1000.0, 2)
     return data
@@ -93,16 +94,19 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
     if chosen == "sim":
         node = model.node_from_dict(_sim_dict(state_path, now))
     else:
+        import socket
+
         from fleetops.agent import hostinfo
         from fleetops.gpu import nvml, xid
-
-        import socket
 
         node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
         node.kernel = hostinfo.kernel()
         node.os = hostinfo.os_name()
         node.uptime_s = hostinfo.uptime_s()
-        nvml.collect_into(node)
+        try:
+            nvml.collect_into(node)
+        except nvml.NvmlUnavailable as exc:
+            raise CollectError(str(exc)) from exc
         node.services, reason = hostinfo.service_states()
         if reason:
             node.unavailable["services"] = reason

@@ -3,14 +3,17 @@
 The lock is a file (default ``/run/fleetops/maintenance.lock``; tmpfs, so a reboot clears it)
 that its holder keeps ``fcntl.flock``-ed for the whole action and in which it writes one JSON
 record: ``pid``, ``pid_start`` (the process's start time in clock ticks, against pid reuse),
-``started_at``, ``deadline``, ``action``, ``gpu``, ``host``. On release the holder unlinks the
-file, so a node with no action in progress has no lock file.
+``started_at``, ``deadline``, ``phase``, ``action``, ``gpu``, ``host``. On release the holder
+unlinks the file, so a node with no action in progress has no lock file.
 
-A lock is *stale*, and the next action takes it over (saying so), when
-- its holder's process is gone (killed, crashed: the kernel dropped its flock, the record
-  stayed), or
-- its deadline has passed (a hung holder: the file is unlinked and a new one made; the hung
-  process keeps a flock on a file nobody looks at any more).
+The deadline is the holder's own worst case for what is left of its action (for a reset,
+``catalog.actions.reset_remaining_s``), rewritten at each phase by ``Lock.heartbeat``. It tells an
+operator when to start worrying; it never hands the node to somebody else. A lock is *stale*,
+and the next action takes it over (saying so), only when its holder is dead: its process is gone
+(killed, crashed: the kernel dropped its flock, the record stayed) or its pid now belongs to
+another process (a different start time). A live holder past its deadline keeps the lock and is
+reported as such: it may be a reset still waiting on ``nvidia-smi -r``, and taking the node from
+it would run two actions on one GPU at once. Only an operator decides to kill it.
 
 Acquirers lock the file they opened and then check it is still the file at the path, so an
 unlink by a releaser or a stale-lock breaker never lets two holders in.
@@ -99,6 +102,8 @@ def describe(record: dict[str, Any] | None, now: float | None = None) -> str:
     since = record.get("started_at")
     deadline = record.get("deadline")
     parts = [f"{what}{gpu} by pid {record.get('pid')}"]
+    if record.get("phase"):
+        parts.append(f"phase {record['phase']}")
     if isinstance(since, (int, float)):
         parts.append(f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))} ({now - since:.0f}s ago)")
     if isinstance(deadline, (int, float)):
@@ -108,16 +113,33 @@ def describe(record: dict[str, Any] | None, now: float | None = None) -> str:
 
 
 def staleness(record: dict[str, Any] | None, now: float | None = None) -> str | None:
-    """Why ``record`` no longer holds the node (process gone, deadline passed), or None if it does."""
+    """Why ``record`` no longer holds the node (its process is gone or its pid was reused), or
+    None while its holder lives. A passed deadline does not make a lock stale (see the module)."""
     if not record:
         return None
-    now = time.time() if now is None else now
     if not pid_alive(record.get("pid"), record.get("pid_start")):
         return f"its process {record.get('pid')} is gone"
-    deadline = record.get("deadline")
-    if isinstance(deadline, (int, float)) and now > deadline:
-        return f"its deadline passed {now - deadline:.0f}s ago"
     return None
+
+
+def overdue_s(record: dict[str, Any] | None, now: float | None = None) -> float | None:
+    """Seconds a holder is past its deadline, or None when it is not (or has none)."""
+    deadline = (record or {}).get("deadline")
+    now = time.time() if now is None else now
+    if isinstance(deadline, (int, float)) and now > deadline:
+        return now - deadline
+    return None
+
+
+def held_message(record: dict[str, Any], now: float | None = None) -> str:
+    """What to tell the operator about a live holder, past its deadline or not."""
+    late = overdue_s(record, now)
+    if late is None:
+        return f"another maintenance action holds this node: {describe(record, now)}"
+    return (
+        f"held by live pid {record.get('pid')} past its deadline by {late:.0f}s ({describe(record, now)}): "
+        "it is not taken over; find out what that process waits on, and end it by hand if it is hung"
+    )
 
 
 def _read_fd(fd: int) -> dict[str, Any] | None:
@@ -163,7 +185,7 @@ class Status:
             return f"no maintenance action in progress ({self.path} absent or empty)"
         if self.state == "stale":
             return f"stale lock ({describe(self.record)}): {self.reason}; it will be taken over"
-        return f"held: {describe(self.record)}"
+        return held_message(self.record or {})
 
 
 def peek(path: str, now: float | None = None) -> Status:
@@ -205,9 +227,16 @@ class Lock:
     recovered: dict[str, Any] | None = None
     released: bool = field(default=False)
 
+    def heartbeat(self, phase: str, remaining_s: float, now: float | None = None) -> None:
+        """Say which phase the action is in and move the deadline to its worst case for the rest."""
+        t = time.time() if now is None else now
+        self.update(phase=phase, deadline=t + float(remaining_s), heartbeat_at=t)
+
     def update(self, **fields: Any) -> None:
         """Add ``fields`` to the record (e.g. the services stopped so far, so that whoever takes
         over a stale lock knows what to start again)."""
+        if self.released:
+            return
         self.record.update(fields)
         data = (json.dumps(self.record) + "\n").encode()
         os.ftruncate(self.fd, 0)
@@ -240,8 +269,10 @@ def acquire(
     gpu: str | None = None,
     deadline_s: float = DEFAULT_DEADLINE_S,
     now: float | None = None,
+    phase: str = "starting",
 ) -> Lock:
-    """Take the node's maintenance lock or raise LockHeld naming its live holder."""
+    """Take the node's maintenance lock or raise LockHeld naming its live holder. ``deadline_s``
+    is the action's own worst case (``catalog.actions``), not a fixed figure."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -265,18 +296,10 @@ def acquire(
             os.close(fd)
             t = time.time() if now is None else now
             if record is not None and pid_alive(record.get("pid"), record.get("pid_start")):
-                deadline = record.get("deadline")
-                if isinstance(deadline, (int, float)) and t > deadline:
-                    # hung past its deadline: take the path away from it
-                    recovered = {**record, "stale_because": f"its deadline passed {t - deadline:.0f}s ago (pid still alive)"}
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                raise LockHeld(path, record, f"another maintenance action holds this node: {describe(record, t)}")
+                # a live holder keeps the node, past its deadline or not
+                raise LockHeld(path, record, held_message(record, t)) from None
             if time.monotonic() > busy_until:
-                raise LockHeld(path, record or {}, f"{path} stays locked by a process that wrote no record")
+                raise LockHeld(path, record or {}, f"{path} stays locked by a process that wrote no record") from None
             time.sleep(0.05)
             continue
         if not _same_file(fd, path):  # unlinked between our open and our flock: start again
@@ -287,10 +310,10 @@ def acquire(
         if old is not None and old.get("pid") != os.getpid():
             why = staleness(old, t)
             if why is None:
-                # alive, within its deadline, yet not holding the flock: it is not one of ours
-                # (a record written by hand, or a holder that closed the file); respect it
+                # alive, yet not holding the flock: a record written by hand, or a holder that
+                # closed the file; its process lives, so respect it
                 os.close(fd)
-                raise LockHeld(path, old, f"another maintenance action holds this node: {describe(old, t)}")
+                raise LockHeld(path, old, held_message(old, t))
             recovered = {**old, "stale_because": why}
         record = {
             "pid": os.getpid(),
@@ -300,6 +323,7 @@ def acquire(
             "gpu": gpu,
             "started_at": t,
             "deadline": t + float(deadline_s),
+            "phase": phase,
         }
         data = (json.dumps(record) + "\n").encode()
         os.ftruncate(fd, 0)

@@ -3,9 +3,20 @@
 Output contract: a command prints one JSON document on stdout and exits 0, or prints a
 one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. ``reset`` and
 ``mig`` print their report on stdout also when they refuse or fail (exit 1, with the error line
-on stderr); a usage error (an index given to ``reset``) is exit 2 with the error line only. Nothing heavy
-is imported here (no textual, rich, ansible, paramiko): this starts on every node every few
-seconds during an incident.
+on stderr); a usage error (an index given to ``reset``, ``--kill-processes`` without
+``--expect-pids``) is exit 2 with the error line only. A reset ended by SIGTERM, SIGHUP or SIGINT
+prints its report (result ``interrupted``) and exits 128 + the signal number. A deprecated flag
+(``reset --timeout``) adds one plain-text line on stderr, never JSON.
+
+Reports say what they are in ``kind``, so a reader never guesses from their shape or from stderr
+wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints
+``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
+the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
+``fleetops.set/v1``. Error lines' ``kind``: ``usage``, ``no-such-gpu``, ``refused``, ``failed``,
+``interrupted``, ``collect``, ``internal`` and the exception names listed in ``main``.
+
+Nothing heavy is imported here (no textual, rich, ansible, paramiko): this starts on every node
+every few seconds during an incident.
 """
 
 from __future__ import annotations
@@ -15,6 +26,11 @@ import sys
 from typing import Any
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _note(text: str) -> None:
+    """A plain-text line for people on stderr (a deprecated flag); the JSON error line stays last."""
+    sys.stderr.write(text + "\n")
 
 
 def _fail(kind: str, message: str, code: int = EXIT_FAIL) -> int:
@@ -67,8 +83,17 @@ def build_parser() -> Any:
     p.add_argument("--gpu", required=True, help="the GPU's UUID or PCI bus id (never an index)")
     p.add_argument("--bus-id", help="the bus id the caller expects --gpu (a UUID) to be at; refused if not")
     p.add_argument("--dry-run", action="store_true", help="evaluate every precondition; change nothing")
-    p.add_argument("--kill-processes", action="store_true", help="end the GPU's compute processes first")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument(
+        "--kill-processes", action="store_true", help="end the GPU's compute processes first (needs --expect-pids)"
+    )
+    p.add_argument(
+        "--expect-pids",
+        metavar="PID[,PID]",
+        help="the processes the operator confirmed may be ended; refused when the GPU runs any other "
+        "or one of them is gone ('' confirms none)",
+    )
+    p.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--timeout", type=float, default=None, help="deprecated spelling of --grace")
     p.add_argument("--reset-timeout", type=float, default=120.0, help="seconds for the reset and the GPU's return")
     p.add_argument(
         "--clients",
@@ -156,16 +181,20 @@ def main(argv: list[str] | None = None) -> int:
 
             _emit(apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state), args.pretty)
             return EXIT_OK
-        if args.command in ("reset", "mig"):
-            if args.command == "reset":
-                from fleetops.agent.reset import ResetError as ActionError
-                from fleetops.agent.reset import main_args
-            else:
-                from fleetops.agent.mig import MigError as ActionError
-                from fleetops.agent.mig import main_args
+        if args.command == "reset":
+            from fleetops.agent import reset
+
             try:
-                doc, code = main_args(args)
-            except ActionError as exc:
+                doc, code = reset.main_args(args, _note)
+            except reset.ResetError as exc:
+                return _fail(exc.kind, str(exc), exc.exit_code)
+            return _verdict(doc, code, args.pretty)
+        if args.command == "mig":
+            from fleetops.agent import mig
+
+            try:
+                doc, code = mig.main_args(args)
+            except mig.MigError as exc:
                 return _fail(exc.kind, str(exc), exc.exit_code)
             return _verdict(doc, code, args.pretty)
     except CollectError as exc:

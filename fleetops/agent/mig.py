@@ -6,19 +6,23 @@ instances cannot be listed), nothing is changed on any GPU and the busy instance
 The change holds the node's maintenance lock (``agent.lock``), like a GPU reset. A dry run
 reports the plan and changes nothing.
 
-On the simulator the instances live in the state file (``gpu.sim.mig_reset``); on a real node
-the agent runs ``nvidia-smi mig -i UUID -dci``, ``-dgi`` and ``-cgi PROFILES -C`` (argument
-lists, no shell), then reads the instances back.
+The change itself is the reset backend's ``recreate_mig``: on the simulator the instances live in
+the state file (``gpu.sim.mig_reset``); on a real node the agent runs ``nvidia-smi mig -i UUID
+-dci``, ``-dgi`` and ``-cgi PROFILES -C`` (argument lists, no shell). Then it reads the instances
+back. The lock's deadline is the action's own worst case (``catalog.actions.mig_budget_s``),
+moved at each GPU.
 """
 
 from __future__ import annotations
 
-import subprocess
 import time
 from typing import Any
 
 from fleetops import model
 from fleetops.agent import lock as node_lock
+from fleetops.catalog.actions import mig_budget_s
+
+REPORT_KIND = "fleetops.mig/v1"
 
 
 class MigError(Exception):
@@ -83,42 +87,18 @@ def plan(node: model.Node, selector: str, profiles: list[str] | None) -> list[di
     return out
 
 
-def _smi(args: list[str], timeout: float = 120.0) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(["nvidia-smi", "mig", *args], capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        return 127, "nvidia-smi not found"
-    except subprocess.TimeoutExpired:
-        return 124, "nvidia-smi mig timed out"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
-
-
-def _recreate_nvml(entry: dict[str, Any]) -> tuple[bool, str]:
-    uuid = entry["uuid"]
-    steps = [["-i", uuid, "-dci"], ["-i", uuid, "-dgi"], ["-i", uuid, "-cgi", ",".join(entry["profiles"]), "-C"]]
-    said = []
-    for step in steps:
-        rc, out = _smi(step)
-        said.append(f"nvidia-smi mig {' '.join(step)}: exit {rc}")
-        # destroying when there is nothing to destroy is not an error worth stopping for
-        if rc != 0 and step[-1] not in ("-dci", "-dgi"):
-            return False, "; ".join(said) + (f": {out}" if out else "")
-    return True, "; ".join(said)
-
-
 def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, state_path: str | None,
         lock_path: str | None) -> tuple[dict[str, Any], int]:
-    from fleetops.agent import reset as reset_mod
-    from fleetops.agent.collect import collect
+    from fleetops.agent.reset.backends import ResetError, make_backend
 
     started = time.time()
     try:
-        back = reset_mod.make_backend(backend, state_path, dry_run)
-    except reset_mod.ResetError as exc:
+        back = make_backend(backend, state_path, dry_run)
+    except ResetError as exc:
         raise MigError(str(exc), exc.kind, exc.exit_code) from exc
     node = back.snapshot()
     entries = plan(node, selector, profiles)
-    doc: dict[str, Any] = {"action": "mig reset", "node": node.hostname, "backend": back.name, "dry_run": dry_run,
+    doc: dict[str, Any] = {"kind": REPORT_KIND, "action": "mig reset", "node": node.hostname, "backend": back.name, "dry_run": dry_run,
                            "gpus": entries, "refused": False, "result": None, "message": ""}
     refused = [e for e in entries if e["status"] == "refused"]
     ready = [e for e in entries if e["status"] == "ready"]
@@ -136,31 +116,20 @@ def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, 
         return doc, 0
     path = lock_path or back.default_lock()
     try:
-        held = node_lock.acquire(path, "mig reset", ",".join(e["uuid"] for e in ready))
+        held = node_lock.acquire(path, "mig reset", ",".join(e["uuid"] for e in ready), mig_budget_s(len(ready)))
     except node_lock.LockHeld as exc:
         doc.update(refused=True, result="refused", message=str(exc), holder=exc.holder)
         return doc, 1
     try:
         failed = False
-        for e in ready:
-            if back.name == "sim":
-                from fleetops.gpu import sim
-
-                assert isinstance(back, reset_mod.SimBackend)
-                try:
-                    with sim.locked_state(back.path) as st:
-                        pos, _ = sim.find_gpu(st, e["uuid"])
-                        assert pos is not None
-                        sim.mig_reset(st, pos, e["profiles"])
-                    ok, detail = True, "simulated: destroyed and recreated"
-                except sim.SimError as exc:
-                    ok, detail = False, str(exc)
-            else:
-                ok, detail = _recreate_nvml(e)
+        for n, e in enumerate(ready):
+            held.heartbeat(f"recreate {e['uuid']}", mig_budget_s(len(ready) - n))
+            ok, detail = back.recreate_mig(e["uuid"], e["profiles"])
             e["status"] = "recreated" if ok else "failed"
             e["detail"] = detail
             failed = failed or not ok
-        after = collect(back.name, getattr(back, "path", None))
+        held.heartbeat("read back", mig_budget_s(0))
+        after = back.snapshot()
         for e in ready:
             gpu = after.gpu_by_uuid(e["uuid"])
             e["after"] = [_inst(m) for m in (gpu.mig_instances or [])] if gpu else None

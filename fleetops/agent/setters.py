@@ -1,8 +1,8 @@
 """Idempotent GPU settings used by the Ansible modules: power cap, persistence mode, MIG mode.
 
 Each setter reads the current value first, changes only GPUs that differ, honours dry-run,
-and answers with what it found and what it did, per GPU. On the simulator the values live in
-the node's state file; on a real node the change goes through NVML.
+and answers with what it found and what it did, per GPU. The change is the backend's
+(``reset.backends``: the simulator's state file, or NVML on a real node).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleetops import model
+
+SET_KIND = "fleetops.set/v1"  # the report's kind (see agent.main's output contract)
 
 SETTINGS = {
     # name -> (snapshot field, how to parse the requested value)
@@ -67,9 +69,13 @@ def apply(
         raise SetError(f"unknown setting {setting!r}; choose one of {', '.join(SETTINGS)}")
     field_name = SETTINGS[setting]
     value = parse_value(setting, raw_value)
-    from fleetops.agent.collect import collect
+    from fleetops.agent.reset.backends import NodeChangeError, ResetError, make_backend
 
-    node = collect(backend, state_path)
+    try:
+        back = make_backend(backend, state_path, dry_run)
+    except ResetError as exc:
+        raise SetError(str(exc)) from exc
+    node = back.snapshot()
     targets = select(node.gpus, selector)
     results = []
     for gpu in targets:
@@ -92,11 +98,12 @@ def apply(
         )
     changed = [r for r in results if r["changed"]]
     if changed and not dry_run:
-        if node.backend == "sim":
-            _apply_sim(field_name, value, changed, state_path)
-        else:
-            _apply_nvml(setting, value, changed)
+        try:
+            back.apply_setting(setting, field_name, value, [r["uuid"] for r in changed])
+        except NodeChangeError as exc:
+            raise SetError(str(exc)) from exc
     return {
+        "kind": SET_KIND,
         "setting": setting,
         "field": field_name,
         "value": value,
@@ -105,37 +112,3 @@ def apply(
         "gpus": results,
         "backend": node.backend,
     }
-
-
-def _apply_sim(field_name: str, value: Any, changed: list[dict[str, Any]], state_path: str | None) -> None:
-    import os
-
-    from fleetops.gpu import sim
-
-    path = state_path or os.environ[sim.STATE_ENV]
-    with sim.locked_state(path) as state:
-        for result in changed:
-            pos = next(i for i, g in enumerate(state["gpus"]) if g["uuid"] == result["uuid"])
-            state["gpus"][pos][field_name] = value
-            if field_name == "mig_mode_current":
-                state["gpus"][pos]["mig_mode_pending"] = value
-            sim.retire_setting_fault(state, field_name, pos)
-
-
-def _apply_nvml(setting: str, value: Any, changed: list[dict[str, Any]]) -> None:
-    import pynvml as nv
-
-    nv.nvmlInit()
-    try:
-        for result in changed:
-            handle = nv.nvmlDeviceGetHandleByUUID(result["uuid"])
-            if setting == "power":
-                nv.nvmlDeviceSetPowerManagementLimit(handle, int(value * 1000))
-            elif setting == "persistence":
-                nv.nvmlDeviceSetPersistenceMode(handle, 1 if value else 0)
-            elif setting == "mig":
-                nv.nvmlDeviceSetMigMode(handle, 1 if value else 0)
-    except nv.NVMLError as exc:
-        raise SetError(f"{setting}: NVML refused the change: {exc}") from exc
-    finally:
-        nv.nvmlShutdown()

@@ -15,6 +15,11 @@ SERVICE_TIMEOUT_S = 60.0  # one systemctl stop or start
 RESET_TIMEOUT_S = 120.0  # nvidia-smi -r and the GPU's return (the verify phase waits this long too)
 SNAPSHOT_ALLOWANCE_S = 15.0  # the snapshots the flow takes (before, under the lock, after)
 SSH_MARGIN_S = 30.0  # connection, agent start, answer transfer
+MIG_COMMAND_TIMEOUT_S = 120.0  # one nvidia-smi mig call (destroy CIs, destroy GIs, create)
+MIG_COMMANDS_PER_GPU = 3
+
+# The reset's phases in the order the agent runs them; the lock's deadline is refreshed at each.
+RESET_PHASES = ("preconditions", "end_processes", "stop_clients", "reset", "start_clients", "verify")
 
 
 def reset_budget_s(
@@ -23,15 +28,37 @@ def reset_budget_s(
     clients: Sequence[str] | int = DEFAULT_CLIENTS,
 ) -> float:
     """Worst case of the agent's reset flow: end processes, stop clients, reset, start clients, verify."""
+    return reset_remaining_s("preconditions", grace_s, reset_timeout_s, clients)
+
+
+def _phase_cost(phase: str, grace_s: float, reset_timeout_s: float, n_clients: int) -> float:
+    return {
+        "preconditions": 0.0,  # the snapshots are counted once, in SNAPSHOT_ALLOWANCE_S
+        "end_processes": grace_s + KILL_WAIT_S,
+        "stop_clients": n_clients * SERVICE_TIMEOUT_S,
+        "reset": reset_timeout_s,
+        "start_clients": n_clients * SERVICE_TIMEOUT_S,
+        "verify": reset_timeout_s,  # the wait for the GPU to come back
+    }[phase]
+
+
+def reset_remaining_s(
+    phase: str,
+    grace_s: float = DEFAULT_GRACE_S,
+    reset_timeout_s: float = RESET_TIMEOUT_S,
+    clients: Sequence[str] | int = DEFAULT_CLIENTS,
+) -> float:
+    """Worst case of what is left of a reset when ``phase`` starts: the lock's new deadline then."""
+    if phase not in RESET_PHASES:
+        raise ValueError(f"unknown reset phase {phase!r}; one of {', '.join(RESET_PHASES)}")
     n = clients if isinstance(clients, int) else len(clients)
-    return (
-        grace_s
-        + KILL_WAIT_S
-        + 2 * n * SERVICE_TIMEOUT_S
-        + reset_timeout_s  # the reset
-        + reset_timeout_s  # the verify phase's wait for the GPU to come back
-        + SNAPSHOT_ALLOWANCE_S
-    )
+    rest = RESET_PHASES[RESET_PHASES.index(phase) :]
+    return sum(_phase_cost(p, grace_s, reset_timeout_s, n) for p in rest) + SNAPSHOT_ALLOWANCE_S
+
+
+def mig_budget_s(gpus: int) -> float:
+    """Worst case of ``mig reset`` on ``gpus`` GPUs: three nvidia-smi calls each, and the read-back."""
+    return gpus * MIG_COMMANDS_PER_GPU * MIG_COMMAND_TIMEOUT_S + SNAPSHOT_ALLOWANCE_S
 
 
 def reset_command_timeout_s(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetops import model
 from fleetops.baseline import Baseline
+from fleetops.catalog import throttle
 from fleetops.checks.base import (
     CMD_APPLY_POWER,
     DEMAND_BASELINE,
@@ -14,7 +15,6 @@ from fleetops.checks.base import (
     gpu_label,
     majority_drift,
 )
-from fleetops.gpu import throttle
 
 FAMILY = "thermal_power"
 

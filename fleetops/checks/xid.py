@@ -1,4 +1,4 @@
-"""XID events from the kernel log, judged with the XID catalog (``fleetops.gpu.xid``), and the
+"""XID events from the kernel log, judged with the XID catalog (``fleetops.catalog.xid``), and the
 driver's GPU recovery action."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetops import model
+from fleetops.catalog import xid as xid_catalog
 from fleetops.checks.base import (
     CMD_RESET,
     CheckSpec,
@@ -56,11 +57,7 @@ _RECOVERY = {
 
 
 def _catalog() -> Any:
-    try:
-        from fleetops.gpu import xid as catalog  # lazy: written in parallel, optional at import time
-    except ImportError:
-        return None
-    return catalog
+    return xid_catalog
 
 
 def _info(catalog: Any, event: model.XidEvent) -> tuple[str, str, str]:
@@ -70,7 +67,7 @@ def _info(catalog: Any, event: model.XidEvent) -> tuple[str, str, str]:
     info_for = getattr(catalog, "info_for", None)
     try:
         info = info_for(event) if info_for is not None else catalog.lookup(event.code)
-    except Exception:  # noqa: BLE001 - an unknown code must not break the audit
+    except Exception:  # an unknown code must not break the audit
         info = None
     if info is None:
         return "warn", "unknown", f"XID {event.code}"
@@ -163,7 +160,7 @@ def run(ctx: Context) -> None:
             c["last_age_s"] = round(age, 1)
     # One finding per GPU (and one for the node): a finding's key is node|check|gpu.
     merged: dict[str, dict[str, Any]] = {}
-    for key, g in groups.items():
+    for g in groups.values():
         slot = _ref_key(g["gpu"])
         if slot not in merged:
             merged[slot] = g

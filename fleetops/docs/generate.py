@@ -484,7 +484,7 @@ def checks_page() -> str:
 
 # --- xid.md ------------------------------------------------------------------------------
 
-# What carries out each XID catalog action. Every action of ``gpu.xid.ACTIONS`` must be here
+# What carries out each XID catalog action. Every action of ``catalog.xid.ACTIONS`` must be here
 # (a KeyError stops generation when the catalog grows an action the docs do not map).
 ACTION_COMMANDS: dict[str, str] = {
     "none": "Nothing to run. `fleetops history NODE -v` shows whether it keeps coming back.",
@@ -539,12 +539,12 @@ def _planned(info: Any, sxid: bool = False) -> str:
 
 def xid_page() -> str:
     from fleetops import model
-    from fleetops.gpu import xid
+    from fleetops.catalog import xid
 
     missing = [a for a in xid.ACTIONS if a not in ACTION_COMMANDS]
     if missing:
         raise KeyError(f"ACTION_COMMANDS has no entry for XID actions {missing}")
-    lines = _header("XID runbook", "`fleetops/gpu/xid.py` (`CATALOG`, `ACTION_TEXT`)")
+    lines = _header("XID runbook", "`fleetops/catalog/xid.py` (`CATALOG`, `ACTION_TEXT`)")
     lines += [
         (
             "The NVIDIA driver writes an XID line to the kernel log when a GPU hits an error "
@@ -907,7 +907,9 @@ def _exit_codes() -> list[str]:
             "`fleetops-agent` (on the node)",
             (
                 f"{agent_main.EXIT_OK} done (one JSON document on stdout); {agent_main.EXIT_FAIL} failed or "
-                f"refused (a JSON error line on stderr); {agent_main.EXIT_USAGE} usage error"
+                f"refused (a JSON error line on stderr); {agent_main.EXIT_USAGE} usage error (also: `reset "
+                "--kill-processes` without `--expect-pids`); 128 + N: `reset` ended by signal N (SIGTERM, SIGHUP, "
+                "SIGINT) after restarting the clients it stopped and releasing the lock (result `interrupted`)"
             ),
         )
     )

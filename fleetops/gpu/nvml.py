@@ -12,7 +12,8 @@ Rules this module keeps:
   ``unavailable`` map with that reason (see ``fleetops.model``).
 - ``GpuIsLost`` on a GPU marks it lost: its remaining calls are not made and every field not
   yet read gets the reason ``"GpuIsLost"``. Other GPUs are collected as usual.
-- A failing ``nvmlInit`` (no driver, no library) raises ``CollectError`` naming the reason.
+- A failing ``nvmlInit`` (no driver, no library) raises ``NvmlUnavailable`` naming the reason
+  (the agent's collect turns it into its ``CollectError``; this layer imports nothing of the agent).
 - Scalar counters are read with ONE ``nvmlDeviceGetFieldValues`` call per GPU (memory
   temperature, ECC totals, remapped rows, PCIe replays, NVLink link count and error totals,
   recovery action); each returned field's own ``nvmlReturn`` is checked. Where a field fails
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetops import model
-from fleetops.gpu import throttle
+from fleetops.catalog import throttle
 
 SYSFS_PCI = "/sys/bus/pci/devices"  # tests point this elsewhere
 PROC = "/proc"
@@ -127,16 +128,20 @@ class _Nvml:
             value, reason = fn(*args), None
         except self.N.NVMLError as exc:
             value, reason = None, _reason_of(exc)
-        except Exception as exc:  # noqa: BLE001 - a binding bug must not end the collection
+        except Exception as exc:
             value, reason = None, _reason_of(exc)
         if self.trace is not None:
             self.trace.append(((time.perf_counter() - start) * 1000.0, name))
         return value, reason
 
     def reason_code(self, code: int) -> str:
-        cls = self.N.NVMLError._valClassMapping.get(code)
-        if cls is not None and cls.__name__.startswith("NVMLError_"):
-            return cls.__name__[len("NVMLError_") :]
+        # NVMLError(code) builds the code's own subclass (NVMLError_NotSupported, ...)
+        try:
+            name = type(self.N.NVMLError(code)).__name__
+        except Exception:  # a binding without that behaviour: the plain code
+            name = ""
+        if name.startswith("NVMLError_"):
+            return name[len("NVMLError_") :]
         return f"NVMLError{code}"
 
     def const(self, name: str, default: Any = None) -> Any:
@@ -179,20 +184,20 @@ class _GpuReader:
 # --- entry point ---------------------------------------------------------------------------
 
 
+class NvmlUnavailable(Exception):
+    """NVML cannot start at all (no nvidia-ml-py, no driver, no library); the message says why."""
+
+
 def collect_into(node: model.Node) -> None:
-    """Fill ``node`` from NVML. Raises ``CollectError`` only when NVML cannot start at all."""
+    """Fill ``node`` from NVML. Raises ``NvmlUnavailable`` only when NVML cannot start at all."""
     try:
         import pynvml
     except ImportError as exc:
-        from fleetops.agent.collect import CollectError
-
-        raise CollectError(f"NVML backend: nvidia-ml-py is not installed ({exc})") from exc
+        raise NvmlUnavailable(f"NVML backend: nvidia-ml-py is not installed ({exc})") from exc
     nv = _Nvml(pynvml, trace=bool(os.environ.get("FLEETOPS_NVML_TRACE")))
     _, reason = nv.call("nvmlInit")
     if reason is not None:
-        from fleetops.agent.collect import CollectError
-
-        raise CollectError(f"NVML initialisation failed: {reason}")
+        raise NvmlUnavailable(f"NVML initialisation failed: {reason}")
     # No nvmlShutdown: it costs time (bench/RESULTS.md), the process's exit releases NVML, and a
     # long-running caller keeps NVML initialised for its next snapshot (nvmlInit is counted).
     try:
@@ -325,7 +330,7 @@ def _read_all(readers: list[_GpuReader]) -> None:
 def _guarded(section: Callable[[_GpuReader], None], r: _GpuReader) -> None:
     try:
         section(r)
-    except Exception as exc:  # noqa: BLE001 - a bug in one section must not cost the snapshot
+    except Exception as exc:
         r.errors.append(f"GPU {r.gpu.index} ({r.gpu.bus_id}): {type(exc).__name__}: {exc}")
 
 
@@ -355,7 +360,8 @@ def _read_identity(r: _GpuReader) -> None:
 
 
 def _watts(milliwatts: Any) -> float:
-    return round(milliwatts / 1000.0, 3)
+    watts: float = round(milliwatts / 1000.0, 3)
+    return watts
 
 
 def _read_power_thermal(r: _GpuReader, N: Any) -> None:
@@ -457,7 +463,7 @@ def _read_fields(r: _GpuReader) -> dict[str, tuple[Any, str | None]]:
         for key, _ in wanted:
             out[key] = (None, reason)
         return out
-    for (key, _), fv in zip(wanted, values):
+    for (key, _), fv in zip(wanted, values, strict=False):
         ret = fv.nvmlReturn
         if ret == 0:
             out[key] = (_field_value(fv), None)
@@ -494,11 +500,11 @@ def _read_ecc_memory(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | N
     value, reason = r.call("nvmlDeviceGetMemoryInfo", version) if version else (None, "no v2")
     if reason is not None and reason != LOST:
         value, reason = r.call("nvmlDeviceGetMemoryInfo")
-    if reason is None:
+    if reason is None and value is not None:
         gpu.memory_used_mib, gpu.memory_total_mib = int(value.used) // _MIB, int(value.total) // _MIB
     else:
-        r.miss("memory_used_mib", reason)
-        r.miss("memory_total_mib", reason)
+        r.miss("memory_used_mib", reason or "Unknown")
+        r.miss("memory_total_mib", reason or "Unknown")
 
     value, reason = r.call("nvmlDeviceGetEccMode")
     if reason is None:
@@ -525,11 +531,11 @@ def _read_ecc_memory(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | N
         "remapped_rows_failure",
     )
     convs = (int, int, bool, bool)
-    ok = [_apply_field(r, fields, key, conv) for key, conv in zip(remap, convs)]
+    ok = [_apply_field(r, fields, key, conv) for key, conv in zip(remap, convs, strict=True)]
     if not all(ok) and any(_retry(fields[key][1]) for key in remap):
         value, reason = r.call("nvmlDeviceGetRemappedRows")
         if reason is None:
-            for key, conv, v in zip(remap, convs, value):
+            for key, conv, v in zip(remap, convs, value, strict=False):
                 setattr(gpu, key, conv(v))
                 gpu.unavailable.pop(key, None)
         else:
@@ -791,7 +797,8 @@ def cpu_list(words: Any, word_bits: int = 64) -> str:
     """A CPU bit mask (NVML's array of unsigned longs) as a list string: "0-15,32-47"."""
     cpus = [w * word_bits + b for w, word in enumerate(words) for b in range(word_bits) if int(word) >> b & 1]
     parts = []
-    start = prev = None
+    start: int | None = None
+    prev = -2
     for cpu in cpus:
         if start is None:
             start = prev = cpu
@@ -867,6 +874,8 @@ def _topology(nv: _Nvml, readers: list[_GpuReader]) -> model.Topology:
             if count:
                 links[i][j] = links[j][i] = f"NV{count}"
                 continue
+            reason: str | None
+            level: Any
             if a.lost or b.lost:
                 level, reason = None, LOST
             else:

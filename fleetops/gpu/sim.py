@@ -27,11 +27,12 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
+from fleetops.catalog import throttle
 from fleetops.schema import SCHEMA_ID
-from fleetops.gpu import throttle
 
 STATE_ENV = "FLEETOPS_SIM_STATE"
 STATE_VERSION = 1
@@ -204,7 +205,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
     }
     for entry in scenario.get("faults") or []:
         name, gpu_index = _parse_fault_entry(entry)
-        _inject(state, name, gpu_index)
+        inject_into(state, name, gpu_index)
     return state
 
 
@@ -213,8 +214,8 @@ def _parse_fault_entry(entry: Any) -> tuple[str, int | None]:
         name, _, gpu = entry.partition("@")
         return name, int(gpu) if gpu else None
     if isinstance(entry, dict) and "fault" in entry:
-        gpu = entry.get("gpu")
-        return str(entry["fault"]), int(gpu) if gpu is not None else None
+        index = entry.get("gpu")
+        return str(entry["fault"]), int(index) if index is not None else None
     raise SimError(f"faults: entry {entry!r} is neither 'NAME[@GPU]' nor {{fault: NAME, gpu: N}}")
 
 
@@ -327,7 +328,9 @@ def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
     return gpu
 
 
-def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+    """Inject ``name`` into a state held in memory (a scenario being built, a test's node); False
+    if it was already there. ``inject`` does the same on a state file."""
     check_fault_name(name)
     index = _gpu_index(state, name, gpu)
     for fault in state["faults"]:
@@ -349,6 +352,10 @@ def _inject(state: dict[str, Any], name: str, gpu: int | None) -> bool:
     return True
 
 
+# the old private spelling, for callers not yet moved to ``inject_into``
+_inject = inject_into
+
+
 def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
     gpu = state["gpus"][index or 0]
     bus = gpu["bus_id"]  # 0000:18:00.0 -> PCI:0000:18:00 as the driver prints it
@@ -367,7 +374,7 @@ def inject(path: str, name: str, gpu: int | None = None) -> bool:
     """Inject ``name`` on the node whose state is at ``path``; False if it was already there."""
     check_fault_name(name)
     with locked_state(path) as state:
-        return _inject(state, name, gpu)
+        return inject_into(state, name, gpu)
 
 
 def clear(path: str, name: str, gpu: int | None = None) -> int:
@@ -593,6 +600,27 @@ def _same_bus(a: str, b: str) -> bool:
 # not enumerated (gpu-missing) cannot be reached by a reset at all: only a reboot brings it back.
 # Settings (power cap, persistence, MIG mode, VBIOS, driver) are not the reset's business.
 
+# How long a simulated ``nvidia-smi -r`` keeps the GPU away: the node's ``reset_duration_s``
+# (seconds, default 0). A real reset takes seconds to minutes; tests set it to watch a reset in
+# progress (a second action refused by the lock, a signal during the reset phase).
+RESET_DURATION_FIELD = "reset_duration_s"
+
+
+def reset_duration_s(state: dict[str, Any]) -> float:
+    """The simulated reset's duration in seconds (``node.reset_duration_s``; 0 when unset)."""
+    try:
+        return max(0.0, float(state["node"].get(RESET_DURATION_FIELD) or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def set_reset_duration(state: dict[str, Any], seconds: float) -> None:
+    """Make the simulated reset take ``seconds`` (see ``reset_duration_s``)."""
+    if seconds < 0:
+        raise SimError(f"reset duration must be >= 0 s, not {seconds}")
+    state["node"][RESET_DURATION_FIELD] = float(seconds)
+
+
 RESET_CLEARS = ("ecc-dbe", "ecc-sbe-storm", "row-remap-pending", "nvlink-crc-storm", "pcie-replay-storm")
 RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "thermal-slowdown", "power-brake")
 LOST_FAULTS = ("xid:79", "gpu-missing")
@@ -665,7 +693,7 @@ def set_service(state: dict[str, Any], unit: str, status: str) -> str | None:
     services = state["node"].setdefault("services", {})
     before = services.get(unit)
     services[unit] = status
-    return before
+    return None if before is None else str(before)
 
 
 def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) -> dict[str, Any]:
@@ -771,7 +799,8 @@ def set_mig_instances(state: dict[str, Any], position: int, profiles: list[str],
         }
         for slot, profile in enumerate(profiles)
     ]
-    return gpu["mig_instances"]
+    made: list[dict[str, Any]] = gpu["mig_instances"]
+    return made
 
 
 def mig_reset(state: dict[str, Any], position: int, profiles: list[str] | None = None) -> dict[str, Any]:

@@ -23,11 +23,20 @@ options:
     description: The bus id the GPU named by UUID is expected at; the reset is refused when it is elsewhere.
     type: str
   kill_processes:
-    description: End the GPU's compute processes first (SIGTERM, then SIGKILL after I(grace)).
+    description:
+      - End the GPU's compute processes first (SIGTERM, then SIGKILL after I(grace)).
+      - Only the processes listed in I(expect_pids) are ended, and only when the GPU runs exactly
+        those; the reset is refused, naming them, when a process is missing or another one runs.
     type: bool
     default: false
+  expect_pids:
+    description:
+      - The compute processes (PIDs) the operator confirmed may be ended; required with I(kill_processes).
+      - An empty list confirms that no process runs on the GPU.
+    type: list
+    elements: int
   grace:
-    description: Seconds between SIGTERM and SIGKILL.
+    description: Seconds between SIGTERM and SIGKILL (the agent's C(--grace)).
     type: int
     default: 10
   clients:
@@ -54,15 +63,16 @@ author: fleetops
 """
 
 EXAMPLES = r"""
-- name: Reset the GPU that logged XID 48
+- name: Reset the GPU that logged XID 48, ending the two processes the operator confirmed
   fleetops_gpu_reset:
     gpu: GPU-589545c7-6f94-1a58-7729-1bca2ce1a718
     kill_processes: true
+    expect_pids: [48213, 48214]
 """
 
 RETURN = r"""
 result:
-  description: The agent's verdict, C(reset), C(would-reset) (check mode), C(refused), C(failed) or C(error).
+  description: The agent's verdict, C(reset), C(would-reset) (check mode), C(refused), C(failed), C(interrupted) or C(error).
   returned: always
   type: str
 preconditions:
@@ -83,6 +93,15 @@ remedy:
   description: What to do instead, when the reset was refused or failed.
   returned: always
   type: str
+expect_pids:
+  description: The processes the operator confirmed (null without I(kill_processes)).
+  returned: always
+  type: list
+  elements: int
+budget_s:
+  description: The agent's worst case for the whole reset, in seconds (its lock's first deadline).
+  returned: always
+  type: float
 """
 
 import importlib.util
@@ -204,17 +223,27 @@ def main():
         gpu=dict(type="str", required=True),
         bus_id=dict(type="str"),
         kill_processes=dict(type="bool", default=False),
+        expect_pids=dict(type="list", elements="int"),
         grace=dict(type="int", default=10),
         clients=dict(type="list", elements="str"),
     )
     spec.update(AGENT_ARGUMENT_SPEC)
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=spec,
+        supports_check_mode=True,
+        required_if=[("kill_processes", True, ("expect_pids",))],
+        required_by={"expect_pids": ("kill_processes",)},
+    )
     p = module.params
-    argv = ["reset", "--gpu", p["gpu"], "--json", "--timeout", str(p["grace"])] + backend_args(module)
+    if p["expect_pids"] is not None and not p["kill_processes"]:
+        module.fail_json(msg="expect_pids names the processes kill_processes may end: set kill_processes too",
+                         kind="usage")
+    argv = ["reset", "--gpu", p["gpu"], "--json", "--grace", str(p["grace"])] + backend_args(module)
     if p["bus_id"]:
         argv += ["--bus-id", p["bus_id"]]
     if p["kill_processes"]:
-        argv.append("--kill-processes")
+        # only the processes the operator confirmed: the agent refuses when the GPU runs others
+        argv += ["--kill-processes", "--expect-pids", ",".join(str(pid) for pid in p["expect_pids"])]
     if p["clients"] is not None:
         argv += ["--clients", ",".join(p["clients"])]
     if module.check_mode:
@@ -242,6 +271,8 @@ def main():
         verified=bool(doc.get("verified")),
         verification=doc.get("verification"),
         remedy=doc.get("remedy"),
+        expect_pids=doc.get("expect_pids"),
+        budget_s=doc.get("budget_s"),
         msg=doc.get("message") or doc.get("result"),
     )
     if module._diff:

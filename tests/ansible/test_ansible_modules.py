@@ -266,3 +266,41 @@ def test_slurm_scontrol_without_a_cluster_is_not_managed_but_a_dead_controller_f
     monkeypatch.setenv("FAKE_ERR", "Unable to contact slurm controller (connect failure)")
     rc, r = run_module("fleetops_slurm_node", args)
     assert rc == 1 and "Unable to contact" in r["msg"]
+
+
+def _gpu_uuid(path: str, index: int) -> str:
+    return str(sim.read_state(path)["gpus"][index]["uuid"])
+
+
+def test_gpu_reset_ends_only_the_confirmed_processes(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "stray-process", 2)
+    args = {"gpu": _gpu_uuid(sim_state, 2), "sim_state": sim_state, "agent": AGENT, "kill_processes": True,
+            "expect_pids": [sim.STRAY_PID], "grace": 1}
+    rc, result = run_module("fleetops_gpu_reset", args)
+    assert rc == 0 and result["changed"] is True and result["result"] == "reset"
+    assert result["expect_pids"] == [sim.STRAY_PID]
+    ended = next(a for a in result["actions"] if a["action"] == "end_processes")["processes"]
+    assert [p["pid"] for p in ended] == [sim.STRAY_PID]
+
+
+def test_gpu_reset_refuses_a_process_the_operator_did_not_confirm(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "stray-process", 1)
+    with sim.locked_state(sim_state) as st:
+        sim.add_process(st, 1, 7777, "late-job.py")
+    before = Path(sim_state).read_bytes()
+    args = {"gpu": _gpu_uuid(sim_state, 1), "sim_state": sim_state, "agent": AGENT, "kill_processes": True,
+            "expect_pids": [sim.STRAY_PID]}
+    rc, result = run_module("fleetops_gpu_reset", args)
+    assert rc == 1 and result["failed"] is True and result["result"] == "refused"
+    busy = next(p for p in result["preconditions"] if p["name"] == "compute_processes")
+    assert busy["unexpected_pids"] == [7777] and "late-job.py" in busy["detail"]
+    assert Path(sim_state).read_bytes() == before
+
+
+def test_gpu_reset_kill_processes_without_the_confirmed_list_is_refused_by_the_module(run_module, sim_state: str) -> None:
+    sim.inject(sim_state, "stray-process", 0)
+    before = Path(sim_state).read_bytes()
+    rc, result = run_module("fleetops_gpu_reset", {"gpu": _gpu_uuid(sim_state, 0), "sim_state": sim_state,
+                                                   "agent": AGENT, "kill_processes": True})
+    assert rc == 1 and result["failed"] is True and "expect_pids" in result["msg"]
+    assert Path(sim_state).read_bytes() == before

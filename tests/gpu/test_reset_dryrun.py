@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetops.agent import reset
+from fleetops.catalog import actions
 
 pytestmark = pytest.mark.gpu
 
@@ -64,6 +65,9 @@ def test_dry_run_on_gpu0_reports_every_precondition_and_changes_nothing() -> Non
     if keep:
         Path(keep).write_text(json.dumps(doc, indent=2) + "\n")
 
+    assert doc["kind"] == "fleetops.reset/v1"
+    assert doc["budget_s"] == actions.reset_budget_s(actions.DEFAULT_GRACE_S, actions.RESET_TIMEOUT_S,
+                                                     list(actions.DEFAULT_CLIENTS))
     assert doc["dry_run"] is True and doc["backend"] == "nvml"
     assert doc["gpu"]["uuid"] == uuid and doc["gpu"]["index"] == 0
     names = [p["name"] for p in doc["preconditions"]]

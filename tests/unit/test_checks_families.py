@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fleetops import baseline, model
+from fleetops.catalog import throttle
 from fleetops.checks import run_node_checks
 from fleetops.checks.config import process_allowed
-from fleetops.gpu import throttle
 
 
 def _checks(findings):

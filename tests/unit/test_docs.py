@@ -24,9 +24,9 @@ import yaml
 
 from fleetops import baseline as bl
 from fleetops import checks
+from fleetops.catalog import xid
 from fleetops.cli import build_parser
 from fleetops.docs import generate
-from fleetops.gpu import xid
 from fleetops.report import json_report, prometheus
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from fleetops import checks, model
 from fleetops.agent import lock as node_lock
 from fleetops.agent import reset
 from fleetops.agent.collect import collect
+from fleetops.agent.reset import backends, journal
 from fleetops.gpu import sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
@@ -210,9 +211,10 @@ def test_bus_id_other_than_expected_is_refused(state):
 def test_kill_processes_ends_them_then_resets(state):
     sim.inject(str(state), "stray-process", 2)
     sim.inject(str(state), "ecc-dbe", 2)
-    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 2), "--kill-processes")
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 2), "--kill-processes", "--expect-pids", str(sim.STRAY_PID))
     assert proc.returncode == 0, proc.stderr
     assert doc["result"] == "reset" and doc["verified"] is True
+    assert doc["expect_pids"] == [sim.STRAY_PID] and pre(doc, "compute_processes")["expected_pids"] == [sim.STRAY_PID]
     ended = next(a for a in doc["actions"] if a["action"] == "end_processes")
     assert ended["processes"][0]["pid"] == sim.STRAY_PID and ended["processes"][0]["ended"] is True
     assert ended["processes"][0]["signals"] == ["SIGTERM"]
@@ -232,7 +234,8 @@ def test_kill_processes_escalates_to_sigkill_for_a_process_that_ignores_sigterm(
         assert child.stdout.readline().strip() == "ready"
         with sim.locked_state(str(state)) as st:
             sim.add_process(st, 3, child.pid, "stubborn-trainer", real=True)
-        proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--kill-processes", "--timeout", "0.5")
+        proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--kill-processes", "--expect-pids", str(child.pid),
+                              "--grace", "0.5")
         assert proc.returncode == 0, proc.stderr
         report = next(a for a in doc["actions"] if a["action"] == "end_processes")["processes"]
         assert report == [{"pid": child.pid, "name": "stubborn-trainer", "signals": ["SIGTERM", "SIGKILL"], "ended": True}]
@@ -314,11 +317,11 @@ def test_every_real_attempt_goes_to_the_audit_log_and_a_dry_run_does_not(state):
     sim.inject(str(state), "stray-process", 0)
     reset_doc(state, "--gpu", uuid_of(state, 0))
     reset_doc(state, "--gpu", uuid_of(state, 0), "--dry-run")
-    reset_doc(state, "--gpu", uuid_of(state, 0), "--kill-processes")
+    reset_doc(state, "--gpu", uuid_of(state, 0), "--kill-processes", "--expect-pids", str(sim.STRAY_PID))
     lines = [json.loads(x) for x in log_path(state).read_text().splitlines()]
     assert [x["result"] for x in lines] == ["refused", "reset"]
     assert lines[0]["gpu"]["uuid"] == uuid_of(state, 0) and lines[0]["dry_run"] is False
-    assert lines[1]["actions"][0]["action"] == "end_processes"
+    assert lines[1]["actions"][0]["action"] == "end_processes" and lines[1]["expect_pids"] == [sim.STRAY_PID]
     other = state.parent / "audit.jsonl"
     _, doc = reset_doc(state, "--gpu", uuid_of(state, 0), "--log", str(other))
     assert doc["log"]["file"] == str(other) and len(other.read_text().splitlines()) == 1
@@ -326,7 +329,7 @@ def test_every_real_attempt_goes_to_the_audit_log_and_a_dry_run_does_not(state):
 
 def test_syslog_gets_one_line_per_attempt(state, monkeypatch):
     sent = []
-    monkeypatch.setattr(reset, "_syslog", lambda message, failed: sent.append((message, failed)) or "sent")
+    monkeypatch.setattr(journal, "send_syslog", lambda message, failed: sent.append((message, failed)) or "sent")
     backend = reset.SimBackend(str(state), dry_run=False)
     doc, code = reset.run(reset.Options(selector=uuid_of(state, 0)), backend)
     assert code == 0 and doc["log"]["syslog"] == "sent"
@@ -343,7 +346,8 @@ def test_dry_run_changes_nothing(state):
         sim.set_service(st, "nvidia-dcgm", "active")
     before = state.read_bytes()
     files = sorted(p.name for p in state.parent.iterdir())
-    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--dry-run", "--kill-processes")
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--dry-run", "--kill-processes", "--expect-pids",
+                          str(sim.STRAY_PID))
     assert proc.returncode == 0, proc.stderr
     assert doc["dry_run"] is True and doc["result"] == "would-reset" and doc["actions"] == []
     assert pre(doc, "compute_processes")["status"] == "ok" and str(sim.STRAY_PID) in pre(doc, "compute_processes")["detail"]
@@ -380,14 +384,15 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
     from fleetops.agent import hostinfo
 
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
-    for name in ("_nvidia_smi_reset", "_systemctl", "_signal", "_syslog", "_act"):
-        monkeypatch.setattr(reset, name, _forbid(name))
+    for name in ("nvidia_smi_reset", "systemctl", "send_signal", "nvidia_smi_mig"):
+        monkeypatch.setattr(backends, name, _forbid(name))
+    monkeypatch.setattr(journal, "send_syslog", _forbid("send_syslog"))
     monkeypatch.setattr(os, "kill", _forbid("os.kill"))
     monkeypatch.setattr(subprocess, "run", _forbid("subprocess.run"))
     monkeypatch.setattr(node_lock, "acquire", _forbid("lock.acquire"))
     lock_file = tmp_path / "maintenance.lock"
-    opts = reset.Options(selector=gpu.uuid, dry_run=True, kill_processes=True, lock_path=str(lock_file),
-                         log_path=str(tmp_path / "reset.jsonl"))
+    opts = reset.Options(selector=gpu.uuid, dry_run=True, kill_processes=True, expect_pids=[4242],
+                         lock_path=str(lock_file), log_path=str(tmp_path / "reset.jsonl"))
     doc, code = reset.run(opts, reset.NvmlBackend(dry_run=True))
     assert code == 0 and doc["result"] == "would-reset"
     assert pre(doc, "gpu_clients")["stop"] == list(reset.DEFAULT_CLIENTS)
@@ -520,16 +525,37 @@ def test_lock_held_by_a_live_process_is_refused_then_free_after_release(tmp_path
     assert node_lock.peek(str(path)).state == "free"
 
 
-def test_lock_past_its_deadline_is_taken_over_from_a_hung_holder(tmp_path):
+def test_a_live_holder_past_its_deadline_is_never_taken_over(tmp_path):
     path = tmp_path / "m.lock"
-    holder = _holder(path, deadline_s=0.3)
+    holder = _holder(path, deadline_s=0.2)
     try:
-        time.sleep(0.5)
+        while json.loads(path.read_text())["deadline"] >= time.time():
+            time.sleep(0.05)
         status = node_lock.peek(str(path))
-        assert status.state == "stale" and "deadline passed" in status.reason
-        with node_lock.acquire(str(path), "rescue") as held:
-            assert "deadline passed" in held.recovered["stale_because"]
-            assert held.recovered["pid"] == holder.pid
+        assert status.state == "held"
+        assert f"held by live pid {holder.pid} past its deadline" in status.detail()
+        with pytest.raises(node_lock.LockHeld) as info:
+            node_lock.acquire(str(path), "rescue")
+        assert info.value.holder["pid"] == holder.pid
+        assert "past its deadline" in str(info.value)
+        assert json.loads(path.read_text())["pid"] == holder.pid  # the record is untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    # once it is dead, its lock is stale and taken over
+    with node_lock.acquire(str(path), "rescue") as held:
+        assert held.recovered["pid"] == holder.pid and "is gone" in held.recovered["stale_because"]
+
+
+def test_a_reset_refuses_a_node_whose_live_holder_is_past_its_deadline(state):
+    holder = _holder(lock_path(state), deadline_s=0.0)
+    try:
+        before = state.read_bytes()
+        proc, doc = reset_doc(state, "--gpu", uuid_of(state, 0))
+        assert proc.returncode == 1 and doc["result"] == "refused"
+        held = pre(doc, "maintenance_lock")
+        assert held["status"] == "failed" and f"held by live pid {holder.pid} past its deadline" in held["detail"]
+        assert doc["actions"] == [] and state.read_bytes() == before
     finally:
         holder.kill()
         holder.wait()

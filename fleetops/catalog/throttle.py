@@ -1,7 +1,7 @@
 """Clocks-event (throttle) reason bits as NVML defines them, decoded to stable names.
 
 Which of them are faults is the checks' business (``checks/thermal_power.py``); here they are
-only named.
+only named, for the NVML reader, the simulator and the checks alike.
 """
 
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""``fleetops-agent reset``: reset one GPU safely, or say exactly why not.
+
+The package's parts: ``backends`` (where the flow reads and changes a node: the simulator or
+NVML, with the few node-changing functions replaceable), ``preconditions`` (pure checks of a
+snapshot), ``flow`` (options, the run, act and verify) and ``journal`` (the audit-log line and
+syslog). The names other modules use are re-exported here; nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+from fleetops.agent.reset.backends import (
+    DEFAULT_LOG,
+    LOCK_ENV,
+    LOG_ENV,
+    Backend,
+    DryRunViolation,
+    NvmlBackend,
+    ResetError,
+    SimBackend,
+    end_pids,
+    make_backend,
+)
+from fleetops.agent.reset.flow import (
+    CLIENTS_ENV,
+    REPORT_KIND,
+    Interrupted,
+    Options,
+    SignalGuard,
+    check_usage,
+    main_args,
+    parse_clients,
+    parse_pids,
+    parse_selector,
+    run,
+)
+from fleetops.agent.reset.preconditions import (
+    FABRIC_MANAGER,
+    PRECONDITIONS,
+    REMEDY_INSPECT,
+    REMEDY_PEERS,
+    REMEDY_REBOOT,
+    Check,
+    check_clients,
+    check_fabric_manager,
+    check_identity,
+    check_mig,
+    check_nvlink_peers,
+    check_processes,
+    check_row_remap,
+    is_nvswitch_system,
+)
+from fleetops.catalog.actions import DEFAULT_CLIENTS, DEFAULT_GRACE_S, KILL_WAIT_S, RESET_TIMEOUT_S
+
+__all__ = [
+    "CLIENTS_ENV",
+    "DEFAULT_CLIENTS",
+    "DEFAULT_GRACE_S",
+    "DEFAULT_LOG",
+    "FABRIC_MANAGER",
+    "KILL_WAIT_S",
+    "LOCK_ENV",
+    "LOG_ENV",
+    "PRECONDITIONS",
+    "REMEDY_INSPECT",
+    "REMEDY_PEERS",
+    "REMEDY_REBOOT",
+    "REPORT_KIND",
+    "RESET_TIMEOUT_S",
+    "Backend",
+    "Check",
+    "DryRunViolation",
+    "Interrupted",
+    "NvmlBackend",
+    "Options",
+    "ResetError",
+    "SignalGuard",
+    "SimBackend",
+    "check_clients",
+    "check_fabric_manager",
+    "check_identity",
+    "check_mig",
+    "check_nvlink_peers",
+    "check_processes",
+    "check_row_remap",
+    "check_usage",
+    "end_pids",
+    "is_nvswitch_system",
+    "main_args",
+    "make_backend",
+    "parse_clients",
+    "parse_pids",
+    "parse_selector",
+    "run",
+]
