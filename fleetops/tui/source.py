@@ -102,7 +102,7 @@ class SshSource:
     def collect(self, name: str) -> data.NodeEntry:
         """Collect one host now and return its new entry (never raises for host trouble)."""
         with self._host_locks[name]:
-            result = self.pool.run_one(name, [self.agent(name), "collect"])
+            result = self.pool.run_one(name, [self.agent(name), "collect"], idempotent=True)
             return self._ingest(name, result)
 
     def _ingest(self, name: str, result: Any) -> data.NodeEntry:
