@@ -622,6 +622,15 @@ class SessionPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def ssh_settings(self) -> dict[str, Any]:
+        """How this pool reaches hosts, for a one-off connection elsewhere that should be made
+        the same way (a Slurm host): connect_timeout, known_hosts, accept_new_hostkeys."""
+        return {
+            "connect_timeout": self._runner.connect_timeout,
+            "known_hosts": self._runner.known_hosts,
+            "accept_new_hostkeys": self._runner.accept_new,
+        }
+
     def connected(self) -> list[str]:
         """Hosts with an open connection now."""
         out = []

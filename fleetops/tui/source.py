@@ -11,7 +11,7 @@ No Textual here: entries are handed to a callback, which the app turns into mess
 
 from __future__ import annotations
 
-import shlex
+import functools
 import sqlite3
 import threading
 import time
@@ -207,31 +207,36 @@ class SshSource:
         return self._scontrol(name, "RESUME", None)
 
     def slurm_refusal(self, name: str, verb: str) -> str | None:
-        """Why drain/resume cannot apply to this node, known before asking anything."""
+        """Why drain/resume cannot apply to this node, known before asking anything (no
+        network: this runs before the dialog). Slurm itself answers the rest after it."""
+        refusal = self._slurm_control.precheck(self.hosts[name])
+        if refusal is None:
+            return None
         entry = self._entry(name)
         if entry is not None and entry.snapshot is not None and entry.snapshot.backend == "sim":
-            return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run)"
-        return None
+            return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run; {refusal})"
+        return f"{name}: cannot {verb}: {refusal}"
 
     def _scontrol(self, name: str, state: str, reason: str | None) -> ActionResult:
+        """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
+        inventory's Slurm host, never on the node (a hung node can be drained)."""
         verb = "drain" if state == "DRAIN" else "resume"
         refusal = self.slurm_refusal(name, verb)
         if refusal:
-            return ActionResult(False, refusal, {"slurm": False})
-        # the node names itself as Slurm knows it (short hostname); scontrol runs there
-        line = f'scontrol update NodeName="$(hostname -s)" State={state}'
-        if reason:
-            line += f" Reason={shlex.quote(reason)}"
-        result = self.run_on(name, ["sh", "-c", line])
-        if result.ok:
-            return ActionResult(True, f"{name}: {verb} done" + (f" ({reason})" if reason else ""))
-        if result.exit_status == 127 or "not found" in (result.stderr or ""):
-            return ActionResult(
-                False,
-                f"{name} is not a Slurm node (scontrol not found there): nothing to {verb}",
-                {"slurm": False},
-            )
-        return ActionResult(False, f"{name}: {verb} failed: {result.error}")
+            return ActionResult(False, refusal, {"slurm": False, "outcome": "refused"})
+        control = self._slurm_control
+        host = self.hosts[name]
+        done = control.drain(host, reason) if state == "DRAIN" else control.resume(host)
+        return ActionResult(
+            done.ok, done.message, {"outcome": done.outcome, "check": done.check, **done.detail}
+        )
+
+    @functools.cached_property
+    def _slurm_control(self) -> Any:
+        """Drain/resume through ops.slurm, reaching a Slurm host the way the pool reaches nodes."""
+        from fleetops.ops import slurm
+
+        return slurm.SlurmControl(self.hosts, **self.pool.ssh_settings())
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
