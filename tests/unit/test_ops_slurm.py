@@ -177,3 +177,25 @@ def test_precheck_wants_a_slurm_configuration_on_the_controller(fake, tmp_path: 
     assert control.precheck(node()) is None
     # a Slurm host is asked over SSH: nothing to check locally
     assert control.precheck(node(fleetops_slurm_host="127.0.0.7")) is None
+
+
+def test_an_update_whose_answer_was_lost_is_unknown_with_the_check(fake) -> None:
+    """The transport's outcome-unknown (sent over SSH, connection lost) is the action's unknown:
+    never retried here, and the operator gets the command that tells what happened."""
+    from fleetops.fleet import transport
+
+    control, db = fake({"gpu01": {"state": "IDLE"}})
+    real = control._transport_run
+    sent: list[list[str]] = []
+
+    def lose_updates(host, argv):
+        if argv[1] != "update":
+            return real(host, argv)
+        sent.append(list(argv))
+        return transport.Result("slurmctl", False, None, "", "", "outcome-unknown", "sent, no answer", 0.1)
+
+    lossy = slurm.SlurmControl([], scontrol=control.scontrol, runner=lose_updates)
+    res = lossy.drain(node(), "GPU 3 hung")
+    assert res.outcome == results.UNKNOWN and not res.ok
+    assert res.check == f"{control.scontrol} show node -o gpu01" and res.check in res.message
+    assert len(sent) == 1  # sent once, not again
