@@ -190,6 +190,7 @@ def run(
                 known_hosts=known_hosts,
                 accept_new_hostkeys=accept_new_hostkeys,
                 on_result=progress,
+                idempotent=True,  # a collect only reads
             )
         )
     nodes: list[NodeResult] = []

@@ -17,6 +17,14 @@ Every failure comes back as a ``Result`` with an ``error_kind``, never as an exc
   accepts new keys for that host, as ``accept_new_hostkeys`` does (changed keys stay refused).
 - ``command``: it ran and exited non-zero (stderr kept; a missing program is exit 127, "not found")
 - ``local``: a problem on this side (unreadable key file, cannot start a local process)
+- ``outcome-unknown``: the command was sent, then the connection was lost before its answer came:
+  it may have run, in part or in full. Never sent again by the transport; check the node.
+
+A command is sent at most once. A pooled connection found dead before the command went out is
+reopened and the command sent on the new one; once the exec request has gone out, a lost
+connection is ``outcome-unknown``, unless the caller says the command only reads
+(``idempotent=True``, e.g. a collect): then it is sent again once on a fresh connection by
+``SessionPool`` and reported as ``unreachable`` if it still fails.
 
 The command is a list of arguments, quoted with ``shlex.join`` for the remote shell; ``env`` is
 passed as ``env K=V ...`` in front of it (sshd drops most environment requests).
@@ -43,7 +51,8 @@ from typing import Any, Self
 
 import paramiko
 
-ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local")
+OUTCOME_UNKNOWN = "outcome-unknown"
+ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local", OUTCOME_UNKNOWN)
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ_CHUNK = 65536
@@ -69,11 +78,18 @@ class _Failure(Exception):
     """A classified failure on one host; becomes a Result."""
 
     def __init__(
-        self, kind: str, message: str, stdout: str = "", stderr: str = "", exit_status: int | None = None
+        self,
+        kind: str,
+        message: str,
+        stdout: str = "",
+        stderr: str = "",
+        exit_status: int | None = None,
+        sent: bool = False,
     ):
         super().__init__(message)
         self.kind, self.message = kind, message
         self.stdout, self.stderr, self.exit_status = stdout, stderr, exit_status
+        self.sent = sent  # the exec request went out: sending it again could run it twice
 
 
 def command_line(command: Sequence[str], env: dict[str, str] | None = None) -> str:
@@ -155,7 +171,8 @@ class _KnownHosts:
     def add(self, path: str, name: str, key: paramiko.PKey) -> None:
         with self._lock:
             keys = self._get(path)
-            if keys.lookup(name) and keys.lookup(name).get(key.get_name()) == key:
+            known = keys.lookup(name)
+            if known is not None and known.get(key.get_name()) == key:
                 return
             keys.add(name, key.get_name(), key)
             folder = os.path.dirname(path)
@@ -281,7 +298,10 @@ class _Runner:
                 return _Failure("timeout", f"authentication timed out after {t:g}s on {where}")
             return _Failure("auth", f"authentication failed on {where}: {exc}")
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-            reasons = {os.strerror(e.errno) if e.errno else str(e) for e in exc.errors.values()}
+            reasons = {
+                os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
+                for e in exc.errors.values()
+            }
             return _Failure("unreachable", f"{where}: {'; '.join(sorted(reasons)).lower()}")
         if isinstance(exc, socket.gaierror):
             return _Failure("unreachable", f"{where}: cannot resolve the name ({exc.strerror or exc})")
@@ -306,26 +326,46 @@ class _Runner:
 
     # -- run --------------------------------------------------------------------------------
 
-    def execute(self, client: paramiko.SSHClient, line: str) -> tuple[int, str, str]:
-        """Run ``line`` on an open connection; (exit status, stdout, stderr) or a _Failure."""
+    def execute(
+        self, client: paramiko.SSHClient, line: str, host: str = "", timeout: float | None = None
+    ) -> tuple[int, str, str]:
+        """Run ``line`` on an open connection; (exit status, stdout, stderr) or a _Failure.
+
+        The failure's ``sent`` says whether the exec request had gone out: before that, nothing
+        can have run and the caller may send it on a new connection; after it, a lost connection
+        is ``outcome-unknown``, never a reason to send it again."""
+        limit = self.command_timeout if timeout is None else float(timeout)
         transport = client.get_transport()
         if transport is None or not transport.is_active():
-            raise _Failure("unreachable", "connection lost")
+            raise _Failure("unreachable", "connection lost before the command was sent")
         timed_out = threading.Event()
 
         def expire() -> None:  # unblocks paramiko calls that have no timeout of their own
             timed_out.set()
             transport.close()
 
-        watchdog = threading.Timer(self.command_timeout, expire)
+        def unknown(cause: object) -> _Failure:
+            where = f"on {host}" if host else "on the host"
+            return _Failure(
+                OUTCOME_UNKNOWN,
+                f"the command was sent {where} and no answer came (connection lost: {cause}); it may have "
+                f"run in part or in full and was not sent again: check {host or 'the host'} before "
+                f"retrying it: {line}",
+                _text(out),
+                _text(err),
+                sent=True,
+            )
+
+        watchdog = threading.Timer(limit, expire)
         watchdog.daemon = True
         out, err = bytearray(), bytearray()
-        deadline = time.monotonic() + self.command_timeout
+        deadline = time.monotonic() + limit
         chan = None
+        sent = False
         watchdog.start()
         try:
             try:
-                open_timeout = min(self.connect_timeout, self.command_timeout)
+                open_timeout = min(self.connect_timeout, limit)
                 try:
                     chan = transport.open_session(timeout=open_timeout)
                 except paramiko.SSHException as exc:
@@ -334,6 +374,9 @@ class _Runner:
                             "timeout", f"no answer to opening a session within {open_timeout:g}s"
                         ) from exc
                     raise
+                # From here on the request may have reached sshd even if exec_command raises:
+                # count it as sent (at most once beats at least once for an action).
+                sent = True
                 chan.exec_command(line)
                 while True:
                     busy = False
@@ -355,6 +398,10 @@ class _Runner:
                         break
                     if busy:
                         continue
+                    if not transport.is_active() and not timed_out.is_set():
+                        # the host side went away: paramiko closes the channel without EOF or
+                        # an exit status, so waiting on would only end at the timeout
+                        raise EOFError("the connection closed before the command's answer")
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or timed_out.is_set():
                         raise TimeoutError
@@ -368,10 +415,12 @@ class _Runner:
                     or "timeout" in str(exc).lower()
                 ):
                     raise _Failure(
-                        "timeout", f"command did not finish within {self.command_timeout:g}s", stdout, stderr
+                        "timeout", f"command did not finish within {limit:g}s", stdout, stderr, sent=sent
                     ) from exc
+                if sent:
+                    raise unknown(exc) from exc
                 raise _Failure(
-                    "unreachable", f"connection lost during the command: {exc}", stdout, stderr
+                    "unreachable", f"connection lost before the command was sent: {exc}", stdout, stderr
                 ) from exc
         finally:
             watchdog.cancel()
@@ -379,20 +428,24 @@ class _Runner:
                 chan.close()
         if timed_out.is_set():
             raise _Failure(
-                "timeout", f"command did not finish within {self.command_timeout:g}s", _text(out), _text(err)
+                "timeout", f"command did not finish within {limit:g}s", _text(out), _text(err), sent=True
             )
         if status == -1:
             if not transport.is_active():
-                raise _Failure("unreachable", "connection lost during the command", _text(out), _text(err))
+                raise unknown("closed without an exit status")
             raise _Failure(
                 "command",
                 "the command ended without an exit status (killed by a signal?)",
                 _text(out),
                 _text(err),
+                sent=True,
             )
         return status, _text(out), _text(err)
 
-    def run_local(self, host: Any, command: Sequence[str], env: dict[str, str] | None) -> Result:
+    def run_local(
+        self, host: Any, command: Sequence[str], env: dict[str, str] | None, timeout: float | None = None
+    ) -> Result:
+        limit = self.command_timeout if timeout is None else float(timeout)
         started = time.monotonic()
         name = str(host.name)
         argv = [str(a) for a in command]
@@ -401,7 +454,7 @@ class _Runner:
             done = subprocess.run(
                 argv,
                 capture_output=True,
-                timeout=self.command_timeout,
+                timeout=limit,
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 check=False,
@@ -419,28 +472,35 @@ class _Runner:
                 _text(exc.stdout or b""),
                 _text(exc.stderr or b""),
                 "timeout",
-                f"command did not finish within {self.command_timeout:g}s",
+                f"command did not finish within {limit:g}s",
                 _since(started),
             )
         except OSError as exc:
             return Result(name, False, None, "", "", "local", f"cannot run {argv[0]}: {exc}", _since(started))
         return _finish(name, done.returncode, _text(done.stdout), _text(done.stderr), started)
 
-    def run_once(self, host: Any, command: Sequence[str], env: dict[str, str] | None) -> Result:
-        """Connect, run, disconnect."""
+    def run_once(
+        self,
+        host: Any,
+        command: Sequence[str],
+        env: dict[str, str] | None,
+        timeout: float | None = None,
+        idempotent: bool = False,
+    ) -> Result:
+        """Connect, run, disconnect; sent once (a new connection has no stale state to retry)."""
         if getattr(host, "connection", "ssh") == "local":
-            return self.run_local(host, command, env)
+            return self.run_local(host, command, env, timeout)
         started = time.monotonic()
         try:
             line = command_line(command, env)
             client = self.connect(host)
             try:
-                status, stdout, stderr = self.execute(client, line)
+                status, stdout, stderr = self.execute(client, line, str(host.name), timeout)
             finally:
                 client.close()
         except _Failure as f:
-            return _failed(str(host.name), f, started)
-        except Exception as exc:  # noqa: BLE001 - one host's surprise must not take the whole run down
+            return _failed(str(host.name), _as_read(f) if idempotent else f, started)
+        except Exception as exc:  # one host's surprise must not take the whole run down
             return Result(
                 str(host.name), False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started)
             )
@@ -453,6 +513,13 @@ def _text(data: bytes | bytearray) -> str:
 
 def _since(started: float) -> float:
     return round(time.monotonic() - started, 4)
+
+
+def _as_read(f: _Failure) -> _Failure:
+    """For a command that only reads, a lost answer is just a lost connection."""
+    if f.kind != OUTCOME_UNKNOWN:
+        return f
+    return _Failure("unreachable", "connection lost during the command", f.stdout, f.stderr, sent=True)
 
 
 def _failed(host: str, f: _Failure, started: float) -> Result:
@@ -474,7 +541,7 @@ def _callback(
         if on_result is not None:
             try:
                 on_result(result)
-            except BaseException as exc:  # noqa: BLE001 - raised again once every host is done
+            except BaseException as exc:  # raised again once every host is done
                 errors.append(exc)
         return result
 
@@ -491,12 +558,14 @@ def run_all(
     accept_new_hostkeys: bool = False,
     env: dict[str, str] | None = None,
     on_result: Callable[[Result], None] | None = None,
+    idempotent: bool = False,
 ) -> dict[str, Result]:
     """Run ``command`` on every host, ``forks`` at a time; host name -> Result, in the hosts' order.
 
     ``hosts`` are ``fleetops.fleet.inventory.Host`` (or anything with name, address, port, user,
     key_file, connection, vars). ``on_result`` is called from the worker thread as each host
-    finishes."""
+    finishes. Each host gets the command at most once; ``idempotent=True`` (a command that only
+    reads) reports a connection lost mid-command as ``unreachable`` instead of ``outcome-unknown``."""
     hosts = list(hosts)
     command_line(command, env)  # bad command or env: fail now, not once per host
     if not hosts:
@@ -506,8 +575,12 @@ def run_all(
     deliver = _callback(on_result, errors)
     workers = max(1, min(int(forks), len(hosts)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetops-ssh") as pool:
-        futures = [pool.submit(lambda h=h: deliver(runner.run_once(h, command, env))) for h in hosts]
-        results = {h.name: fut.result() for h, fut in zip(hosts, futures)}
+
+        def one(host: Any) -> Result:
+            return deliver(runner.run_once(host, command, env, idempotent=idempotent))
+
+        futures = [pool.submit(one, h) for h in hosts]
+        results = {h.name: fut.result() for h, fut in zip(hosts, futures, strict=True)}
     if errors:
         raise errors[0]
     return results
@@ -516,9 +589,12 @@ def run_all(
 class SessionPool:
     """One persistent SSH connection per host; ``run`` re-runs a command on all (or some) of them.
 
-    A connection that broke is reopened on the next run (once within the same run if it was a
-    reused one that turned out dead). A host whose previous command is still running answers
-    ``timeout`` at once instead of queueing. Use as a context manager, or call ``close``."""
+    A connection that broke is reopened on the next run. A reused one found dead before the
+    command went out is reopened within the same run and the command sent on the new one; a
+    connection lost after the command went out gives ``outcome-unknown`` and the command is not
+    sent again, unless the caller passed ``idempotent=True`` (reads such as collect: sent again
+    once). A host whose previous command is still running answers ``timeout`` at once instead of
+    queueing. Use as a context manager, or call ``close``."""
 
     def __init__(
         self,
@@ -546,6 +622,15 @@ class SessionPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def ssh_settings(self) -> dict[str, Any]:
+        """How this pool reaches hosts, for a one-off connection elsewhere that should be made
+        the same way (a Slurm host): connect_timeout, known_hosts, accept_new_hostkeys."""
+        return {
+            "connect_timeout": self._runner.connect_timeout,
+            "known_hosts": self._runner.known_hosts,
+            "accept_new_hostkeys": self._runner.accept_new,
+        }
+
     def connected(self) -> list[str]:
         """Hosts with an open connection now."""
         out = []
@@ -566,12 +651,23 @@ class SessionPool:
         for name in list(self._clients):
             self.drop(name)
 
-    def run_one(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Result:
+    def run_one(
+        self,
+        name: str,
+        command: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+    ) -> Result:
+        """Run ``command`` on ``name``'s session. ``timeout`` (seconds) replaces the pool's
+        command timeout for this call: an action brings its own budget. ``idempotent`` only for
+        commands that change nothing: they may be sent a second time."""
         if self._closed:
             raise RuntimeError("SessionPool is closed")
         host = self.hosts[name]
         if getattr(host, "connection", "ssh") == "local":
-            return self._runner.run_local(host, command, env)
+            return self._runner.run_local(host, command, env, timeout)
         started = time.monotonic()
         lock = self._locks[name]
         if not lock.acquire(blocking=False):
@@ -598,16 +694,18 @@ class SessionPool:
                         client.get_transport().set_keepalive(int(self.keepalive_s))  # type: ignore[union-attr]
                         self._clients[name] = client
                     assert client is not None
-                    status, stdout, stderr = self._runner.execute(client, line)
+                    status, stdout, stderr = self._runner.execute(client, line, name, timeout)
                 except _Failure as f:
-                    if f.kind in ("timeout", "unreachable"):
+                    if f.kind in ("timeout", "unreachable", OUTCOME_UNKNOWN):
                         self.drop(name)
-                    if reused and attempt == 1 and f.kind == "unreachable":
-                        continue  # a stale connection: reconnect once
-                    return _failed(name, f, started)
+                    stale = reused and f.kind == "unreachable" and not f.sent
+                    lost_read = reused and idempotent and f.kind == OUTCOME_UNKNOWN
+                    if attempt == 1 and (stale or lost_read):
+                        continue  # nothing ran (or it only read): once more on a new connection
+                    return _failed(name, _as_read(f) if idempotent else f, started)
                 return _finish(name, status, stdout, stderr, started)
             raise AssertionError("unreachable")
-        except Exception as exc:  # noqa: BLE001 - as in run_once: a Result, never an exception
+        except Exception as exc:  # as in run_once: a Result, never an exception
             self.drop(name)
             return Result(name, False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started))
         finally:
@@ -619,8 +717,12 @@ class SessionPool:
         hosts: Iterable[str] | None = None,
         env: dict[str, str] | None = None,
         on_result: Callable[[Result], None] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
     ) -> dict[str, Result]:
-        """Run ``command`` on ``hosts`` (names; default all) in parallel; name -> Result."""
+        """Run ``command`` on ``hosts`` (names; default all) in parallel; name -> Result.
+        ``timeout`` and ``idempotent`` as in ``run_one``."""
         command_line(command, env)
         names = list(self.hosts) if hosts is None else list(hosts)
         unknown = [n for n in names if n not in self.hosts]
@@ -628,8 +730,12 @@ class SessionPool:
             raise KeyError(f"not in this pool: {', '.join(unknown[:5])}")
         errors: list[BaseException] = []
         deliver = _callback(on_result, errors)
-        futures = [self._pool.submit(lambda n=n: deliver(self.run_one(n, command, env))) for n in names]
-        results = {n: fut.result() for n, fut in zip(names, futures)}
+
+        def one(name: str) -> Result:
+            return deliver(self.run_one(name, command, env, timeout=timeout, idempotent=idempotent))
+
+        futures = [self._pool.submit(one, n) for n in names]
+        results = {n: fut.result() for n, fut in zip(names, futures, strict=True)}
         if errors:
             raise errors[0]
         return results

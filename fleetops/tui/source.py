@@ -11,8 +11,7 @@ No Textual here: entries are handed to a callback, which the app turns into mess
 
 from __future__ import annotations
 
-import inspect
-import shlex
+import functools
 import sqlite3
 import threading
 import time
@@ -99,16 +98,10 @@ class SshSource:
 
     # --- collecting --------------------------------------------------------------------
 
-    def run_on(self, name: str, command: list[str]) -> Any:
-        """Run a command on the host's session, after the poll in flight there (the pool
-        refuses a second command on a busy session)."""
-        with self._host_locks[name]:
-            return self.pool.run_one(name, command)
-
     def collect(self, name: str) -> data.NodeEntry:
         """Collect one host now and return its new entry (never raises for host trouble)."""
         with self._host_locks[name]:
-            result = self.pool.run_one(name, [self.agent(name), "collect"])
+            result = self.pool.run_one(name, [self.agent(name), "collect"], idempotent=True)
             return self._ingest(name, result)
 
     def _ingest(self, name: str, result: Any) -> data.NodeEntry:
@@ -139,7 +132,7 @@ class SshSource:
         previous = base if base is not None and base is not snap else None
         try:
             return list(checks.run_node_checks(snap, self.baselines.get(name), previous))
-        except Exception as exc:  # a check bug must not blank the screen: say it, keep the data
+        except Exception as exc:  # noqa: BLE001 - a check bug must not blank the screen: say it, keep the data
             return [
                 model.Finding(
                     check="tui.checks_failed",
@@ -188,24 +181,10 @@ class SshSource:
             return self._entries.get(name)
 
     def run_action(self, name: str, command: list[str], timeout_s: float) -> Any:
-        """Run an action's command with the action's own timeout (a reset outlasts the collect
-        timeout by far). On the host's session when the pool takes a per-command timeout; else on
-        a connection of its own, sent once, so the refresh loop keeps this host's session."""
-        run_one: Any = self.pool.run_one
-        if "timeout" in inspect.signature(run_one).parameters:
-            with self._host_locks[name]:
-                return run_one(name, command, timeout=timeout_s)
-        from fleetops.fleet import transport
-
-        return transport.run_all(
-            [self.hosts[name]],
-            command,
-            forks=1,
-            connect_timeout=self._connect_timeout,
-            command_timeout=timeout_s,
-            known_hosts=self._known_hosts,
-            accept_new_hostkeys=self._accept_new_hostkeys,
-        )[name]
+        """Run an action's command on the host's session with the action's own timeout (a reset
+        outlasts the collect timeout by far), after the poll in flight there; sent at most once."""
+        with self._host_locks[name]:
+            return self.pool.run_one(name, command, timeout=timeout_s)
 
     def reset_gpu(
         self, name: str, uuid: str, bus_id: str | None = None, pids: Sequence[int] | None = None
@@ -243,31 +222,36 @@ class SshSource:
         return self._scontrol(name, "RESUME", None)
 
     def slurm_refusal(self, name: str, verb: str) -> str | None:
-        """Why drain/resume cannot apply to this node, known before asking anything."""
+        """Why drain/resume cannot apply to this node, known before asking anything (no
+        network: this runs before the dialog). Slurm itself answers the rest after it."""
+        refusal = self._slurm_control.precheck(self.hosts[name])
+        if refusal is None:
+            return None
         entry = self._entry(name)
         if entry is not None and entry.snapshot is not None and entry.snapshot.backend == "sim":
-            return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run)"
-        return None
+            return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run; {refusal})"
+        return f"{name}: cannot {verb}: {refusal}"
 
     def _scontrol(self, name: str, state: str, reason: str | None) -> ActionResult:
+        """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
+        inventory's Slurm host, never on the node (a hung node can be drained)."""
         verb = "drain" if state == "DRAIN" else "resume"
         refusal = self.slurm_refusal(name, verb)
         if refusal:
-            return ActionResult(False, refusal, {"slurm": False})
-        # the node names itself as Slurm knows it (short hostname); scontrol runs there
-        line = f'scontrol update NodeName="$(hostname -s)" State={state}'
-        if reason:
-            line += f" Reason={shlex.quote(reason)}"
-        result = self.run_on(name, ["sh", "-c", line])
-        if result.ok:
-            return ActionResult(True, f"{name}: {verb} done" + (f" ({reason})" if reason else ""))
-        if result.exit_status == 127 or "not found" in (result.stderr or ""):
-            return ActionResult(
-                False,
-                f"{name} is not a Slurm node (scontrol not found there): nothing to {verb}",
-                {"slurm": False},
-            )
-        return ActionResult(False, f"{name}: {verb} failed: {result.error}")
+            return ActionResult(False, refusal, {"slurm": False, "outcome": "refused"})
+        control = self._slurm_control
+        host = self.hosts[name]
+        done = control.drain(host, reason) if state == "DRAIN" else control.resume(host)
+        return ActionResult(
+            done.ok, done.message, {"outcome": done.outcome, "check": done.check, **done.detail}
+        )
+
+    @functools.cached_property
+    def _slurm_control(self) -> Any:
+        """Drain/resume through ops.slurm, reaching a Slurm host the way the pool reaches nodes."""
+        from fleetops.ops import slurm
+
+        return slurm.SlurmControl(self.hosts, **self.pool.ssh_settings())
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Drain and resume a Slurm node through scontrol, resuming only what this module drained."""
+"""Drain and resume a Slurm node through scontrol, resuming only drains fleetops made."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ DOCUMENTATION = r"""
 module: fleetops_slurm_node
 short_description: Drain or resume a Slurm node, remembering who drained it
 description:
-  - C(state=drained) drains the node with C(scontrol update State=DRAIN) unless it is already drained, and records
-    in a marker file that fleetops drained it (with the reason).
-  - C(state=resumed) resumes the node only when the marker says fleetops drained it and the node still carries
-    that drain reason. A node drained by someone else, before or after us, stays drained.
+  - C(state=drained) drains the node with C(scontrol update State=DRAIN) unless it is already drained. The Reason
+    it sets starts with the marker C([fleetops]) (e.g. C([fleetops] fleetops driver rollout)); a marker file also
+    records when and from which state.
+  - C(state=resumed) resumes the node only when its current Reason still starts with C([fleetops]): a drain that
+    fleetops made, from this module, the TUI or the controller. A node drained by someone else, before or after
+    us, stays drained.
   - C(state=query) only reports the node's state.
   - Without scontrol on the host, or with an scontrol that has no cluster configuration, or a cluster that
     does not know the node, reports C(managed=false) and changes nothing, unless O(required) is set.
@@ -26,7 +28,7 @@ options:
     default: query
     choices: [drained, resumed, query]
   reason:
-    description: Drain reason; stored in the marker and compared before resuming.
+    description: Drain reason; set after the C([fleetops]) marker.
     type: str
     default: fleetops maintenance
   marker_dir:
@@ -79,7 +81,7 @@ was_drained:
   returned: when managed
   type: bool
 drained_by_us:
-  description: A fleetops marker exists for this node (after the task).
+  description: The node carries a drain fleetops made (its Reason starts with the marker), after the task.
   returned: when managed
   type: bool
 """
@@ -92,6 +94,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+# The marker rule; fleetops/catalog/slurm.py holds the same (a unit test compares them).
+MARKER = "[fleetops]"
+DEFAULT_REASON = "fleetops maintenance"
 DRAIN_FLAGS = ("DRAIN", "DRAINED", "DRAINING")
 NO_CONFIG = ("Could not establish a configuration source", "fetch_config: DNS SRV lookup failed")
 BUSY_STATES = ("ALLOCATED", "ALLOC", "MIXED", "COMPLETING")
@@ -114,6 +119,19 @@ def parse_node(text):
         if later:
             reason = _STAMP.sub("", reason[: later.start()]).strip()
     return state, reason
+
+
+def marked_reason(reason):
+    """The Reason fleetops sets for a drain: the operator's words after the marker."""
+    text = " ".join((reason or "").split()) or DEFAULT_REASON
+    if is_ours(text):
+        return text
+    return "%s %s" % (MARKER, text)
+
+
+def is_ours(reason):
+    """The node's current Reason (stamp removed) is a drain fleetops set."""
+    return (reason or "").strip().startswith(MARKER)
 
 
 def is_drained(state):
@@ -211,7 +229,7 @@ def main():
         slurm_state=state,
         slurm_reason=reason,
         was_drained=is_drained(state),
-        drained_by_us=marker is not None,
+        drained_by_us=is_drained(state) and is_ours(reason),
     )
 
     if params["state"] == "drained":
@@ -219,21 +237,21 @@ def main():
             result["msg"] = "%s already drained (%s)%s" % (
                 params["name"],
                 reason,
-                "" if marker else "; drained by someone else, it will stay drained",
+                "" if is_ours(reason) else "; drained by someone else, it will stay drained",
             )
         else:
             result["changed"] = True
             result["drained_by_us"] = True
             if not module.check_mode:
                 # Drain first: if the marker cannot be written the node stays drained (the safe side).
-                node.update("State=DRAIN", "Reason=%s" % params["reason"])
+                node.update("State=DRAIN", "Reason=%s" % marked_reason(params["reason"]))
                 os.makedirs(params["marker_dir"], exist_ok=True)
                 tmp = marker_path + ".tmp"
                 with open(tmp, "w") as fh:
                     json.dump(
                         {
                             "node": params["name"],
-                            "reason": params["reason"],
+                            "reason": marked_reason(params["reason"]),
                             "since": time.time(),
                             "state_before": state,
                         },
@@ -258,29 +276,30 @@ def main():
             result["slurm_state_after"] = current
 
     elif params["state"] == "resumed":
-        if marker is None:
-            result["msg"] = (
-                "%s was not drained by fleetops; left as it is (%s)" % (params["name"], state)
-                if is_drained(state)
-                else "%s is not drained" % params["name"]
-            )
-        elif is_drained(state) and (reason or "") == marker.get("reason"):
+        if is_drained(state) and is_ours(reason):
             result["changed"] = True
             result["drained_by_us"] = False
             if not module.check_mode:
                 node.update("State=RESUME")
-                os.unlink(marker_path)
-            result["msg"] = "%s resumed (fleetops drained it: %s)" % (params["name"], marker.get("reason"))
+                if marker is not None:
+                    os.unlink(marker_path)
+            result["msg"] = "%s resumed (fleetops drained it: %s)" % (params["name"], reason)
         else:
-            # Drained again by someone else, or resumed by hand: forget our drain, touch nothing.
+            # Never drained, drained by someone else, or our drain replaced by another reason
+            # (or already resumed by hand): touch nothing, forget any drain we recorded.
             result["drained_by_us"] = False
-            if not module.check_mode:
+            if marker is not None and not module.check_mode:
                 os.unlink(marker_path)
-            result["msg"] = (
-                "%s now drained for another reason (%s); left drained" % (params["name"], reason)
-                if is_drained(state)
-                else "%s was already resumed by someone else" % params["name"]
-            )
+            if not is_drained(state):
+                result["msg"] = "%s is not drained" % params["name"]
+            elif marker is not None:
+                result["msg"] = "%s now drained for another reason (%s); left drained" % (params["name"], reason)
+            else:
+                result["msg"] = "%s was not drained by fleetops; left as it is (%s: %s)" % (
+                    params["name"],
+                    state,
+                    reason,
+                )
     else:
         result["msg"] = "%s is %s%s" % (params["name"], state, " (%s)" % reason if reason else "")
     module.exit_json(**result)

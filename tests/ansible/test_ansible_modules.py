@@ -126,7 +126,10 @@ def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_s
     assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
     assert r["changed"] and r["was_drained"] is False
-    assert json.loads(db.read_text())["n1"] == {"state": "MIXED+DRAIN", "reason": "fleetops driver rollout"}
+    assert json.loads(db.read_text())["n1"] == {
+        "state": "MIXED+DRAIN",
+        "reason": "[fleetops] fleetops driver rollout",
+    }
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
     assert r["changed"] is False  # idempotent
 
@@ -135,6 +138,7 @@ def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_s
     assert r["changed"] is False and r["was_drained"] and r["drained_by_us"] is False
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n2", "state": "resumed"})
     assert r["changed"] is False and json.loads(db.read_text())["n2"]["state"] == "IDLE+DRAIN"
+    assert "not drained by fleetops" in r["msg"] and "bad DIMM" in r["msg"]
 
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
     assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
@@ -304,3 +308,13 @@ def test_gpu_reset_kill_processes_without_the_confirmed_list_is_refused_by_the_m
                                                    "agent": AGENT, "kill_processes": True})
     assert rc == 1 and result["failed"] is True and "expect_pids" in result["msg"]
     assert Path(sim_state).read_bytes() == before
+
+
+def test_slurm_resume_lifts_a_marked_drain_made_elsewhere_without_a_marker_file(
+    run_module, fake_slurm, tmp_path: Path
+) -> None:
+    # the TUI or the controller drained it (no marker file on this host): the Reason says it is ours
+    scontrol, db = fake_slurm({"n1": {"state": "IDLE+DRAIN", "reason": "[fleetops] GPU 3 reset"}})
+    args = {"scontrol": scontrol, "marker_dir": str(tmp_path / "m"), "name": "n1", "state": "resumed"}
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "IDLE"

@@ -10,9 +10,14 @@ in /var/tmp/fleetops-nspawn afterwards); the rest takes about 3 minutes.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import nspawn_hosts
 import pytest
@@ -27,6 +32,7 @@ NODES = ["node101", "node102", "node103"]
 # 650 W after one proves the boot-time unit re-applied it.
 CAP_W = 650
 REPO = Path(__file__).resolve().parents[2]
+FIRST_ADDRESS = os.environ.get("FLEETOPS_NSPAWN_TEST_ADDRESS", "127.0.48.1")
 TIMINGS: dict[str, float] = {}
 
 
@@ -38,7 +44,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     slurm = nspawn_hosts.slurm_skip_reason() is None
     directory = tmp_path_factory.mktemp("nspawn")
     try:
-        c = nspawn_hosts.up(directory, NODES, OLD, NEW, slurm=slurm)
+        c = nspawn_hosts.up(directory, NODES, OLD, NEW, first=FIRST_ADDRESS, slurm=slurm)
     except nspawn_hosts.HostsUnavailable as exc:
         pytest.skip(f"container test hosts cannot run here: {exc}")
     try:
@@ -205,7 +211,7 @@ def test_rollout_stops_at_a_host_whose_driver_fails_to_load_and_leaves_it_draine
     if cluster.slurm:
         assert cluster.slurm.show("node101")[0] == "IDLE"
         state, reason = cluster.slurm.show("node102")
-        assert "DRAIN" in state and reason == "fleetops driver rollout"
+        assert "DRAIN" in state and reason == "[fleetops] fleetops driver rollout"
         assert cluster.slurm.show("node103")[0] == "IDLE"
 
 
@@ -234,3 +240,175 @@ def test_a_second_rerun_changes_nothing(cluster) -> None:
     assert code == 0, out
     rows = [line.split() for line in out.splitlines() if line.startswith("node1")]
     assert [(r[0], r[1], r[3]) for r in rows] == [(n, "ok", "0") for n in NODES], out
+
+
+# --- the TUI's drain and resume against this slurmctld ---------------------------------------
+# They run after the rollout (file order) but need none of it: scontrol runs on the controller
+# (SLURM_CONF points it at this cluster) or over SSH on a Slurm host, never on the GPU node.
+
+
+def _tui(c, hosts: list[Any] | None = None) -> Any:
+    from fleetops.fleet import inventory
+    from fleetops.tui.app import FleetApp
+    from fleetops.tui.source import SshSource
+
+    hosts = hosts if hosts is not None else inventory.load(str(c.inventory))
+    source = SshSource(hosts, {}, interval=0.5, connect_timeout=3.0, command_timeout=3.0)
+    return FleetApp(source, interval=0.5)
+
+
+def _drive(app: Any, body: Callable[[Any], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await pilot.pause()
+            await body(pilot)
+
+    asyncio.run(main())
+
+
+async def _until(pilot: Any, condition: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await pilot.pause(0.1)
+
+
+async def _act(pilot: Any, app: Any, node: str, key: str) -> Any:
+    """Select ``node`` in the fleet table, press ``key`` (d or u), confirm; the action's result."""
+    from fleetops.tui.screens.confirm import ConfirmScreen
+
+    app.last_action = None
+    app.screen.table().select_key(node)
+    await pilot.press(key)
+    assert isinstance(app.screen, ConfirmScreen), [n.message for n in app._notifications]
+    await pilot.press("tab", "enter")  # from Cancel (focused first) to the confirm button
+    await _until(pilot, lambda: app.last_action is not None, f"{key} on {node} to finish")
+    return app.last_action
+
+
+def _hang_agent(c, node: str) -> Callable[[], None]:
+    """Make the node's fleetops-agent hang (a collect never answers); returns the undo."""
+    path = c.host(node).root / "usr/local/bin/fleetops-agent"
+    link = os.readlink(path) if path.is_symlink() else None
+    saved = None if link is not None or not path.exists() else path.read_bytes()
+    path.unlink(missing_ok=True)
+    path.write_text("#!/bin/sh\nexec sleep 120\n")
+    path.chmod(0o755)
+
+    def undo() -> None:
+        path.unlink(missing_ok=True)
+        if link is not None:
+            path.symlink_to(link)
+        elif saved is not None:
+            path.write_bytes(saved)
+            path.chmod(0o755)
+
+    return undo
+
+
+def test_tui_drains_a_hung_node_and_resumes_it_through_the_real_slurmctld(cluster, monkeypatch) -> None:
+    if not cluster.slurm:
+        pytest.skip(f"no Slurm on this machine: {nspawn_hosts.slurm_skip_reason()}")
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm.conf))
+    assert cluster.slurm.show("node103")[0] == "IDLE"
+    undo = _hang_agent(cluster, "node103")
+    app = _tui(cluster)
+
+    async def body(pilot: Any) -> None:
+        # the agent does not answer: the TUI marks it hung; the drain does not need it
+        await _until(pilot, lambda: app.state.entries["node103"].status == "timeout", "node103 hung")
+        drained = await _act(pilot, app, "node103", "d")
+        assert drained.ok and drained.detail["outcome"] == "done", drained
+        assert drained.detail["where"] == "the controller"
+        state, reason = cluster.slurm.show("node103")
+        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] "), (state, reason)
+        resumed = await _act(pilot, app, "node103", "u")
+        assert resumed.ok and "resumed" in resumed.message, resumed
+        state, reason = cluster.slurm.show("node103")
+        assert "DRAIN" not in state and reason is None, (state, reason)
+
+    try:
+        _drive(app, body)
+    finally:
+        undo()
+
+
+def test_tui_resume_leaves_a_drain_someone_else_set(cluster, monkeypatch) -> None:
+    if not cluster.slurm:
+        pytest.skip(f"no Slurm on this machine: {nspawn_hosts.slurm_skip_reason()}")
+    import subprocess
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.slurm.conf))
+    scontrol = str(cluster.slurm.scontrol)
+    subprocess.run(
+        [scontrol, "update", "NodeName=node102", "State=DRAIN", "Reason=maintenance by alice"], check=True
+    )
+    app = _tui(cluster)
+
+    async def body(pilot: Any) -> None:
+        await _until(pilot, lambda: "node102" in app.state.entries, "node102 listed")
+        refused = await _act(pilot, app, "node102", "u")
+        assert not refused.ok and refused.detail["outcome"] == "refused", refused
+        assert "maintenance by alice" in refused.message and "someone else" in refused.message
+        assert "set by root at " in refused.message  # who and when, as slurmctld stamped it
+        # a drain from the TUI does not overwrite alice's reason either
+        again = await _act(pilot, app, "node102", "d")
+        assert not again.ok and "someone else" in again.message, again
+
+    try:
+        _drive(app, body)
+        state, reason = cluster.slurm.show("node102")
+        assert "DRAIN" in state and reason == "maintenance by alice", (state, reason)
+    finally:
+        subprocess.run([scontrol, "update", "NodeName=node102", "State=RESUME"], check=False)
+
+
+def test_tui_drains_through_a_slurm_host_over_ssh(cluster, monkeypatch) -> None:
+    """fleetops_slurm_host: scontrol runs on that host over SSH (here node101, which reaches
+    slurmctld with its own slurm.conf and munge), not on the controller and not on the node."""
+    if not cluster.slurm:
+        pytest.skip(f"no Slurm on this machine: {nspawn_hosts.slurm_skip_reason()}")
+    import shutil
+
+    from fleetops.fleet import inventory
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)  # the controller itself could not reach Slurm
+    hosts = [
+        dataclasses.replace(h, vars={**h.vars, "fleetops_slurm_host": "node101"})
+        if h.name == "node103"
+        else h
+        for h in inventory.load(str(cluster.inventory))
+    ]
+    in_host = cluster.host("node101").root / "usr/local/bin/scontrol"
+    in_host.unlink(missing_ok=True)
+    app = _tui(cluster, hosts)
+
+    async def body(pilot: Any) -> None:
+        await _until(pilot, lambda: "node103" in app.state.entries, "node103 listed")
+        missing = await _act(pilot, app, "node103", "d")
+        assert not missing.ok and missing.message.endswith("scontrol not found on Slurm host node101"), (
+            missing
+        )
+        # the same Slurm client the controller has (same Debian release as the hosts' slurmd)
+        shutil.copy2(shutil.which("scontrol") or "/usr/bin/scontrol", in_host)
+        drained = await _act(pilot, app, "node103", "d")
+        assert drained.ok and drained.detail["where"] == "Slurm host node101", drained
+        state, reason = cluster.slurm.show("node103")
+        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] ")
+        resumed = await _act(pilot, app, "node103", "u")
+        assert resumed.ok, resumed
+        assert "DRAIN" not in cluster.slurm.show("node103")[0]
+
+    try:
+        _drive(app, body)
+    finally:
+        in_host.unlink(missing_ok=True)
+        import subprocess
+
+        subprocess.run(
+            [str(cluster.slurm.scontrol), "update", "NodeName=node103", "State=RESUME"],
+            check=False,
+            capture_output=True,  # "Invalid node state" when the test already resumed it
+        )

@@ -129,12 +129,12 @@ def test_forks_bound_concurrency(clean_fleet):
     active, peak, lock = [0], [0], threading.Lock()
     original = transport._Runner.run_once
 
-    def counting(self, host, command, env):
+    def counting(self, host, command, env, **kw):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         try:
-            return original(self, host, command, env)
+            return original(self, host, command, env, **kw)
         finally:
             with lock:
                 active[0] -= 1
@@ -314,3 +314,110 @@ def test_session_pool_reuses_connections_and_recovers(clean_fleet):
         with pytest.raises(KeyError):
             pool.run(["true"], hosts=["node999"])
     assert pool.connected() == []
+
+
+# A command that records its pid in MARKER, then kills the sshd process that serves its own
+# connection (the nearest sshd above it): the connection drops after the command was sent.
+KILL_OWN_SSHD = r"""
+import os, signal, sys
+marker = sys.argv[1]
+with open(marker, "a") as fh:
+    fh.write(f"{os.getpid()}\n")
+if len(open(marker).read().split()) > 1 and sys.argv[2] == "once":
+    sys.exit(0)  # a second send (only the idempotent test expects one) finishes normally
+pid = os.getppid()
+while pid > 1:
+    with open(f"/proc/{pid}/stat") as fh:
+        stat = fh.read()
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    if comm.startswith("sshd"):
+        os.kill(pid, signal.SIGKILL)
+        break
+    pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+else:
+    sys.exit("no sshd above this command")
+# SIGKILL leaves sshd no chance to send an exit status; ending now leaves no stray process
+"""
+
+# Prints the pid of the sshd that serves this connection, so a test can kill it later.
+OWN_SSHD_PID = r"""
+import os
+pid = os.getppid()
+while pid > 1:
+    with open(f"/proc/{pid}/stat") as fh:
+        stat = fh.read()
+    if stat[stat.index("(") + 1 : stat.rindex(")")].startswith("sshd"):
+        print(pid)
+        break
+    pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+"""
+
+
+def sends(marker):
+    return len(marker.read_text().split()) if marker.exists() else 0
+
+
+def test_connection_lost_after_sending_is_outcome_unknown_and_not_sent_again(clean_fleet, tmp_path):
+    marker = tmp_path / "sent"
+    command = ["python3", "-c", KILL_OWN_SSHD, str(marker), "always"]
+    with transport.SessionPool(clean_fleet.hosts, connect_timeout=2.0, command_timeout=20.0) as pool:
+        assert pool.run_one("node002", ["true"]).ok  # a reused connection: the old code re-sent on it
+        res = pool.run_one("node002", command)
+        assert sends(marker) == 1, marker.read_text()
+        assert not res.ok and res.error_kind == "outcome-unknown", res
+        assert "outcome-unknown" in transport.ERROR_KINDS
+        assert "node002" in res.error and "was sent" in res.error and "no answer came" in res.error
+        assert str(marker) in res.error  # the command, so the operator can check for its effect
+        # the pool is usable again afterwards, on a new connection
+        assert pool.run_one("node002", ["true"]).ok
+    assert sends(marker) == 1
+    # one-shot run_all: the same rule, no second send
+    marker.unlink()
+    res = transport.run_all([clean_fleet.host("node003")], command, command_timeout=20.0)["node003"]
+    assert res.error_kind == "outcome-unknown" and sends(marker) == 1, res
+
+
+def test_an_idempotent_read_is_sent_again_once(clean_fleet, tmp_path):
+    marker = tmp_path / "sent"
+    command = ["python3", "-c", KILL_OWN_SSHD, str(marker), "once"]
+    with transport.SessionPool(clean_fleet.hosts, connect_timeout=2.0, command_timeout=20.0) as pool:
+        assert pool.run_one("node004", ["true"]).ok
+        res = pool.run_one("node004", command, idempotent=True)
+        assert res.ok, res
+        assert sends(marker) == 2
+        # it asked for a retry once, not forever: killed on both sends, it is a lost connection
+        marker.unlink()
+        always = ["python3", "-c", KILL_OWN_SSHD, str(marker), "always"]
+        res = pool.run_one("node004", always, idempotent=True)
+        assert res.error_kind == "unreachable" and sends(marker) == 2, res
+    # one-shot: a read that lost its connection is unreachable, as before
+    marker.unlink()
+    res = transport.run_all([clean_fleet.host("node004")], always, idempotent=True)["node004"]
+    assert res.error_kind == "unreachable" and sends(marker) == 1, res
+
+
+def test_dead_pooled_connection_is_reopened_before_sending_and_runs_once(clean_fleet, tmp_path):
+    marker = tmp_path / "sent"
+    with transport.SessionPool(clean_fleet.hosts, connect_timeout=2.0, command_timeout=20.0) as pool:
+        first = pool.run_one("node005", ["python3", "-c", OWN_SSHD_PID])
+        assert first.ok and first.stdout.strip(), first
+        old = pool._clients["node005"]
+        os.kill(int(first.stdout), 9)  # the connection dies while idle, before the next command
+        for _ in range(200):
+            if "node005" not in pool.connected():
+                break
+            time.sleep(0.05)
+        assert "node005" not in pool.connected()
+        res = pool.run_one("node005", ["sh", "-c", f"echo $$ >> {marker}"])
+        assert res.ok, res
+        assert sends(marker) == 1
+        assert pool._clients["node005"] is not old and "node005" in pool.connected()
+
+
+def test_per_call_timeout_overrides_the_pool_command_timeout(clean_fleet):
+    with transport.SessionPool(clean_fleet.hosts, connect_timeout=2.0, command_timeout=1.0) as pool:
+        # longer than the pool's 1 s, within the call's own budget: it finishes
+        res = pool.run_one("node006", ["sh", "-c", "sleep 1.5; echo done"], timeout=10.0)
+        assert res.ok and res.stdout == "done\n", res
+        short = pool.run_one("node006", ["sleep", "5"], timeout=0.5)
+        assert short.error_kind == "timeout" and "0.5s" in short.error
