@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             _emit(collect_dict(fast["backend"], fast["state"]), fast["pretty"])
         except CollectError as exc:
             return _fail("collect", str(exc))
-        except Exception as exc:  # same contract as below: one JSON line, never a traceback
+        except Exception as exc:  # same contract as below: one JSON line, never a traceback  # noqa: BLE001
             return _fail("internal", f"{type(exc).__name__}: {exc}")
         return EXIT_OK
     args = build_parser().parse_args(argv)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             return _verdict(doc, code, args.pretty)
     except CollectError as exc:
         return _fail("collect", str(exc))
-    except Exception as exc:  # every failure becomes one JSON line, never a traceback on stdout
+    except Exception as exc:  # every failure becomes one JSON line, never a traceback on stdout  # noqa: BLE001
         kind = type(exc).__name__
         known = {"SetError", "TopologyError", "SimError", "SchemaError", "LockError", "LockHeld", "DryRunViolation"}
         if kind not in known:

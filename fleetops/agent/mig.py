@@ -37,18 +37,15 @@ def _select(node: model.Node, selector: str) -> tuple[list[model.Gpu], bool]:
     text = (selector or "all").strip()
     if text == "all":
         return [g for g in node.gpus if g.mig_mode_current], False
-    if text.isdigit():
-        raise MigError(f"--gpu {text}: give a UUID or a bus id, never an index", "usage", 2)
-    if text.upper().startswith("GPU-"):
-        gpu = node.gpu_by_uuid(text)
-    else:
-        try:
-            gpu = node.gpu_by_bus_id(text)
-        except ValueError:
-            raise MigError(f"--gpu {text!r}: not 'all', a GPU UUID or a bus id", "usage", 2) from None
+    from fleetops.ops import selectors
+
+    try:
+        sel = selectors.parse_identity(text)
+    except selectors.SelectorError as exc:
+        raise MigError(exc.message, "usage", 2) from None
+    gpu = selectors.find(node, sel)
     if gpu is None:
-        present = ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in node.gpus) or "none"
-        raise MigError(f"--gpu {text}: no such GPU on {node.hostname} (present: {present})", "no-such-gpu")
+        raise MigError(f"--gpu {text}: no such GPU on {node.hostname} (present: {selectors.present(node)})", "no-such-gpu")
     return [gpu], True
 
 

@@ -42,24 +42,21 @@ def parse_value(setting: str, raw: str) -> Any:
     raise SetError(f"{setting}: {raw!r} is not on/off")
 
 
-def select(gpus: list[model.Gpu], selector: str) -> list[model.Gpu]:
-    """``all``, a UUID, a bus id, or an index; an unknown one is an error naming it."""
+def select(node: model.Node, selector: str) -> list[model.Gpu]:
+    """``all``, or one GPU by UUID or bus id (the one selector rule); an unknown one is an error
+    naming it and the GPUs present."""
     if selector == "all":
-        return list(gpus)
-    if selector.upper().startswith("GPU-"):
-        hit = [g for g in gpus if g.uuid == selector]
-    elif selector.isdigit():
-        hit = [g for g in gpus if g.index == int(selector)]
-    else:
-        try:
-            key = model.normalize_bus_id(selector)
-        except ValueError as exc:
-            raise SetError(f"--gpu {selector!r}: not 'all', a UUID, a bus id or an index") from exc
-        hit = [g for g in gpus if g.bus_id == key]
-    if not hit:
-        present = ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in gpus) or "none"
-        raise SetError(f"--gpu {selector!r}: no such GPU on this node (present: {present})")
-    return hit
+        return list(node.gpus)
+    from fleetops.ops import selectors
+
+    try:
+        sel = selectors.parse_identity(selector)
+    except selectors.SelectorError as exc:
+        raise SetError(f"{exc.message}; or 'all'") from None
+    gpu = selectors.find(node, sel)
+    if gpu is None:
+        raise SetError(f"--gpu {selector!r}: no such GPU on this node (present: {selectors.present(node)})")
+    return [gpu]
 
 
 def apply(
@@ -76,7 +73,7 @@ def apply(
     except ResetError as exc:
         raise SetError(str(exc)) from exc
     node = back.snapshot()
-    targets = select(node.gpus, selector)
+    targets = select(node, selector)
     results = []
     for gpu in targets:
         before = getattr(gpu, field_name)

@@ -72,7 +72,7 @@ def run_node_checks(
     for family, module in _MODULES.items():
         try:
             module.run(ctx)
-        except Exception as exc:  # one bad value must not hide the other families
+        except Exception as exc:  # one bad value must not hide the other families  # noqa: BLE001
             ctx.unreadable(family, "check failed", f"{type(exc).__name__}: {exc}", "node")
     return ctx.finish()
 

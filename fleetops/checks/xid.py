@@ -67,7 +67,7 @@ def _info(catalog: Any, event: model.XidEvent) -> tuple[str, str, str]:
     info_for = getattr(catalog, "info_for", None)
     try:
         info = info_for(event) if info_for is not None else catalog.lookup(event.code)
-    except Exception:  # an unknown code must not break the audit
+    except Exception:  # an unknown code must not break the audit  # noqa: BLE001
         info = None
     if info is None:
         return "warn", "unknown", f"XID {event.code}"

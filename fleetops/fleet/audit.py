@@ -7,8 +7,9 @@ Transport problems (unreachable, hung, no agent, garbage output) become findings
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from fleetops import model
 

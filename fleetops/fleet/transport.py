@@ -500,7 +500,7 @@ class _Runner:
                 client.close()
         except _Failure as f:
             return _failed(str(host.name), _as_read(f) if idempotent else f, started)
-        except Exception as exc:  # one host's surprise must not take the whole run down
+        except Exception as exc:  # one host's surprise must not take the whole run down  # noqa: BLE001
             return Result(
                 str(host.name), False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started)
             )
@@ -541,7 +541,7 @@ def _callback(
         if on_result is not None:
             try:
                 on_result(result)
-            except BaseException as exc:  # raised again once every host is done
+            except BaseException as exc:  # raised again once every host is done  # noqa: BLE001
                 errors.append(exc)
         return result
 
@@ -705,7 +705,7 @@ class SessionPool:
                     return _failed(name, _as_read(f) if idempotent else f, started)
                 return _finish(name, status, stdout, stderr, started)
             raise AssertionError("unreachable")
-        except Exception as exc:  # as in run_once: a Result, never an exception
+        except Exception as exc:  # as in run_once: a Result, never an exception  # noqa: BLE001
             self.drop(name)
             return Result(name, False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started))
         finally:

@@ -128,7 +128,7 @@ class _Nvml:
             value, reason = fn(*args), None
         except self.N.NVMLError as exc:
             value, reason = None, _reason_of(exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             value, reason = None, _reason_of(exc)
         if self.trace is not None:
             self.trace.append(((time.perf_counter() - start) * 1000.0, name))
@@ -138,7 +138,7 @@ class _Nvml:
         # NVMLError(code) builds the code's own subclass (NVMLError_NotSupported, ...)
         try:
             name = type(self.N.NVMLError(code)).__name__
-        except Exception:  # a binding without that behaviour: the plain code
+        except Exception:  # a binding without that behaviour: the plain code  # noqa: BLE001
             name = ""
         if name.startswith("NVMLError_"):
             return name[len("NVMLError_") :]
@@ -330,7 +330,7 @@ def _read_all(readers: list[_GpuReader]) -> None:
 def _guarded(section: Callable[[_GpuReader], None], r: _GpuReader) -> None:
     try:
         section(r)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         r.errors.append(f"GPU {r.gpu.index} ({r.gpu.bus_id}): {type(exc).__name__}: {exc}")
 
 

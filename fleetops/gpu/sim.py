@@ -352,9 +352,6 @@ def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
     return True
 
 
-# the old private spelling, for callers not yet moved to ``inject_into``
-_inject = inject_into
-
 
 def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
     gpu = state["gpus"][index or 0]

@@ -191,7 +191,7 @@ def parse_line(line: str, source: str = "kernel") -> XidEvent | None:
     where the stamp has no zone; the current year where it has none). Never raises."""
     try:
         return _parse(line, source)
-    except Exception:  # a log line must never break a collect
+    except Exception:  # a log line must never break a collect  # noqa: BLE001
         return None
 
 

@@ -111,3 +111,19 @@ def resolve(sel: Selector | str, node: model.Node, host: str, *, allow_absent: b
         what = {INDEX: "index", UUID: "UUID", BUS_ID: "bus id"}[sel.form]
         raise SelectorError(f"{host} has no GPU with {what} {sel.text} (present: {present(node)})")
     return ResolvedGpu(sel, sel.uuid, sel.bus_id, None, None, False, None)
+
+
+def parse_identity(text: str, flag: str = "--gpu") -> Selector:
+    """A selector that names a GPU by identity (UUID or bus id), as every node-side change
+    takes it: an index is refused here, because on the node nothing shows the operator which
+    GPU it resolved to before acting (the controller resolves indices and sends the UUID)."""
+    try:
+        sel = parse(text)
+    except SelectorError as exc:
+        raise SelectorError(f"{flag} {text!r}: {exc}") from None
+    if sel.form == INDEX:
+        raise SelectorError(
+            f"{flag} {sel.text!r}: the agent takes a UUID or a PCI bus id, never an index (indices change "
+            "when a GPU falls off the bus); `fleetops reset NODE INDEX` resolves an index to its UUID first"
+        )
+    return sel

@@ -3,7 +3,7 @@
 Actions, from the least to the most drastic: ``none``, ``restart_app``, ``drain``,
 ``reset_gpu``, ``drain_and_inspect``, ``reboot_node``. Each finding (warn or crit; info and ok
 need nothing; unknown ones are listed as "cannot plan") is mapped to an action by its check id,
-and for XID findings by the XID catalog's action for the worst code (``fleetops.gpu.xid``);
+and for XID findings by the XID catalog's action for the worst code (``fleetops.catalog.xid``);
 a check this table does not know is mapped from its action text. Per GPU the most drastic action
 wins. Per node, a reboot supersedes the GPU resets on that node (a reboot resets every GPU).
 
@@ -101,7 +101,7 @@ def from_text(text: str | None) -> str:
 def _xid_action(finding: model.Finding) -> str:
     observed = finding.observed if isinstance(finding.observed, list) else []
     try:
-        from fleetops.gpu import xid as catalog
+        from fleetops.catalog import xid as catalog
     except ImportError:  # pragma: no cover - shipped together
         return from_text(finding.action)
     best = "none"

@@ -266,7 +266,7 @@ class FleetApp(App[None]):
             return
         try:
             result = call()
-        except Exception as exc:  # a failed action is reported, never kills the screen
+        except Exception as exc:  # a failed action is reported, never kills the screen  # noqa: BLE001
             result = ops_results.ActionResult(
                 name, what, ops_results.FAILED, f"{name}: {what} failed: {type(exc).__name__}: {exc}"
             )

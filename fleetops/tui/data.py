@@ -431,7 +431,7 @@ def pending_entry(name: str) -> NodeEntry:
 
 def _xid_info(event: model.XidEvent) -> tuple[str, str, str, bool]:
     """(name, severity, action, is_sxid) from the XID catalog (it explains unknown codes too)."""
-    from fleetops.gpu import xid
+    from fleetops.catalog import xid
 
     info = xid.info_for(event)
     return (info.name, info.severity, info.action, xid.is_sxid(event))

@@ -24,7 +24,7 @@ def sim_state(
     state["node"]["boot_time"] = T0 - 3 * 86400
     for entry in faults:
         fault, _, gpu = entry.partition("@")
-        sim._inject(state, fault, int(gpu) if gpu else None)
+        sim.inject_into(state, fault, int(gpu) if gpu else None)
         state["faults"][-1]["since"] = since
     # the simulator stamps kernel log lines with the real clock: move them to ``since``
     boot = state["node"]["boot_time"]

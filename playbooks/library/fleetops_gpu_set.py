@@ -217,7 +217,7 @@ def _raw_value(setting, value):
         try:
             watts = float(value)
         except (TypeError, ValueError):
-            raise ValueError("power: %r is not a number of watts" % (value,))
+            raise ValueError("power: %r is not a number of watts" % (value,)) from None
         return "%g" % watts
     if isinstance(value, bool):
         return "on" if value else "off"

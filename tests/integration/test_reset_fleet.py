@@ -125,7 +125,6 @@ def test_busy_gpu_is_refused_over_ssh_and_its_processes_are_named(d):
     assert state(d, "node001").read_bytes() == before
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_kill_processes_ends_them_resets_and_the_next_audit_is_clean(d):
     inject(d, "node001", "stray-process", 2)
     inject(d, "node001", "ecc-dbe", 2)
@@ -229,7 +228,6 @@ def test_an_unknown_uuid_is_an_error_before_anything_is_touched(d):
     assert after == before
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_a_dry_run_changes_nothing(d):
     inject(d, "node001", "stray-process", 6)
     inject(d, "node001", "ecc-dbe", 6)
@@ -345,7 +343,6 @@ def test_a_process_that_appears_after_an_idle_listing_is_refused_not_killed(d, m
     assert [p["pid"] for p in sim.gpu_processes(sim.read_state(str(path)), 4)] == [7777]  # still running
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_a_process_that_appears_after_the_listing_is_refused_naming_it(d, monkeypatch, capsys):
     inject(d, "node001", "stray-process", 5)
     path = state(d, "node001")

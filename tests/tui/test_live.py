@@ -246,7 +246,6 @@ def test_live_a_process_that_starts_while_the_dialog_is_open_makes_the_reset_ref
     drive(app, body)
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_live_reset_ends_only_the_processes_the_dialog_showed(fleet_dir: str) -> None:
     app = live_app(fleet_dir)
     gpu = uuid_of(fleet_dir, "node004", 3)

@@ -18,7 +18,7 @@ def run_agent(args, state=None, env_extra=None):
     if state:
         env[sim.STATE_ENV] = str(state)
     env.update(env_extra or {})
-    return subprocess.run(AGENT + args, capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(AGENT + args, capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
 @pytest.fixture
@@ -116,6 +116,6 @@ def test_agent_import_path_pulls_in_nothing_heavy(state):
         "print(heavy)\n"
     )
     env = dict(os.environ, **{sim.STATE_ENV: str(state)})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

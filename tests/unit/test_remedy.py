@@ -186,7 +186,6 @@ def test_without_kill_processes_a_busy_gpu_is_sent_without_it_and_refused(two_no
     assert states["node001"].read_bytes() == before
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_confirmed_reset_ends_the_listed_processes_and_verifies(two_nodes, capsys, monkeypatch):
     states, _agent = two_nodes
     monkeypatch.setattr(sys, "stdin", Tty("y\n"))
@@ -242,7 +241,6 @@ def test_remediate_plans_from_the_latest_audit_and_yes_carries_out_the_resets(tw
     assert all(c[1] in ("collect", "reset") for c in agent.calls)
 
 
-@pytest.mark.xfail(strict=True, reason="needs agent --expect-pids")
 def test_remediate_yes_with_kill_processes_ends_the_listed_processes_and_resets(two_nodes, tmp_path, capsys):
     states, agent = two_nodes
     db = tmp_path / "history.db"

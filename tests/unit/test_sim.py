@@ -15,7 +15,7 @@ def snap(faults, now=T0 + 60):
     state = sim.build_state("node001", {"faults": []})
     for entry in faults:
         name, _, gpu = entry.partition("@")
-        sim._inject(state, name, int(gpu) if gpu else None)
+        sim.inject_into(state, name, int(gpu) if gpu else None)
         state["faults"][-1]["since"] = T0
     return sim.snapshot(state, now=now)
 

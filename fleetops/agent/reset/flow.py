@@ -94,25 +94,14 @@ class Options:
 
 
 def parse_selector(selector: str) -> tuple[str | None, str | None]:
-    """(uuid, bus_id) from ``--gpu``; an index or anything else is a usage error."""
-    text = (selector or "").strip()
-    if not text:
-        raise ResetError("--gpu is empty: give the GPU's UUID or PCI bus id", "usage", 2)
-    if text.isdigit():
-        raise ResetError(
-            f"--gpu {text}: the agent takes a UUID or a PCI bus id, never an index (indices change when a GPU "
-            "falls off the bus); `fleetops reset NODE INDEX` resolves an index to its UUID first",
-            "usage",
-            2,
-        )
-    if text.upper().startswith("MIG-"):
-        raise ResetError(f"--gpu {text}: a MIG device, not a GPU; use `fleetops-agent mig reset`", "usage", 2)
-    if text.upper().startswith("GPU-"):
-        return text, None
+    """(uuid, bus_id) from ``--gpu`` by the one selector rule; an index is a usage error."""
+    from fleetops.ops import selectors
+
     try:
-        return None, model.normalize_bus_id(text)
-    except ValueError:
-        raise ResetError(f"--gpu {text!r}: neither a GPU UUID (GPU-...) nor a PCI bus id (0000:18:00.0)", "usage", 2) from None
+        sel = selectors.parse_identity(selector)
+    except selectors.SelectorError as exc:
+        raise ResetError(exc.message, "usage", 2) from None
+    return sel.uuid, sel.bus_id
 
 
 def parse_clients(text: str | None) -> list[str]:
