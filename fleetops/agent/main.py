@@ -75,7 +75,7 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("setting", help="power|persistence|mig")
     p.add_argument("value", help="watts for power; on/off for persistence and mig")
-    p.add_argument("--gpu", default="all", help="all, a UUID, a bus id or an index")
+    p.add_argument("--gpu", default="all", help="all, a UUID or a PCI bus id (never an index)")
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
 
     p = sub.add_parser("reset", help="safely reset one GPU: every precondition checked and reported first")
