@@ -36,13 +36,18 @@ def _stderr_console() -> Any:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.fleet import audit, inventory
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store import Store, parse_keep
     from fleetops.ops.baseline import resolve_baselines
 
+    keep_s = parse_keep(args.keep)
     hosts = inventory.load(args.inventory, args.limit)
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
-    store = None if args.no_history else Store(args.db)
+    store = None if args.no_history else Store(args.db, keep_s=keep_s)
     previous = store.previous_snapshots([h.name for h in hosts]) if store else {}
+    if store and store.unreadable:
+        for name, why in sorted(store.unreadable.items()):
+            sys.stderr.write(f"fleetops: {name}: the last recorded snapshot cannot be read ({why}); "
+                             "its rate checks have no baseline in this audit\n")
 
     progress = None
     bar_ctx = None
@@ -228,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
     p.add_argument("--no-history", action="store_true", help="do not record this audit")
+    p.add_argument(
+        "--keep",
+        default="30d",
+        help="history retention: audits older than this are pruned when this one is recorded "
+        "(30d, 12h, 2w; 'forever' keeps all; default 30d)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_audit)
 

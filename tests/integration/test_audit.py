@@ -294,3 +294,75 @@ def test_other_formats_render_the_same_audit(simfleet, fmt, tmp_path):
         assert f'fleetops_gpu_ecc_uncorrected_volatile_total{{node="node003",gpu="2",uuid="{uuid}",bus_id="0000:3a:00.0"}} 2' in text
     else:
         assert "node003" in text and "CRITICAL" in text and uuid in text
+
+
+# The first release's history layout (no user_version, snapshots as JSON text), as it created it.
+FIRST_LAYOUT = """
+CREATE TABLE audits (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at REAL NOT NULL,
+    duration_s REAL NOT NULL, inventory TEXT, worst TEXT NOT NULL, exit_code INTEGER NOT NULL,
+    summary TEXT NOT NULL);
+CREATE TABLE snapshots (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
+    node TEXT NOT NULL, reachable INTEGER NOT NULL, error TEXT, collected_at REAL, snapshot TEXT,
+    PRIMARY KEY (audit_id, node));
+CREATE INDEX snapshots_node ON snapshots(node, audit_id);
+CREATE TABLE findings (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
+    node TEXT NOT NULL, key TEXT NOT NULL, severity TEXT NOT NULL, finding TEXT NOT NULL);
+CREATE INDEX findings_audit ON findings(audit_id);
+CREATE INDEX findings_node ON findings(node, audit_id);
+"""
+
+
+def _as_first_release_db(current: str, old: str, age_s: dict[int, float]) -> None:
+    """Copy a history database into the first release's layout; audit i is made age_s[i] old."""
+    import sqlite3
+    import zlib
+
+    src, dst = sqlite3.connect(current), sqlite3.connect(old)
+    dst.executescript(FIRST_LAYOUT)
+    now = time.time()
+    for aid, _started, duration, inv, worst, code, summary in src.execute("SELECT * FROM audits ORDER BY id"):
+        dst.execute("INSERT INTO audits VALUES (?,?,?,?,?,?,?)", (aid, now - age_s[aid], duration, inv, worst, code, summary))
+    for aid, node, reachable, error, collected, blob in src.execute(
+        "SELECT audit_id, node, reachable, error, collected_at, snapshot FROM snapshots"
+    ):
+        text = zlib.decompress(blob).decode() if blob is not None else None
+        dst.execute("INSERT INTO snapshots VALUES (?,?,?,?,?,?)", (aid, node, reachable, error, collected, text))
+    for row in src.execute("SELECT * FROM findings"):
+        dst.execute("INSERT INTO findings VALUES (?,?,?,?,?)", row)
+    dst.commit()
+    src.close()
+    dst.close()
+
+
+def test_a_first_release_history_migrates_keeps_its_rate_baseline_and_is_pruned_by_keep(simfleet, tmp_path):
+    """An upgrade keeps the history: the first release's database is migrated by the next
+    audit, whose rate checks still find a replay storm against the snapshot recorded before the
+    upgrade; audits older than --keep go, with their rows."""
+    import sqlite3
+
+    from fleetops.sim import fleet
+
+    current, old = str(tmp_path / "current.db"), str(tmp_path / "old.db")
+    fleet.inject(simfleet, "node004", "pcie-replay-storm", 2)
+    try:
+        audit(simfleet, "--baseline", BASELINE, db=current)
+        audit(simfleet, "--baseline", BASELINE, db=current)
+        _as_first_release_db(current, old, {1: 40 * 86400.0, 2: 11.0})
+        time.sleep(11)  # the rate checks refuse intervals under rate_min_interval_s
+        rc, doc, err = audit(simfleet, "--baseline", BASELINE, "--keep", "30d", db=old)
+    finally:
+        fleet.clear(simfleet, "node004", "pcie-replay-storm", 2)
+    assert doc is not None, err
+    serious = {(f["check"], f["gpu"]["uuid"]): f["severity"] for f in doc["findings"] if f["severity"] in ("warn", "crit")}
+    assert serious == {
+        ("pcie.replay_rate", gpu_uuid(simfleet, "node004", 2)): EXPECTED["pcie-replay-storm"]["pcie.replay_rate"]
+    }
+    assert rc == 1
+    db = sqlite3.connect(old)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert [r[0] for r in db.execute("SELECT id FROM audits ORDER BY id")] == [2, 3]  # the 40-day-old one is gone
+    assert db.execute("SELECT COUNT(*) FROM snapshots WHERE audit_id = 1").fetchone()[0] == 0
+    assert {type(r[0]) for r in db.execute("SELECT snapshot FROM snapshots WHERE snapshot IS NOT NULL")} == {bytes}
+    db.close()
+    proc = subprocess.run([*CLI, "history", "--db", old, "--format", "json"], capture_output=True, text=True, check=False)
+    assert [row["id"] for row in json.loads(proc.stdout)] == [3, 2]
