@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,19 +36,7 @@ from fleetops.fleet.store import DEFAULT_KEEP_S, Store
 from fleetops.gpu import sim
 
 # The first release's layout (no user_version, snapshots as JSON text): the "before" figure.
-FIRST_LAYOUT = """
-CREATE TABLE audits (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at REAL NOT NULL,
-    duration_s REAL NOT NULL, inventory TEXT, worst TEXT NOT NULL, exit_code INTEGER NOT NULL,
-    summary TEXT NOT NULL);
-CREATE TABLE snapshots (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, reachable INTEGER NOT NULL, error TEXT, collected_at REAL, snapshot TEXT,
-    PRIMARY KEY (audit_id, node));
-CREATE INDEX snapshots_node ON snapshots(node, audit_id);
-CREATE TABLE findings (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, key TEXT NOT NULL, severity TEXT NOT NULL, finding TEXT NOT NULL);
-CREATE INDEX findings_audit ON findings(audit_id);
-CREATE INDEX findings_node ON findings(node, audit_id);
-"""
+FIRST_LAYOUT = (Path(__file__).parent.parent / "tests" / "fixtures" / "history_layout1.sql").read_text()
 
 
 def node_snapshot(state: dict, now: float) -> model.Node:

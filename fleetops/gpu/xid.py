@@ -15,7 +15,7 @@ SXid lines (``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, ...``
 NVSwitch, not from a GPU. They ARE parsed, into an event whose ``source`` ends in ``":sxid"``
 (``"kernel:sxid"``) and whose ``bus_id`` is the switch's. Their codes live in a different
 number space from GPU XIDs: callers that reason about GPU XIDs must skip them with
-``is_sxid(event)``; ``info_for(event)`` already explains them as NVSwitch errors rather than
+``fleetops.catalog.xid.is_sxid(event)``; its ``info_for(event)`` already explains them as NVSwitch errors rather than
 looking their code up in the GPU catalog.
 
 Standard library only: this module is on the agent's import path.
@@ -29,21 +29,7 @@ import time
 from collections.abc import Iterable
 from datetime import datetime
 
-from fleetops.catalog.xid import (
-    ACTION_TEXT,
-    ACTIONS,
-    CATALOG,
-    CATEGORIES,
-    NON_CRITICAL,
-    RECOVERY_ACTIONS,
-    SEVERITIES,
-    SXID_SUFFIX,
-    XidInfo,
-    info_for,
-    is_sxid,
-    lookup,
-    recovery_action,
-)
+from fleetops.catalog.xid import SXID_SUFFIX
 from fleetops.model import XidEvent, normalize_bus_id
 
 # --- parsing ---------------------------------------------------------------------------
@@ -319,21 +305,4 @@ def read_kernel_log(max_lines: int = 20000, timeout_s: float = 2.0) -> tuple[lis
     return [], "; ".join(reasons)
 
 
-__all__ = [
-    "ACTIONS",
-    "ACTION_TEXT",
-    "CATALOG",
-    "CATEGORIES",
-    "NON_CRITICAL",
-    "RECOVERY_ACTIONS",
-    "SEVERITIES",
-    "SXID_SUFFIX",
-    "XidInfo",
-    "info_for",
-    "is_sxid",
-    "lookup",
-    "parse_line",
-    "parse_lines",
-    "read_kernel_log",
-    "recovery_action",
-]
+__all__ = ["parse_line", "parse_lines", "read_kernel_log"]

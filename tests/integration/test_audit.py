@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from expected_faults import EXPECTED, NEEDS_PREVIOUS, NODE_LEVEL
@@ -296,20 +297,8 @@ def test_other_formats_render_the_same_audit(simfleet, fmt, tmp_path):
         assert "node003" in text and "CRITICAL" in text and uuid in text
 
 
-# The first release's history layout (no user_version, snapshots as JSON text), as it created it.
-FIRST_LAYOUT = """
-CREATE TABLE audits (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at REAL NOT NULL,
-    duration_s REAL NOT NULL, inventory TEXT, worst TEXT NOT NULL, exit_code INTEGER NOT NULL,
-    summary TEXT NOT NULL);
-CREATE TABLE snapshots (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, reachable INTEGER NOT NULL, error TEXT, collected_at REAL, snapshot TEXT,
-    PRIMARY KEY (audit_id, node));
-CREATE INDEX snapshots_node ON snapshots(node, audit_id);
-CREATE TABLE findings (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, key TEXT NOT NULL, severity TEXT NOT NULL, finding TEXT NOT NULL);
-CREATE INDEX findings_audit ON findings(audit_id);
-CREATE INDEX findings_node ON findings(node, audit_id);
-"""
+# The first release's history layout, as it created it.
+FIRST_LAYOUT = (Path(__file__).parent.parent / "fixtures" / "history_layout1.sql").read_text()
 
 
 def _as_first_release_db(current: str, old: str, age_s: dict[int, float]) -> None:

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -16,22 +17,8 @@ from fleetops.fleet.audit import AuditResult, NodeResult
 from fleetops.fleet.store import LAYOUT_VERSION, Store, StoreError, parse_keep
 from fleetops.gpu import sim
 
-# The first release's layout, written out here as that release created it (no user_version,
-# snapshots as JSON text), so the migration is tested against the real old shape and not
-# against whatever the current code would write.
-LAYOUT_1 = """
-CREATE TABLE audits (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at REAL NOT NULL,
-    duration_s REAL NOT NULL, inventory TEXT, worst TEXT NOT NULL, exit_code INTEGER NOT NULL,
-    summary TEXT NOT NULL);
-CREATE TABLE snapshots (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, reachable INTEGER NOT NULL, error TEXT, collected_at REAL, snapshot TEXT,
-    PRIMARY KEY (audit_id, node));
-CREATE INDEX snapshots_node ON snapshots(node, audit_id);
-CREATE TABLE findings (audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL, key TEXT NOT NULL, severity TEXT NOT NULL, finding TEXT NOT NULL);
-CREATE INDEX findings_audit ON findings(audit_id);
-CREATE INDEX findings_node ON findings(node, audit_id);
-"""
+# The first release's layout, as that release created it.
+LAYOUT_1 = (Path(__file__).parent.parent / "fixtures" / "history_layout1.sql").read_text()
 
 
 def _result(nodes: list[model.Node], started: float, findings: list[model.Finding] | None = None) -> AuditResult:

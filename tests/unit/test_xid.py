@@ -1,4 +1,4 @@
-"""XID parsing, catalog and kernel-log reading (fleetops.gpu.xid)."""
+"""XID parsing and kernel-log reading (fleetops.gpu.xid), and the XID catalog (fleetops.catalog.xid)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from fleetops.catalog import xid as catalog
 from fleetops.gpu import sim, xid
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -220,24 +221,24 @@ def test_sxid_is_parsed_and_marked():
     assert ev.code == 12028
     assert ev.bus_id == "0000:05:00.0"
     assert ev.source == "dmesg:sxid" and ev.source.endswith("sxid")
-    assert xid.is_sxid(ev)
+    assert catalog.is_sxid(ev)
     assert ev.message == "Non-fatal, Link 32 egress non-posted PRIV error (First)"
     assert ev.uptime_s == pytest.approx(88.1)
-    info = xid.info_for(ev)
+    info = catalog.info_for(ev)
     assert (info.category, info.severity, info.action) == ("nvswitch", "warn", "check_nvlink")
 
 
 def test_fatal_sxid_in_journal_form():
     line = "1764558764.5 node017 kernel: nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
     ev = xid.parse_line(line, source="journal")
-    assert ev is not None and xid.is_sxid(ev) and ev.source == "journal:sxid"
+    assert ev is not None and catalog.is_sxid(ev) and ev.source == "journal:sxid"
     assert ev.timestamp == pytest.approx(1764558764.5)
-    assert xid.info_for(ev).severity == "crit"
+    assert catalog.info_for(ev).severity == "crit"
 
 
 def test_gpu_xid_is_not_sxid():
     ev = xid.parse_line("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.")
-    assert ev is not None and not xid.is_sxid(ev)
+    assert ev is not None and not catalog.is_sxid(ev)
 
 
 # --- malformed and non-XID lines ---------------------------------------------------------
@@ -350,26 +351,26 @@ REQUIRED = [8, 13, 31, 32, 38, 43, 44, 45, 48, 54, 56, 57, 58, 61, 62, 63, 64, 6
 
 
 def test_catalog_covers_the_required_codes():
-    missing = [code for code in REQUIRED if code not in xid.CATALOG]
+    missing = [code for code in REQUIRED if code not in catalog.CATALOG]
     assert missing == []
 
 
 def test_every_catalog_entry_is_well_formed():
-    assert set(xid.ACTION_TEXT) == set(xid.ACTIONS)
-    assert all(text.strip() for text in xid.ACTION_TEXT.values())
-    for code, info in xid.CATALOG.items():
-        assert isinstance(info, xid.XidInfo)
+    assert set(catalog.ACTION_TEXT) == set(catalog.ACTIONS)
+    assert all(text.strip() for text in catalog.ACTION_TEXT.values())
+    for code, info in catalog.CATALOG.items():
+        assert isinstance(info, catalog.XidInfo)
         assert info.code == code
         assert info.severity in ("info", "warn", "crit"), code
-        assert info.action in xid.ACTIONS, code
-        assert info.action in xid.ACTION_TEXT, code
-        assert info.category in xid.CATEGORIES, code
+        assert info.action in catalog.ACTIONS, code
+        assert info.action in catalog.ACTION_TEXT, code
+        assert info.category in catalog.CATEGORIES, code
         assert info.name.strip() and info.meaning.strip(), code
 
 
 def test_xidinfo_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        xid.CATALOG[79].severity = "info"  # type: ignore[misc]
+        catalog.CATALOG[79].severity = "info"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -397,25 +398,25 @@ def test_xidinfo_is_frozen():
     ],
 )
 def test_known_codes(code, severity, action):
-    info = xid.lookup(code)
+    info = catalog.lookup(code)
     assert (info.code, info.severity, info.action) == (code, severity, action)
     assert info.name != "unknown XID"
 
 
 def test_dcgm_always_fatal_codes_are_crit():
     for code in (48, 74, 79, 95, 119, 120, 140):
-        assert xid.lookup(code).severity == "crit", code
+        assert catalog.lookup(code).severity == "crit", code
 
 
 def test_nvlink5_codes_check_nvlink():
     for code in range(144, 151):
-        info = xid.lookup(code)
+        info = catalog.lookup(code)
         assert (info.category, info.action) == ("nvlink", "check_nvlink")
 
 
 @pytest.mark.parametrize("code", [1, 9999, 12028, 171])
 def test_unknown_code_gets_a_generic_entry(code):
-    info = xid.lookup(code)
+    info = catalog.lookup(code)
     assert info.code == code
     assert (info.name, info.severity, info.action, info.category) == (
         "unknown XID",
@@ -423,16 +424,16 @@ def test_unknown_code_gets_a_generic_entry(code):
         "drain_and_inspect",
         "unknown",
     )
-    assert code not in xid.CATALOG  # lookup does not add to the catalog
+    assert code not in catalog.CATALOG  # lookup does not add to the catalog
 
 
 def test_non_critical_set():
-    assert {13, 31, 43, 45, 63, 68, 92, 109} <= xid.NON_CRITICAL
-    assert isinstance(xid.NON_CRITICAL, frozenset)
-    for code in xid.NON_CRITICAL:
-        assert code in xid.CATALOG
-        assert xid.CATALOG[code].severity != "crit", code
-    assert not {48, 64, 74, 79, 95, 119, 120, 140} & xid.NON_CRITICAL
+    assert {13, 31, 43, 45, 63, 68, 92, 109} <= catalog.NON_CRITICAL
+    assert isinstance(catalog.NON_CRITICAL, frozenset)
+    for code in catalog.NON_CRITICAL:
+        assert code in catalog.CATALOG
+        assert catalog.CATALOG[code].severity != "crit", code
+    assert not {48, 64, 74, 79, 95, 119, 120, 140} & catalog.NON_CRITICAL
 
 
 @pytest.mark.parametrize(
@@ -468,17 +469,17 @@ def test_non_critical_set():
     ],
 )
 def test_xid_154_recovery_action(message, wanted, severity, action):
-    assert xid.recovery_action(message) == wanted
+    assert catalog.recovery_action(message) == wanted
     ev = xid.parse_line(f"NVRM: Xid (PCI:0000:18:00): 154, {message}")
     assert ev is not None
-    info = xid.info_for(ev)
+    info = catalog.info_for(ev)
     assert (info.code, info.severity, info.action) == (154, severity, action)
 
 
 def test_info_for_plain_xid_is_lookup():
     ev = xid.parse_line("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.")
     assert ev is not None
-    assert xid.info_for(ev) == xid.lookup(79)
+    assert catalog.info_for(ev) == catalog.lookup(79)
 
 
 # --- read_kernel_log -----------------------------------------------------------------------
