@@ -231,7 +231,14 @@ def test_rerun_after_the_fix_finishes_the_rollout_and_resumes_the_node(cluster) 
         )
     assert "node101  ok" in out  # already done: not drained, not rebooted
     if cluster.slurm:
-        assert [cluster.slurm.show(n)[0] for n in NODES] == ["IDLE"] * 3
+        # a node resumed right after its reboot is IDLE+NOT_RESPONDING until its slurmd registers
+        # again; on a loaded machine that takes a while: wait for the flag, never for the state
+        deadline = time.monotonic() + 120
+        states = [cluster.slurm.show(n)[0] for n in NODES]
+        while any(s.endswith("+NOT_RESPONDING") for s in states) and time.monotonic() < deadline:
+            time.sleep(2)
+            states = [cluster.slurm.show(n)[0] for n in NODES]
+        assert states == ["IDLE"] * 3
 
 
 def test_a_second_rerun_changes_nothing(cluster) -> None:
