@@ -43,6 +43,9 @@ RESULT_OUTCOME = {
     "refused": results.REFUSED,
     "error": results.REFUSED,  # no such GPU: nothing was touched
     "failed": results.FAILED,
+    # a signal stopped the agent: it restarted what it had stopped, but whether the GPU was reset
+    # before the signal is for its report and journal to say, not for a retry to guess
+    "interrupted": results.UNKNOWN,
 }
 # transport error kinds after which the command may have run on the node
 SENT_UNANSWERED = ("outcome-unknown", "timeout")
@@ -175,7 +178,8 @@ def outcome(host: Any, gpu: selectors.ResolvedGpu, argv: list[str], result: Any,
         message = f"{name}: {doc.get('message') or verdict}"
         if doc.get("remedy"):
             message += f" (remedy: {doc['remedy']})"
-        return results.ActionResult(name, "reset", out, message, None, detail)
+        check = check_command(host, gpu) if out == results.UNKNOWN else None
+        return results.ActionResult(name, "reset", out, message, check, detail)
     sent_unanswered = answer.what == answers.TRANSPORT and answer.kind in SENT_UNANSWERED
     # an answer that is not a reset report (a traceback, garbage) also leaves the outcome open
     if sent_unanswered or answer.what in (answers.UNREADABLE, answers.SNAPSHOT, answers.REPORT):

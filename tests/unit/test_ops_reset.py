@@ -101,3 +101,15 @@ def test_a_command_that_never_ran_is_failed_not_unknown(host: Any, kind: str) ->
     never = Result("node001", False, None, "", "", kind, "connection refused", 0.1)
     result = reset.run(host, gpu, lambda argv, timeout: never)
     assert result.outcome == results.FAILED and result.check is None
+
+
+def test_an_interrupted_agent_is_unknown_with_the_command_to_check(host: Any) -> None:
+    """The agent answered that a signal stopped it: whether the GPU was reset first is for its
+    report to say; the outcome is not 'failed', which would invite a second reset."""
+    gpu = selectors.ResolvedGpu(selectors.parse("GPU-abc"), "GPU-abc", "0000:18:00.0")
+    report = '{"kind": "fleetops.reset/v1", "result": "interrupted", "message": "SIGTERM during verify"}'
+    answered = Result("node001", False, 143, report, "", "command", "exit status 143", 2.0)
+    result = reset.run(host, gpu, lambda argv, timeout: answered)
+    assert result.outcome == results.UNKNOWN
+    assert result.check is not None and result.check.startswith("fleetops reset node001 GPU-abc --dry-run")
+    assert "SIGTERM during verify" in result.message
