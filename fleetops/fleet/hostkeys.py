@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 
 import paramiko
-from paramiko.hostkeys import HostKeyEntry, HostKeys
+from paramiko.hostkeys import HostKeyEntry, HostKeys, InvalidHostKey
 
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -83,7 +83,7 @@ def parse(text: str, path: str) -> tuple[list[Entry], list[str]]:
             marker = first[1:]
         try:
             entry = HostKeyEntry.from_line(" ".join(line.split()), lineno)
-        except (paramiko.SSHException, ValueError) as exc:  # InvalidHostKey: bad base64
+        except (InvalidHostKey, paramiko.SSHException, ValueError) as exc:
             skipped.append(f"{where}: unreadable key ({type(exc).__name__})")
             continue
         if entry is None or entry.key is None:
