@@ -141,10 +141,11 @@ def become_refused(become: sshconfig.Become | None, status: int, stderr: str) ->
     """sudo's own refusal (password wanted, not allowed), which means the command never ran."""
     if become is None or status != 1:
         return None
-    first = next((line.strip() for line in stderr.splitlines() if line.strip()), "")
-    if first.startswith("sudo:") and any(p in first for p in _SUDO_REFUSED):
+    # sudo's word is its last line (sshd may have written a line of its own before it)
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    if last.startswith("sudo:") and any(p in last for p in _SUDO_REFUSED):
         return (
-            f"become: sudo -n -u {become.user} refused ({first}); the command did not run: give the "
+            f"become: sudo -n -u {become.user} refused ({last}); the command did not run: give the "
             f"login user passwordless sudo for the agent (NOPASSWD in sudoers), or log in as {become.user}"
         )
     return None

@@ -54,6 +54,8 @@ def test_sudo_asking_for_a_password_is_a_become_refusal() -> None:
     become = sshconfig.Become("sudo", "root")
     msg = transport.become_refused(become, 1, "sudo: a password is required\n")
     assert msg is not None and "NOPASSWD" in msg and "did not run" in msg
+    sshd_first = "Could not chdir to home directory /home/x: No such file\nsudo: a password is required\n"
+    assert transport.become_refused(become, 1, sshd_first) is not None
     # the agent's own exit 1, or no become at all: not sudo's refusal
     assert transport.become_refused(become, 1, "collect failed: sudo: a password is required") is None
     assert transport.become_refused(None, 1, "sudo: a password is required") is None
