@@ -171,9 +171,11 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         every = files + list(self.target.global_known_hosts)
         if self.verdict.authorities and not self.verdict.known:
             raise _Failure("hostkey", hostkeys.ca_only_message(hostname, files or every, self.verdict.authorities))
+        skipped = self.store.skipped(every)
+        note = f" (lines skipped there: {'; '.join(skipped[:3])})" if skipped else ""
         raise _Failure(
             "hostkey",
-            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {', '.join(every)}: "
+            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {', '.join(every)}{note}: "
             "verify it and add it (ssh-keyscan), or accept new keys (--accept-new-hostkeys)",
         )
 
@@ -310,8 +312,8 @@ class _Runner:
                 except _Failure as f:
                     if last and not target.jumps:
                         raise
-                    via = f"jump host {hop.name} ({hop.where})" if not last else target.where
-                    raise _Failure(f.kind, f"via {_chain(target)}: {via}: {f.message}") from None
+                    via = f"jump host {hop.name} ({hop.where}): " if not last else ""
+                    raise _Failure(f.kind, f"via {_chain(target)}: {via}{f.message}") from None
                 if not last:
                     sock = self._forward(step, hops[i + 1], target)
             return client
@@ -345,9 +347,11 @@ class _Runner:
         for keytype, key in verdict.known.items():
             client.get_host_keys().add(name, keytype, key)
         client.set_missing_host_key_policy(_HostKeyPolicy(self.store, target, verdict))
-        keys = [self._pkey(f) for f in target.key_files if os.path.exists(os.path.expanduser(f))]
-        if target.key_files and not keys:
+        # as ssh: IdentityFile entries that do not exist are passed over; none at all is an error
+        present = [f for f in target.key_files if os.path.exists(os.path.expanduser(f))]
+        if target.key_files and not present:
             raise _Failure("local", f"cannot read key file {target.key_files[0]}: no such file")
+        pkey = self._pkey(present[0]) if present else None
         timeout = target.connect_timeout or self.connect_timeout
         started = time.monotonic()
         try:
@@ -355,13 +359,14 @@ class _Runner:
                 target.hostname,
                 port=target.port,
                 username=target.user,
-                pkey=keys[0] if keys else None,
+                pkey=pkey,
+                key_filename=present[1:] or None,  # type: ignore[arg-type]  # paramiko takes a list (documented); the stubs say str
                 timeout=timeout,
                 banner_timeout=timeout,
                 auth_timeout=timeout,
                 channel_timeout=timeout,
-                look_for_keys=not keys,
-                allow_agent=not keys,
+                look_for_keys=pkey is None,
+                allow_agent=pkey is None,
                 sock=sock,
             )
             transport = client.get_transport()

@@ -294,6 +294,9 @@ def test_unknown_key_is_refused_by_default_and_recorded_on_accept_new(tmp_path: 
     with pytest.raises(transport._Failure) as info:
         _policy(tmp_path, "", "h").missing_host_key(paramiko.SSHClient(), "h", key)
     assert info.value.kind == "hostkey" and "is not in" in info.value.message
+    with pytest.raises(transport._Failure) as info:
+        _policy(tmp_path, "h ssh-ed25519 broken!!\n", "h").missing_host_key(paramiko.SSHClient(), "h", key)
+    assert "lines skipped there:" in info.value.message and ":1: unreadable key" in info.value.message
     _policy(tmp_path, "", "h", "accept-new").missing_host_key(paramiko.SSHClient(), "h", key)
     assert (tmp_path / "known_hosts").read_text() == _line("h", key)
 
