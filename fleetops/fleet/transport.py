@@ -772,6 +772,10 @@ class SessionPool:
                         self.drop(name)
                         client = self._runner.connect_target(target)
                         client.get_transport().set_keepalive(int(self.keepalive_s))  # type: ignore[union-attr]
+                        for jump in getattr(client, "jumps", ()):  # a bastion idle behind a NAT drops too
+                            jump_transport = jump.get_transport()
+                            if jump_transport is not None:
+                                jump_transport.set_keepalive(int(self.keepalive_s))
                         self._clients[name] = client
                     assert client is not None
                     status, stdout, stderr = self._runner.execute(client, line, name, timeout)

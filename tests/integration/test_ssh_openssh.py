@@ -24,6 +24,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from paramiko.hostkeys import HostKeys
 
 from fleetops.fleet import transport
 from fleetops.fleet.inventory import Host
@@ -233,12 +234,15 @@ def test_markers_refuse_only_their_hosts(clean_fleet: Any, tmp_path: Path) -> No
     host_key = lines["node001"].split(" ", 1)[1]
     ca, other = paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
     node = {h.name: h for h in clean_fleet.hosts}
+    hashed_name = f"[{node['node005'].address}]:{node['node005'].port}"
     kh = tmp_path / "known_hosts"
     kh.write_text(
         f"@cert-authority * {ca.get_name()} {ca.get_base64()}\n"
         f"@revoked * {other.get_name()} {other.get_base64()}\n"
         f"@revoked [{node['node002'].address}]:{node['node002'].port} {host_key}\n"
-        + "".join(line + "\n" for name, line in lines.items() if name != "node003")
+        + "".join(line + "\n" for name, line in lines.items() if name not in ("node003", "node005"))
+        # node005 hashed, as ssh-keygen -H writes it
+        + f"{HostKeys.hash_host(hashed_name)} {host_key}\n"
     )
     results = transport.run_all(
         _with_known_hosts(clean_fleet.hosts, kh), COLLECT, ssh_config="none", global_known_hosts=""
@@ -248,6 +252,7 @@ def test_markers_refuse_only_their_hosts(clean_fleet: Any, tmp_path: Path) -> No
     assert results["node003"].error_kind == "hostkey" and "cannot verify host certificates" in ca_only
     assert "ssh-keyscan" in ca_only and str(kh) in ca_only
     others = [n for n in results if n not in ("node002", "node003")]
+    assert "node005" in others
     assert others and all(results[n].ok for n in others), {n: results[n].error for n in others}
 
 

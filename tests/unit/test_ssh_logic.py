@@ -353,3 +353,24 @@ def test_bad_ssh_config_is_a_local_error_per_host(tmp_path: Path) -> None:
     assert result.error_kind == "local" and "host n1: StrictHostKeyChecking" in (result.error or "")
     missing = transport.run_all([Host(name="n2", address="127.0.0.1")], ["true"], ssh_config=str(tmp_path / "x"))
     assert missing["n2"].error_kind == "local" and "no such file" in (missing["n2"].error or "")
+
+
+def test_ssh_config_option_is_applied_once_and_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
+    import argparse
+
+    from fleetops.fleet import sshopts
+    from fleetops.ops.errors import UsageError
+
+    p = argparse.ArgumentParser()
+    sshopts.add_ssh_config(p)
+    with pytest.raises(UsageError, match=r"--ssh-config: ssh config .*missing: no such file"):
+        sshopts.apply(p.parse_args(["-F", str(tmp_path / "missing")]))
+    config = tmp_path / "config"
+    config.write_text("Host n1\n    HostName 127.0.0.1\n    StrictHostKeyChecking bogus\n")
+    try:
+        sshopts.apply(p.parse_args(["--ssh-config", str(config)]))
+        # the default reaches connections whose caller names no file: this one's block is read
+        result = transport.run_all([Host(name="n1", address="n1")], ["true"])["n1"]
+        assert result.error_kind == "local" and "StrictHostKeyChecking 'bogus'" in (result.error or "")
+    finally:
+        transport.set_default_ssh_config(None)
