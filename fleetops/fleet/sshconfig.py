@@ -15,6 +15,7 @@ the setting, unlike OpenSSH's ``no``: fleetops runs commands as root.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import shlex
@@ -268,7 +269,7 @@ class Resolver:
             # as OpenSSH's -J: the first hop may have its own ProxyJump; later hops go through the chain
             hop = self._common(host, host, given, [], None if i == 0 else "none", depth + 1)
             chain.extend(hop.jumps)
-            chain.append(_without_jumps(hop))
+            chain.append(dataclasses.replace(hop, jumps=()))
         return tuple(chain)
 
     def resolve(self, host: Any) -> Target:
@@ -292,8 +293,4 @@ class Resolver:
         become = _become(vars_, name)
         if become is None:
             return target
-        return Target(**{**target.__dict__, "become": become})
-
-
-def _without_jumps(t: Target) -> Target:
-    return Target(**{**t.__dict__, "jumps": ()})
+        return dataclasses.replace(target, become=become)

@@ -262,9 +262,7 @@ class _Runner:
             self.config_error: str | None = None
         except sshconfig.ConfigError as exc:
             config, self.config_error = paramiko.SSHConfig(), str(exc)
-        self.resolver = sshconfig.Resolver(
-            config, known_hosts, accept_new_hostkeys, global_known_hosts
-        )
+        self.resolver = sshconfig.Resolver(config, known_hosts, accept_new_hostkeys, global_known_hosts)
 
     # -- keys -------------------------------------------------------------------------------
 
