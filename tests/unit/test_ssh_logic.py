@@ -374,3 +374,19 @@ def test_ssh_config_option_is_applied_once_and_a_missing_file_is_a_usage_error(t
         assert result.error_kind == "local" and "StrictHostKeyChecking 'bogus'" in (result.error or "")
     finally:
         transport.set_default_ssh_config(None)
+
+
+def test_a_ca_line_no_longer_fails_every_host_before_it_connects(tmp_path: Path) -> None:
+    """The reported bug, through run_all: a @cert-authority line made every host a ``local``
+    InvalidHostKey failure before any connection; now the host is tried (and is refused here,
+    as nothing listens on that port)."""
+    key, ca = _key(), _key()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "known_hosts"
+    path.write_text(_line("*.example.com", ca, "cert-authority") + _line(f"[127.0.0.1]:{port}", key))
+    result = transport.run_all(
+        [Host(name="n1", address="127.0.0.1", port=port)], ["true"], known_hosts=str(path), ssh_config="none"
+    )["n1"]
+    assert result.error_kind == "unreachable" and "connection refused" in (result.error or ""), result
