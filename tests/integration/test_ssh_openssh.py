@@ -62,7 +62,8 @@ class Bastion:
     ns: str
     port: int
     known_hosts: str  # the bastion's host key, as [127.0.0.1]:port
-    config: str  # an ssh_config: Host bastion, and the nodes' addresses through it
+    config: str  # an ssh_config: Host bastion, bastion2, and the nodes' addresses through bastion
+    second_accepted: list[int]  # one item per connection bastion2 accepted
 
 
 def _keygen(path: str) -> str:
@@ -81,6 +82,7 @@ def bastion(sim_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     d = tmp_path_factory.mktemp("bastion")
     procs: list[subprocess.Popen[bytes]] = []
     listener: socket.socket | None = None
+    listeners: list[socket.socket] = []
     opened: list[Any] = []
     try:
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
@@ -112,13 +114,13 @@ def bastion(sim_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         log = open(d / "sshd.log", "ab")  # closed with the fixture
         opened.append(log)
 
-        def serve() -> None:
-            assert listener is not None
+        def serve(sock: socket.socket, accepted: list[int]) -> None:
             while True:
                 try:
-                    conn, _ = listener.accept()
+                    conn, _ = sock.accept()
                 except OSError:
                     return
+                accepted.append(1)
                 with conn:
                     procs.append(
                         subprocess.Popen(
@@ -130,20 +132,32 @@ def bastion(sim_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                         )
                     )
 
-        threading.Thread(target=serve, daemon=True, name="bastion-accept").start()
+        threading.Thread(target=serve, args=(listener, []), daemon=True, name="bastion-accept").start()
+        # a second bastion outside the namespace, reachable only through the first: a chain
+        second = socket.socket()
+        second.bind(("127.0.0.1", 0))
+        second.listen(64)
+        listeners.append(second)
+        second_port = second.getsockname()[1]
+        second_accepted: list[int] = []
+        threading.Thread(target=serve, args=(second, second_accepted), daemon=True, name="bastion2").start()
         known = d / "known_hosts"
-        known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
+        known.write_text(f"[127.0.0.1]:{port} {host_pub}\n[127.0.0.1]:{second_port} {host_pub}\n")
         first = sim_fleet.hosts[0].address.rsplit(".", 1)[0]
         config = d / "ssh_config"
         config.write_text(
             f"Host bastion\n    HostName 127.0.0.1\n    Port {port}\n    User root\n"
             f"    IdentityFile {sim_fleet.info['client_key']}\n    UserKnownHostsFile {known}\n\n"
+            f"Host bastion2\n    HostName 127.0.0.1\n    Port {second_port}\n    User root\n"
+            f"    IdentityFile {sim_fleet.info['client_key']}\n    UserKnownHostsFile {known}\n\n"
             f"Host {first}.*\n    ProxyJump bastion\n"
         )
-        yield Bastion(ns, port, str(known), str(config))
+        yield Bastion(ns, port, str(known), str(config), second_accepted)
     finally:
         if listener is not None:
             listener.close()
+        for sock in listeners:
+            sock.close()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
@@ -211,6 +225,23 @@ def test_jump_from_the_inventory_args_and_an_unknown_bastion_key(
     assert doc is not None, err
     for name, error in _errors(doc).items():
         assert error is not None and "jump host" in error and "is not in" in error, (name, error)
+
+
+def test_a_chain_of_two_jumps(clean_fleet: Any, bastion: Bastion, tmp_path: Path) -> None:
+    """-J bastion,bastion2: bastion2 listens where the controller cannot reach it either."""
+    import yaml
+
+    doc_inv = yaml.safe_load(Path(clean_fleet.inventory_path).read_text())
+    hosts = doc_inv["all"]["children"]["sim"]["hosts"]
+    for name in hosts:
+        hosts[name]["ansible_ssh_extra_args"] = "-o ProxyJump=bastion,bastion2"
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(yaml.safe_dump(doc_inv))
+    before = len(bastion.second_accepted)
+    rc, doc, err = _audit_in_ns(bastion, str(inv), "-F", bastion.config)
+    assert doc is not None, err
+    assert all(n["reachable"] for n in doc["nodes"]), _errors(doc)
+    assert len(bastion.second_accepted) - before == len(clean_fleet.hosts)
 
 
 def _known_hosts_lines(fleet: Any) -> dict[str, str]:
