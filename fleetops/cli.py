@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from fleetops.fleet import sshopts
 from fleetops.ops.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    sshopts.add_ssh_config(p)
     p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
     p.add_argument("--no-history", action="store_true", help="do not record this audit")
     p.add_argument(
@@ -318,6 +320,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        sshopts.apply(args)
         return int(args.func(args))
     except KeyboardInterrupt:
         sys.stderr.write("fleetops: interrupted\n")

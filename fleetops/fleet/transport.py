@@ -10,11 +10,13 @@ Every failure comes back as a ``Result`` with an ``error_kind``, never as an exc
 - ``timeout``: TCP connect, SSH banner/negotiation, authentication or the command ran out of time.
   A host that accepts TCP but never says anything (a hung sshd) comes back after about
   ``connect_timeout`` and never holds up the others.
-- ``auth``: the key was refused
-- ``hostkey``: the host key is unknown (refused unless ``accept_new_hostkeys``) or changed (always
-  refused). Keys are checked against the ``known_hosts`` argument when given, else ``UserKnownHostsFile`` from the host's
-  ``ansible_ssh_common_args``/``ansible_ssh_extra_args``, else ``~/.ssh/known_hosts``; ``StrictHostKeyChecking=accept-new`` (or ``no``) there
-  accepts new keys for that host, as ``accept_new_hostkeys`` does (changed keys stay refused).
+- ``auth``: the key was refused, or sudo refused the become (``ansible_become``: a password wanted)
+- ``hostkey``: the host key is unknown (refused unless ``accept_new_hostkeys`` or
+  StrictHostKeyChecking accept-new/no), changed, revoked (``@revoked``), or the host is covered only
+  by a ``@cert-authority`` line (paramiko cannot verify host certificates). Always refused except
+  the unknown case when accepting. Files: the ``known_hosts`` argument when given, else
+  UserKnownHostsFile (inventory ssh args, then ssh_config), else ``~/.ssh/known_hosts``; plus
+  GlobalKnownHostsFile (default ``/etc/ssh/ssh_known_hosts``). See ``hostkeys``.
 - ``command``: it ran and exited non-zero (stderr kept; a missing program is exit 127, "not found")
 - ``local``: a problem on this side (unreadable key file, cannot start a local process)
 - ``outcome-unknown``: the command was sent, then the connection was lost before its answer came:
@@ -26,6 +28,10 @@ connection is ``outcome-unknown``, unless the caller says the command only reads
 (``idempotent=True``, e.g. a collect): then it is sent again once on a fresh connection by
 ``SessionPool`` and reported as ``unreachable`` if it still fails.
 
+How a host is reached (address, port, user, key, ProxyJump chain, known_hosts files, become) is
+resolved by ``sshconfig`` from the inventory and ssh_config as OpenSSH under Ansible would; a
+ProxyJump hop is a paramiko connection whose ``direct-tcpip`` channel carries the next one.
+
 The command is a list of arguments, quoted with ``shlex.join`` for the remote shell; ``env`` is
 passed as ``env K=V ...`` in front of it (sshd drops most environment requests).
 """
@@ -33,8 +39,6 @@ passed as ``env K=V ...`` in front of it (sshd drops most environment requests).
 from __future__ import annotations
 
 import errno
-import fcntl
-import getpass
 import logging
 import os
 import re
@@ -51,9 +55,12 @@ from typing import Any, Self
 
 import paramiko
 
+from fleetops.fleet import hostkeys, sshconfig
+
 OUTCOME_UNKNOWN = "outcome-unknown"
 ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local", OUTCOME_UNKNOWN)
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_KNOWN_HOSTS = hostkeys.DEFAULT_USER_KNOWN_HOSTS
+GLOBAL_KNOWN_HOSTS = hostkeys.GLOBAL_KNOWN_HOSTS
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ_CHUNK = 65536
 
@@ -92,8 +99,29 @@ class _Failure(Exception):
         self.sent = sent  # the exec request went out: sending it again could run it twice
 
 
-def command_line(command: Sequence[str], env: dict[str, str] | None = None) -> str:
-    """The remote shell line for ``command``: ``shlex.join``, with ``env K=V`` in front if asked."""
+_default_ssh_config: str | None = None
+
+
+def set_default_ssh_config(path: str | None) -> None:
+    """The ssh_config (``-F``) for connections whose caller names none: the CLI's option, set once
+    per process so that every connection of a command (a Slurm host's too) reads the same file.
+    A missing file is refused now, with its name."""
+    global _default_ssh_config
+    if path is not None:
+        sshconfig.load_config(path)
+    _default_ssh_config = path
+
+
+def _chain(target: sshconfig.Target) -> str:
+    return " -> ".join([j.name for j in target.jumps] + [target.name])
+
+
+def command_line(
+    command: Sequence[str], env: dict[str, str] | None = None, become: sshconfig.Become | None = None
+) -> str:
+    """The remote shell line for ``command``: ``shlex.join``, with ``env K=V`` in front if asked,
+    and ``sudo -n -u USER --`` in front of that for ``become`` (``-n``: never wait on a password
+    prompt nobody will answer)."""
     if isinstance(command, (str, bytes)):
         raise TypeError("command is a list of arguments (quoted with shlex.join), not a shell string")
     argv = [str(a) for a in command]
@@ -104,103 +132,109 @@ def command_line(command: Sequence[str], env: dict[str, str] | None = None) -> s
         if bad:
             raise ValueError(f"env: not valid variable names: {bad}")
         argv = ["env"] + [f"{k}={v}" for k, v in env.items()] + argv
+    if become is not None:
+        argv = ["sudo", "-n", "-u", become.user, "--"] + argv
     return shlex.join(argv)
 
 
-def _ssh_options(host: Any) -> dict[str, str]:
-    """``-o Key=Value`` options from the host's ansible_ssh_common_args/extra_args (keys lowercased)."""
-    vars_ = getattr(host, "vars", None) or {}
-    text = " ".join(str(vars_.get(k) or "") for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
-    if "-o" not in text:
-        return {}
-    try:
-        tokens = shlex.split(text)
-    except ValueError:
-        return {}
-    options: dict[str, str] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        opt = None
-        if tok == "-o" and i + 1 < len(tokens):
-            opt, i = tokens[i + 1], i + 1
-        elif tok.startswith("-o") and len(tok) > 2:
-            opt = tok[2:]
-        i += 1
-        if opt:
-            key, sep, value = opt.partition("=")
-            if not sep:
-                key, _, value = opt.strip().partition(" ")
-            options.setdefault(key.strip().lower(), value.strip())
-    return options
-
-
-def _hostkey_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-class _KnownHosts:
-    """known_hosts files, each read once and shared by all connections; appends are locked."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._files: dict[str, paramiko.HostKeys] = {}
-
-    def _get(self, path: str) -> paramiko.HostKeys:
-        keys = self._files.get(path)
-        if keys is None:
-            keys = paramiko.HostKeys()
-            if os.path.exists(path):
-                try:
-                    keys.load(path)
-                except (OSError, paramiko.SSHException, ValueError) as exc:
-                    raise _Failure("local", f"cannot read known_hosts {path}: {exc}") from exc
-            self._files[path] = keys
-        return keys
-
-    def lookup(self, paths: list[str], name: str) -> dict[str, paramiko.PKey]:
-        found: dict[str, paramiko.PKey] = {}
-        with self._lock:
-            for path in paths:
-                entry = self._get(path).lookup(name)
-                if entry:
-                    for keytype in entry:
-                        found.setdefault(keytype, entry[keytype])
-        return found
-
-    def add(self, path: str, name: str, key: paramiko.PKey) -> None:
-        with self._lock:
-            keys = self._get(path)
-            known = keys.lookup(name)
-            if known is not None and known.get(key.get_name()) == key:
-                return
-            keys.add(name, key.get_name(), key)
-            folder = os.path.dirname(path)
-            if folder:
-                os.makedirs(folder, mode=0o700, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)
-                fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+def become_refused(become: sshconfig.Become | None, status: int, stderr: str) -> str | None:
+    """sudo's own refusal (password wanted, not allowed), which means the command never ran."""
+    if become is None or status != 1:
+        return None
+    # sudo's word is its last line (sshd may have written a line of its own before it)
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    if last.startswith("sudo:") and any(p in last for p in _SUDO_REFUSED):
+        return (
+            f"become: sudo -n -u {become.user} refused ({last}); the command did not run: give the "
+            f"login user passwordless sudo for the agent (NOPASSWD in sudoers), or log in as {become.user}"
+        )
+    return None
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko when the host's key is not among those we loaded for it."""
+    """Called by paramiko when the host's key is not among the usable ones we loaded for it."""
 
-    def __init__(self, store: _KnownHosts, files: list[str], accept_new: bool) -> None:
-        self.store, self.files, self.accept_new = store, files, accept_new
+    def __init__(self, store: hostkeys.KnownHosts, target: sshconfig.Target, verdict: hostkeys.Verdict) -> None:
+        self.store, self.target, self.verdict = store, target, verdict
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if self.accept_new:
+        revoked = self.verdict.revoked_entry(key)
+        if revoked is not None:
+            raise _Failure("hostkey", hostkeys.revoked_message(hostname, key, revoked))
+        files = list(self.target.known_hosts)
+        if self.target.strict in ("accept-new", "no") and files:
             try:
-                self.store.add(self.files[0], hostname, key)
+                self.store.add(files[0], hostname, key)
             except OSError as exc:
-                raise _Failure("local", f"cannot record the host key in {self.files[0]}: {exc}") from exc
+                raise _Failure("local", f"cannot record the host key in {files[0]}: {exc}") from exc
             return
+        every = files + list(self.target.global_known_hosts)
+        if self.verdict.authorities and not self.verdict.known:
+            raise _Failure("hostkey", hostkeys.ca_only_message(hostname, files or every, self.verdict.authorities))
+        skipped = self.store.skipped(every)
+        note = f" (lines skipped there: {'; '.join(skipped[:3])})" if skipped else ""
         raise _Failure(
             "hostkey",
-            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {', '.join(self.files)}: "
+            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {', '.join(every)}{note}: "
             "verify it and add it (ssh-keyscan), or accept new keys (--accept-new-hostkeys)",
         )
+
+
+class _Client(paramiko.SSHClient):
+    """An SSH client that owns the jump hosts' connections it was opened through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jumps: list[paramiko.SSHClient] = []
+
+    def close(self) -> None:
+        super().close()
+        for jump in reversed(self.jumps):
+            jump.close()
+        self.jumps = []
+
+
+_SUDO_REFUSED = ("a password is required", "a terminal is required", "is not in the sudoers", "not allowed to")
+
+
+def classify_connect(exc: Exception, where: str, elapsed: float, t: float) -> _Failure:
+    """The error kind and message of a failed connection attempt (``t``: its timeout, seconds)."""
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return _Failure(
+            "hostkey",
+            f"host key of {where} CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, known "
+            f"{exc.expected_key.fingerprint}; if the host was reinstalled, verify and replace its known_hosts entry",
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        if "timeout" in str(exc).lower():
+            return _Failure("timeout", f"authentication timed out after {t:g}s on {where}")
+        return _Failure("auth", f"authentication failed on {where}: {exc}")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = {
+            os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
+            for e in exc.errors.values()
+        }
+        return _Failure("unreachable", f"{where}: {'; '.join(sorted(reasons)).lower()}")
+    if isinstance(exc, socket.gaierror):
+        return _Failure("unreachable", f"{where}: cannot resolve the name ({exc.strerror or exc})")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return _Failure("timeout", f"{where}: TCP connect timed out after {t:g}s")
+    if isinstance(exc, paramiko.SSHException):
+        text = str(exc)
+        low = text.lower()
+        if "banner" in low or "timed out" in low or "timeout" in low or elapsed >= 0.9 * t:
+            return _Failure(
+                "timeout",
+                f"{where}: no SSH banner/handshake within {t:g}s (host accepts TCP but does not answer)",
+            )
+        return _Failure("unreachable", f"{where}: SSH negotiation failed: {text}")
+    if isinstance(exc, EOFError):
+        return _Failure("unreachable", f"{where}: connection closed by the host during the SSH handshake")
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNRESET):
+            return _Failure("unreachable", f"{where}: {os.strerror(exc.errno).lower()}")
+        return _Failure("unreachable", f"{where}: {exc}")
+    return _Failure("local", f"{where}: {type(exc).__name__}: {exc}")
 
 
 class _Runner:
@@ -212,14 +246,23 @@ class _Runner:
         command_timeout: float,
         known_hosts: str | None,
         accept_new_hostkeys: bool,
+        ssh_config: str | None = None,
+        global_known_hosts: str | None = None,
     ) -> None:
         self.connect_timeout = float(connect_timeout)
         self.command_timeout = float(command_timeout)
         self.known_hosts = known_hosts
         self.accept_new = accept_new_hostkeys
-        self.store = _KnownHosts()
+        self.ssh_config = ssh_config if ssh_config is not None else _default_ssh_config
+        self.store = hostkeys.KnownHosts()
         self._keys: dict[str, paramiko.PKey] = {}
         self._keys_lock = threading.Lock()
+        try:
+            config = sshconfig.load_config(self.ssh_config)
+            self.config_error: str | None = None
+        except sshconfig.ConfigError as exc:
+            config, self.config_error = paramiko.SSHConfig(), str(exc)
+        self.resolver = sshconfig.Resolver(config, known_hosts, accept_new_hostkeys, global_known_hosts)
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -237,92 +280,112 @@ class _Runner:
                 self._keys[path] = key
             return key
 
-    def hostkey_settings(self, host: Any) -> tuple[list[str], bool]:
-        options = _ssh_options(host)
-        # an explicit --known-hosts wins over the inventory, which wins over ~/.ssh
-        files = [self.known_hosts] if self.known_hosts else options.get("userknownhostsfile", "").split()
-        if not files:
-            files = [DEFAULT_KNOWN_HOSTS]
-        files = [os.path.expanduser(f) for f in files]
-        strict = options.get("stricthostkeychecking", "").lower()
-        return files, self.accept_new or strict in ("accept-new", "no", "off")
+    def target(self, host: Any) -> sshconfig.Target:
+        """How to reach ``host``: inventory, then ssh_config (a _Failure ``local`` if unusable)."""
+        if self.config_error:
+            raise _Failure("local", self.config_error)
+        try:
+            return self.resolver.resolve(host)
+        except sshconfig.ConfigError as exc:
+            raise _Failure("local", str(exc)) from exc
 
     # -- connect ----------------------------------------------------------------------------
 
     def connect(self, host: Any) -> paramiko.SSHClient:
-        address, port = str(host.address), int(host.port or 22)
-        files, accept_new = self.hostkey_settings(host)
-        name = _hostkey_name(address, port)
-        client = paramiko.SSHClient()
-        for keytype, key in self.store.lookup(files, name).items():
+        return self.connect_target(self.target(host))
+
+    def connect_target(self, target: sshconfig.Target) -> paramiko.SSHClient:
+        """Connect through ``target.jumps`` in order (each one's host key verified), then to it."""
+        client = _Client()
+        try:
+            sock: paramiko.Channel | None = None
+            hops = list(target.jumps) + [target]
+            for i, hop in enumerate(hops):
+                last = i == len(hops) - 1
+                step = client if last else _Client()
+                if not last:
+                    client.jumps.append(step)
+                try:
+                    self._open(step, hop, sock)
+                except _Failure as f:
+                    if last and not target.jumps:
+                        raise
+                    via = f"jump host {hop.name} ({hop.where}): " if not last else ""
+                    raise _Failure(f.kind, f"via {_chain(target)}: {via}{f.message}") from None
+                if not last:
+                    sock = self._forward(step, hops[i + 1], target)
+            return client
+        except BaseException:
+            client.close()
+            raise
+
+    def _forward(self, jump: paramiko.SSHClient, nxt: sshconfig.Target, target: sshconfig.Target) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel from ``jump`` to the next hop (what ``ssh -W`` does)."""
+        transport = jump.get_transport()
+        timeout = nxt.connect_timeout or self.connect_timeout
+        try:
+            assert transport is not None
+            return transport.open_channel(
+                "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except (paramiko.SSHException, OSError, EOFError, AssertionError) as exc:
+            text = str(exc) or type(exc).__name__
+            kind = "timeout" if "timeout" in text.lower() or isinstance(exc, TimeoutError) else "unreachable"
+            raise _Failure(
+                kind, f"via {_chain(target)}: the jump host could not open a channel to {nxt.where}: {text}"
+            ) from exc
+
+    def _open(self, client: paramiko.SSHClient, target: sshconfig.Target, sock: paramiko.Channel | None) -> None:
+        name = hostkeys.hostkey_name(target.hostname, target.port)
+        files = list(target.known_hosts) + list(target.global_known_hosts)
+        try:
+            verdict = self.store.verdict(files, name)
+        except OSError as exc:
+            raise _Failure("local", str(exc)) from exc
+        for keytype, key in verdict.known.items():
             client.get_host_keys().add(name, keytype, key)
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.store, files, accept_new))
-        key_file = getattr(host, "key_file", None)
-        pkey = self._pkey(key_file) if key_file else None
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.store, target, verdict))
+        # as ssh: IdentityFile entries that do not exist are passed over; none at all is an error
+        present = [f for f in target.key_files if os.path.exists(os.path.expanduser(f))]
+        if target.key_files and not present:
+            raise _Failure("local", f"cannot read key file {target.key_files[0]}: no such file")
+        pkey = self._pkey(present[0]) if present else None
+        timeout = target.connect_timeout or self.connect_timeout
         started = time.monotonic()
         try:
             client.connect(
-                address,
-                port=port,
-                username=getattr(host, "user", None) or getpass.getuser(),
+                target.hostname,
+                port=target.port,
+                username=target.user,
                 pkey=pkey,
-                timeout=self.connect_timeout,
-                banner_timeout=self.connect_timeout,
-                auth_timeout=self.connect_timeout,
-                channel_timeout=self.connect_timeout,
+                key_filename=present[1:] or None,  # type: ignore[arg-type]  # paramiko takes a list (documented); the stubs say str
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
                 look_for_keys=pkey is None,
                 allow_agent=pkey is None,
+                sock=sock,
             )
             transport = client.get_transport()
             if transport is None or not transport.is_active():
                 raise paramiko.SSHException("no SSH session after connecting")
-            return client
         except BaseException as exc:
             client.close()
             if isinstance(exc, _Failure):
                 raise
+            if isinstance(exc, paramiko.BadHostKeyException):
+                revoked = verdict.revoked_entry(exc.key)
+                if revoked is not None:
+                    raise _Failure("hostkey", hostkeys.revoked_message(name, exc.key, revoked)) from exc
             if isinstance(exc, Exception):
-                raise self._classify_connect(exc, f"{address}:{port}", time.monotonic() - started) from exc
+                raise self._classify_connect(exc, target.where, time.monotonic() - started, timeout) from exc
             raise
 
-    def _classify_connect(self, exc: Exception, where: str, elapsed: float) -> _Failure:
-        t = self.connect_timeout
-        if isinstance(exc, paramiko.BadHostKeyException):
-            return _Failure(
-                "hostkey",
-                f"host key of {where} CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, known "
-                f"{exc.expected_key.fingerprint}; if the host was reinstalled, verify and replace its known_hosts entry",
-            )
-        if isinstance(exc, paramiko.AuthenticationException):
-            if "timeout" in str(exc).lower():
-                return _Failure("timeout", f"authentication timed out after {t:g}s on {where}")
-            return _Failure("auth", f"authentication failed on {where}: {exc}")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-            reasons = {
-                os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
-                for e in exc.errors.values()
-            }
-            return _Failure("unreachable", f"{where}: {'; '.join(sorted(reasons)).lower()}")
-        if isinstance(exc, socket.gaierror):
-            return _Failure("unreachable", f"{where}: cannot resolve the name ({exc.strerror or exc})")
-        if isinstance(exc, (socket.timeout, TimeoutError)):
-            return _Failure("timeout", f"{where}: TCP connect timed out after {t:g}s")
-        if isinstance(exc, paramiko.SSHException):
-            text = str(exc)
-            low = text.lower()
-            if "banner" in low or "timed out" in low or "timeout" in low or elapsed >= 0.9 * t:
-                return _Failure(
-                    "timeout",
-                    f"{where}: no SSH banner/handshake within {t:g}s (host accepts TCP but does not answer)",
-                )
-            return _Failure("unreachable", f"{where}: SSH negotiation failed: {text}")
-        if isinstance(exc, EOFError):
-            return _Failure("unreachable", f"{where}: connection closed by the host during the SSH handshake")
-        if isinstance(exc, OSError):
-            if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNRESET):
-                return _Failure("unreachable", f"{where}: {os.strerror(exc.errno).lower()}")
-            return _Failure("unreachable", f"{where}: {exc}")
-        return _Failure("local", f"{where}: {type(exc).__name__}: {exc}")
+    def _classify_connect(
+        self, exc: Exception, where: str, elapsed: float, timeout: float | None = None
+    ) -> _Failure:
+        return classify_connect(exc, where, elapsed, self.connect_timeout if timeout is None else timeout)
 
     # -- run --------------------------------------------------------------------------------
 
@@ -492,12 +555,16 @@ class _Runner:
             return self.run_local(host, command, env, timeout)
         started = time.monotonic()
         try:
-            line = command_line(command, env)
-            client = self.connect(host)
+            target = self.target(host)
+            line = command_line(command, env, target.become)
+            client = self.connect_target(target)
             try:
                 status, stdout, stderr = self.execute(client, line, str(host.name), timeout)
             finally:
                 client.close()
+            refused = become_refused(target.become, status, stderr)
+            if refused:
+                raise _Failure("auth", refused, stdout, stderr, status)
         except _Failure as f:
             return _failed(str(host.name), _as_read(f) if idempotent else f, started)
         except Exception as exc:  # one host's surprise must not take the whole run down  # noqa: BLE001
@@ -559,18 +626,24 @@ def run_all(
     env: dict[str, str] | None = None,
     on_result: Callable[[Result], None] | None = None,
     idempotent: bool = False,
+    ssh_config: str | None = None,
+    global_known_hosts: str | None = None,
 ) -> dict[str, Result]:
     """Run ``command`` on every host, ``forks`` at a time; host name -> Result, in the hosts' order.
 
     ``hosts`` are ``fleetops.fleet.inventory.Host`` (or anything with name, address, port, user,
     key_file, connection, vars). ``on_result`` is called from the worker thread as each host
     finishes. Each host gets the command at most once; ``idempotent=True`` (a command that only
-    reads) reports a connection lost mid-command as ``unreachable`` instead of ``outcome-unknown``."""
+    reads) reports a connection lost mid-command as ``unreachable`` instead of ``outcome-unknown``.
+    ``ssh_config``: the file ``-F`` names (``None``: the process default, else ``~/.ssh/config``);
+    ``global_known_hosts``: replaces ``/etc/ssh/ssh_known_hosts`` and GlobalKnownHostsFile (``""``: none)."""
     hosts = list(hosts)
     command_line(command, env)  # bad command or env: fail now, not once per host
     if not hosts:
         return {}
-    runner = _Runner(connect_timeout, command_timeout, known_hosts, accept_new_hostkeys)
+    runner = _Runner(
+        connect_timeout, command_timeout, known_hosts, accept_new_hostkeys, ssh_config, global_known_hosts
+    )
     errors: list[BaseException] = []
     deliver = _callback(on_result, errors)
     workers = max(1, min(int(forks), len(hosts)))
@@ -605,10 +678,14 @@ class SessionPool:
         known_hosts: str | None = None,
         accept_new_hostkeys: bool = False,
         keepalive_s: float = 15.0,
+        ssh_config: str | None = None,
+        global_known_hosts: str | None = None,
     ) -> None:
         self.hosts = {h.name: h for h in hosts}
         self.keepalive_s = keepalive_s
-        self._runner = _Runner(connect_timeout, command_timeout, known_hosts, accept_new_hostkeys)
+        self._runner = _Runner(
+            connect_timeout, command_timeout, known_hosts, accept_new_hostkeys, ssh_config, global_known_hosts
+        )
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._locks = {name: threading.Lock() for name in self.hosts}
         self._pool = ThreadPoolExecutor(
@@ -682,7 +759,8 @@ class SessionPool:
                 0.0,
             )
         try:
-            line = command_line(command, env)
+            target = self._runner.target(host)
+            line = command_line(command, env, target.become)
             for attempt in (1, 2):
                 client = self._clients.get(name)
                 transport = client.get_transport() if client is not None else None
@@ -690,11 +768,18 @@ class SessionPool:
                 try:
                     if not reused:
                         self.drop(name)
-                        client = self._runner.connect(host)
+                        client = self._runner.connect_target(target)
                         client.get_transport().set_keepalive(int(self.keepalive_s))  # type: ignore[union-attr]
+                        for jump in getattr(client, "jumps", ()):  # a bastion idle behind a NAT drops too
+                            jump_transport = jump.get_transport()
+                            if jump_transport is not None:
+                                jump_transport.set_keepalive(int(self.keepalive_s))
                         self._clients[name] = client
                     assert client is not None
                     status, stdout, stderr = self._runner.execute(client, line, name, timeout)
+                    refused = become_refused(target.become, status, stderr)
+                    if refused:
+                        raise _Failure("auth", refused, stdout, stderr, status, sent=True)
                 except _Failure as f:
                     if f.kind in ("timeout", "unreachable", OUTCOME_UNKNOWN):
                         self.drop(name)

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
+from fleetops.fleet import sshopts
 from fleetops.ops import remediate as fitness_mod
 from fleetops.ops import reset as ops_reset
 from fleetops.ops import results, selectors
@@ -321,6 +322,7 @@ def _ssh_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    sshopts.add_ssh_config(p)
 
 
 def _action_args(p: argparse.ArgumentParser) -> None:

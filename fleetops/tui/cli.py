@@ -10,6 +10,8 @@ import signal
 import tempfile
 from typing import Any
 
+from fleetops.fleet import sshopts
+
 SIM_FIRST_ADDRESS = "127.0.40.1"
 
 
@@ -47,6 +49,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen"
     )
+    sshopts.add_ssh_config(p)
     p.add_argument(
         "--sim", action="store_true", help="start a simulated fleet in a temporary folder (no inventory)"
     )

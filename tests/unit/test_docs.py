@@ -303,10 +303,11 @@ def test_hand_written_pages_exist() -> None:
         "runbooks/power-cap-change.md",
         "runbooks/incident-tui.md",
         "runbooks/scaling.md",
+        "runbooks/ssh.md",
     ):
         assert (DOCS / name).exists(), name
     index = _page("index.md")
-    for path in [*generate.PAGES, "quickstart.md", "runbooks/scaling.md"]:
+    for path in [*generate.PAGES, "quickstart.md", "runbooks/scaling.md", "runbooks/ssh.md"]:
         assert f"({path}" in index, f"index.md does not link {path}"
 
 
