@@ -13,6 +13,8 @@ if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
   command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
+  # the SSH tests run the agent through sudo (become) from a throwaway login
+  command -v sudo >/dev/null 2>&1 || need+=(sudo)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
