@@ -13,6 +13,8 @@ if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
   command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
+  # promtool checks the Prometheus exposition and alert rules; the server runs the scrape test
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
