@@ -39,6 +39,12 @@ SEVERITY_VALUE = {"ok": 0, "info": 0, "unknown": 1, "warn": 2, "crit": 3}
 # index are None when the kernel line named no GPU the node knows.
 XidKey = tuple[str | None, str | None, int | None, int]
 
+# XID codes exported at 0 for every GPU before they first happen, so that ``increase()`` in the
+# shipped alert rules sees the first event too (a series that appears at 1 has no increase):
+# the fatal ones (79 fell off the bus, 119/120 GSP), 48 (DBE), 63/64 (row remap), 74 (NVLink),
+# 94/95 (contained/uncontained), 31 (MMU fault, alerted on repeats) and 13.
+PRESET_XIDS = (13, 31, 48, 63, 64, 74, 79, 94, 95, 119, 120)
+
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _CHECK_ID = re.compile(r"^[a-z][a-z0-9_.]{0,79}$")
 
@@ -275,8 +281,14 @@ def render(state: MetricsInput) -> str:
                  (("check", check), ("severity", sev), ("gpu", index), ("uuid", uuid), ("bus_id", bus_id)), 1)
 
     page.family("fleetops_gpu_xid_total", "counter", "XID events seen, every one counted, repeats too.")
+    xid_counts = dict(state.xid_counts)
+    seen = {(key[0], key[3]) for key in xid_counts}
+    for gpu in node.gpus:
+        for preset in PRESET_XIDS:
+            if (gpu.uuid, preset) not in seen:
+                xid_counts[(gpu.uuid, gpu.bus_id, gpu.index, preset)] = 0
     for (x_uuid, x_bus_id, x_index, code), count in sorted(
-        state.xid_counts.items(), key=lambda kv: (kv[0][2] if kv[0][2] is not None else -1, str(kv[0][1]), kv[0][3])
+        xid_counts.items(), key=lambda kv: (kv[0][2] if kv[0][2] is not None else -1, str(kv[0][1]), kv[0][3])
     ):
         labels = (("gpu", "" if x_index is None else x_index), ("uuid", x_uuid or ""), ("bus_id", x_bus_id or ""),
                   ("code", int(code)))

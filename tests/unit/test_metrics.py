@@ -66,7 +66,10 @@ def test_healthy_node_page_passes_promtool_and_says_healthy(
     assert value(text, "fleetops_node_gpus") == 8
     for gpu in node.gpus:
         assert value(text, "fleetops_gpu_health", uuid=gpu.uuid, bus_id=gpu.bus_id, gpu=gpu.index) == 0
-    assert not [s for s in samples(text) if s[0] in ("fleetops_gpu_finding", "fleetops_gpu_xid_total")]
+    assert not [s for s in samples(text) if s[0] == "fleetops_gpu_finding"]
+    # XID counters start at 0 for the codes the alert rules watch, so their first event is an increase
+    xids = [(lbl["uuid"], lbl["code"], v) for n, lbl, v in samples(text) if n == "fleetops_gpu_xid_total"]
+    assert sorted(xids) == sorted((g.uuid, str(c), 0.0) for g in node.gpus for c in metrics.PRESET_XIDS)
     gpu0 = node.gpus[0]
     # base units: MHz, MiB and percent of the snapshot become hertz, bytes and ratios
     assert value(text, "fleetops_gpu_sm_clock_hertz", uuid=gpu0.uuid) == gpu0.clock_sm_mhz * 1_000_000  # type: ignore[operator]
