@@ -272,3 +272,22 @@ def test_textfile_is_replaced_whole_and_leaves_no_temporary(tmp_path: os.PathLik
         assert handle.read() == text
     assert os.listdir(tmp_path) == ["fleetops.prom"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+
+
+@pytest.mark.promtool
+def test_a_passthrough_h200_with_unreadable_fields_leaves_them_out(passthrough_node: Callable[..., model.Node]) -> None:
+    """The real H200 VM's shape: NVLink, remapped rows, retired pages unreadable. A value that
+    could not be read is no sample at all (not 0, not NaN), so no alert reads it as healthy."""
+    node = passthrough_node()
+    text, findings = page(node, None)
+    assert_clean(text)
+    assert [f for f in findings if f.severity in ("warn", "crit")] == []
+    names = {n for n, _, _ in samples(text)}
+    for absent in ("fleetops_gpu_nvlink_up", "fleetops_gpu_nvlink_crc_errors_total",
+                   "fleetops_gpu_remapped_rows_pending", "fleetops_gpu_retired_pages_dbe_total"):
+        assert absent not in names, absent
+    assert "NaN" not in text
+    gpu = node.gpus[0]
+    assert value(text, "fleetops_gpu_temperature_celsius", uuid=gpu.uuid, bus_id="0000:00:06.0", gpu=0) == 36.0
+    assert value(text, "fleetops_gpu_ecc_corrected_aggregate_errors_total", uuid=gpu.uuid) == 289
+    assert value(text, "fleetops_gpu_health", uuid=gpu.uuid) <= 1
