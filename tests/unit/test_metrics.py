@@ -291,3 +291,12 @@ def test_a_passthrough_h200_with_unreadable_fields_leaves_them_out(passthrough_n
     assert value(text, "fleetops_gpu_temperature_celsius", uuid=gpu.uuid, bus_id="0000:00:06.0", gpu=0) == 36.0
     assert value(text, "fleetops_gpu_ecc_corrected_aggregate_errors_total", uuid=gpu.uuid) == 289
     assert value(text, "fleetops_gpu_health", uuid=gpu.uuid) <= 1
+
+
+def test_every_registered_check_id_is_kept_as_its_label(sim_node: Callable[..., model.Node]) -> None:
+    node = sim_node()
+    ids = [d["id"] for d in checks.registry_dicts()]
+    findings = tuple(model.Finding(check=i, severity="warn", node="n1", message="m") for i in ids)
+    text = metrics.render(metrics.MetricsInput(node=node, agent=metrics.AgentInfo(time.time(), 2.0), findings=findings))
+    labelled = {lbl["check"] for n, lbl, _ in samples(text) if n == "fleetops_node_finding"}
+    assert ids and labelled == set(ids)
