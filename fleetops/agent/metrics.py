@@ -256,16 +256,14 @@ def render(state: MetricsInput) -> str:
         check = _label_value(finding.check, _CHECK_ID)
         ref = finding.gpu or {}
         uuid = ref.get("uuid")
-        if uuid and uuid in gpu_sev:
-            gpu_sev[uuid].append(finding.severity)
-            gpu_findings.add((check, finding.severity, int(ref.get("index") or 0), str(uuid),
-                              str(ref.get("bus_id") or "")))
-        elif uuid:
-            # a GPU the snapshot no longer lists (lost, missing): identify it by what the finding says
-            gpu_findings.add((check, finding.severity, int(ref.get("index") or 0), str(uuid),
-                              str(ref.get("bus_id") or "")))
-        else:
+        if not uuid:
             node_findings.add((check, finding.severity))
+            continue
+        # a GPU the snapshot no longer lists (lost, missing) keeps the identity the finding gives it
+        gpu_findings.add((check, finding.severity, int(ref.get("index") or 0), str(uuid),
+                          str(ref.get("bus_id") or "")))
+        if uuid in gpu_sev:
+            gpu_sev[uuid].append(finding.severity)
     all_sev = [f.severity for f in state.findings if f.severity in SEVERITY_VALUE]
     page.add("fleetops_node_health", "gauge", "Worst finding on the node: 0 ok, 1 unknown, 2 warn, 3 crit.",
              (), SEVERITY_VALUE[model.worst(all_sev)])

@@ -300,3 +300,25 @@ def test_every_registered_check_id_is_kept_as_its_label(sim_node: Callable[..., 
     text = metrics.render(metrics.MetricsInput(node=node, agent=metrics.AgentInfo(time.time(), 2.0), findings=findings))
     labelled = {lbl["check"] for n, lbl, _ in samples(text) if n == "fleetops_node_finding"}
     assert ids and labelled == set(ids)
+
+
+@pytest.mark.promtool
+def test_a_gpu_that_fell_off_the_bus_keeps_its_finding_and_its_xid(
+    sim_node: Callable[..., model.Node], sim_baseline: baseline.Baseline
+) -> None:
+    before = sim_node()
+    lost = before.gpus[3]
+    node = sim_node(faults=["xid:79@3"])
+    assert node.gpu_by_uuid(lost.uuid) is None, "the simulator still lists the lost GPU"
+    findings = checks.run_node_checks(node, sim_baseline, previous=before)
+    text = metrics.render(metrics.MetricsInput(
+        node=node, agent=metrics.AgentInfo(time.time(), 2.0), findings=tuple(findings),
+        xid_counts=metrics.xid_counts_from_events(node.xids)))
+    assert_clean(text)
+    assert value(text, "fleetops_gpu_finding", check="config.gpu_missing", severity="crit", uuid=lost.uuid,
+                 bus_id=lost.bus_id, gpu=3) == 1
+    assert value(text, "fleetops_node_health") == 3
+    assert not [s for s in samples(text) if s[0] == "fleetops_gpu_health" and s[1]["uuid"] == lost.uuid]
+    # counted under the bus id the kernel line named, as FleetopsGpuXidFatal's second branch expects
+    assert value(text, "fleetops_gpu_xid_total", bus_id=lost.bus_id, uuid="", code=79) == 1
+    assert value(text, "fleetops_node_gpus") == 7
