@@ -15,6 +15,8 @@ if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
   # the SSH tests run the agent through sudo (become) from a throwaway login
   command -v sudo >/dev/null 2>&1 || need+=(sudo)
+  # promtool checks the Prometheus exposition and alert rules; the server runs the scrape test
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

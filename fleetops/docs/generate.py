@@ -1067,6 +1067,15 @@ def outputs_page() -> str:
             "has findings."
         ),
         "",
+        (
+            "Renamed so that the file passes `promtool check metrics` (a gauge must not end in "
+            "`_total`); move dashboards and alerts that read the old names:"
+        ),
+        "",
+    ]
+    lines += _table(("old name", "new name"), [(_code(o), _code(n)) for o, n in prometheus.RENAMED.items()])
+    lines += [
+        "",
         "The start of the example's file:",
         "",
         "```text",

@@ -21,15 +21,24 @@ def _labels(**kw: object) -> str:
     return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in kw.items()) + "}"
 
 
+# Names this file used before it passed ``promtool check metrics`` (a gauge must not end in
+# ``_total``): old -> new, listed in the docs so dashboards and alerts can be moved over. They
+# stay gauges: an audit is a sample taken now and then, not a scraped counter.
+RENAMED = {
+    "fleetops_gpu_ecc_uncorrected_volatile_total": "fleetops_gpu_ecc_uncorrected_volatile_errors",
+    "fleetops_gpu_ecc_corrected_volatile_total": "fleetops_gpu_ecc_corrected_volatile_errors",
+    "fleetops_gpu_pcie_replay_total": "fleetops_gpu_pcie_replays",
+}
+
 GPU_GAUGES = (
     ("fleetops_gpu_temperature_celsius", "temp_gpu_c", "GPU core temperature"),
     ("fleetops_gpu_memory_temperature_celsius", "temp_memory_c", "HBM temperature"),
     ("fleetops_gpu_power_draw_watts", "power_draw_w", "Power draw"),
     ("fleetops_gpu_power_limit_watts", "power_limit_w", "Configured power limit"),
-    ("fleetops_gpu_ecc_uncorrected_volatile_total", "ecc_uncorrected_volatile", "Uncorrectable ECC errors since driver load"),
-    ("fleetops_gpu_ecc_corrected_volatile_total", "ecc_corrected_volatile", "Correctable ECC errors since driver load"),
+    ("fleetops_gpu_ecc_uncorrected_volatile_errors", "ecc_uncorrected_volatile", "Uncorrectable ECC errors since driver load"),
+    ("fleetops_gpu_ecc_corrected_volatile_errors", "ecc_corrected_volatile", "Correctable ECC errors since driver load"),
     ("fleetops_gpu_remapped_rows_uncorrected", "remapped_rows_uncorrected", "Rows remapped for uncorrectable errors"),
-    ("fleetops_gpu_pcie_replay_total", "pcie_replay_counter", "PCIe replay counter"),
+    ("fleetops_gpu_pcie_replays", "pcie_replay_counter", "PCIe replays since driver load"),
     ("fleetops_gpu_pcie_link_width", "pcie_width_current", "Current PCIe link width"),
     ("fleetops_gpu_pcie_link_gen", "pcie_gen_current", "Current PCIe link generation"),
     ("fleetops_gpu_nvlinks_up", "nvlinks_up", "NVLinks in state up"),
@@ -94,4 +103,4 @@ def severity_value(severity: str) -> int:
     return SEV_VALUE.get(severity, 0)
 
 
-__all__ = ["render", "severity_value", "model"]
+__all__ = ["RENAMED", "render", "severity_value", "model"]

@@ -292,7 +292,7 @@ def test_other_formats_render_the_same_audit(simfleet, fmt, tmp_path):
     elif fmt == "prom":
         assert 'fleetops_node_health{node="node003"} 3' in text
         assert 'fleetops_node_health{node="node001"} 0' in text
-        assert f'fleetops_gpu_ecc_uncorrected_volatile_total{{node="node003",gpu="2",uuid="{uuid}",bus_id="0000:3a:00.0"}} 2' in text
+        assert f'fleetops_gpu_ecc_uncorrected_volatile_errors{{node="node003",gpu="2",uuid="{uuid}",bus_id="0000:3a:00.0"}} 2' in text
     else:
         assert "node003" in text and "CRITICAL" in text and uuid in text
 
