@@ -1,0 +1,92 @@
+"""``fleetops-agent serve``: the resident agent (stdlib and pynvml only).
+
+Each node served gets a ``NodeService`` (``node.py``): sampler, health from
+``fleetops.checks.run_node_checks``, XIDs from the kernel-log follower, and a unix socket.
+With ``--backend sim --states A.json B.json ...`` one process serves every simulated node
+given, each with its socket ``<state>.agent/agent.sock`` and kernel log ``<state>.kmsg``.
+
+Exposition hook: ``start_metrics(address, services)`` is where the Prometheus endpoint starts
+(``--metrics-address``); it gets the services, whose ``state()`` is the immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+DEFAULT_SOCKET = "/run/fleetops/agent.sock"
+DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
+
+
+def start_metrics(address: str, services: list[Any]) -> None:
+    """Hook for the Prometheus exposition (``fleetops.agent.metrics``); absent, nothing starts."""
+    try:
+        from fleetops.agent import metrics  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        sys.stderr.write(f"fleetops-agent serve: no metrics module; --metrics-address {address} ignored\n")
+        return
+    serve_fn = getattr(metrics, "serve", None)
+    if serve_fn is not None:
+        serve_fn(address, services)
+
+
+def run(args: Any) -> int:
+    from fleetops.agent.serve.node import NodeService, SimBackend, notify
+
+    services: list[NodeService] = []
+    if args.backend == "sim" or args.states or args.state:
+        paths = list(args.states or []) or [args.state or os.environ.get("FLEETOPS_SIM_STATE", "")]
+        expanded: list[str] = []
+        for p in paths:
+            if os.path.isdir(p):
+                expanded.extend(sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".json")))
+            elif p:
+                expanded.append(p)
+        if not expanded:
+            sys.stderr.write('{"error": "serve --backend sim needs --states or --state", "kind": "usage"}\n')
+            return 2
+        for path in expanded:
+            backend = SimBackend(path)
+            services.append(
+                NodeService(
+                    backend,
+                    os.path.join(backend.run_dir, "agent.sock"),
+                    backend.run_dir,
+                    backend.kmsg_path,
+                    args.interval,
+                    args.full_interval,
+                    args.hang_timeout,
+                )
+            )
+    else:
+        sys.stderr.write('{"error": "serve: the NVML backend is not built yet; use --backend sim", "kind": "usage"}\n')
+        return 2
+    stop = threading.Event()
+
+    def _term(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    signal.signal(signal.SIGHUP, lambda s, f: None)  # configuration reload: nothing to reload yet
+    for svc in services:
+        svc.start()
+    if args.metrics_address:
+        start_metrics(args.metrics_address, services)
+    notify("READY=1")
+    while not stop.wait(1.0):
+        pass
+    notify("STOPPING=1")
+    for svc in services:
+        svc.stop.set()
+        with svc.changed:
+            svc.changed.notify_all()
+    for svc in services:
+        try:
+            os.unlink(svc.socket_path)
+        except OSError:
+            pass
+    return 0
