@@ -2,6 +2,7 @@
 
 Each node served gets a ``NodeService`` (``node.py``): sampler, health from
 ``fleetops.checks.run_node_checks``, XIDs from the kernel-log follower, and a unix socket.
+Tests replace the backend class through ``$FLEETOPS_AGENT_SERVE_BACKEND`` (``module:Class``).
 With ``--backend sim --states A.json B.json ...`` one process serves every simulated node
 given, each with its socket ``<state>.agent/agent.sock`` and kernel log ``<state>.kmsg``.
 
@@ -19,6 +20,8 @@ from typing import Any
 
 DEFAULT_SOCKET = "/run/fleetops/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
+# Test hook: "module:Class" naming a SimBackend replacement (same constructor and methods).
+BACKEND_HOOK_ENV = "FLEETOPS_AGENT_SERVE_BACKEND"
 
 
 def start_metrics(address: str, services: list[Any]) -> None:
@@ -48,8 +51,15 @@ def run(args: Any) -> int:
         if not expanded:
             sys.stderr.write('{"error": "serve --backend sim needs --states or --state", "kind": "usage"}\n')
             return 2
+        backend_class: Any = SimBackend
+        hook = os.environ.get(BACKEND_HOOK_ENV)
+        if hook:  # tests: a backend that hangs or fails on demand, in place of the simulator's
+            import importlib
+
+            module_name, _, class_name = hook.partition(":")
+            backend_class = getattr(importlib.import_module(module_name), class_name)
         for path in expanded:
-            backend = SimBackend(path)
+            backend = backend_class(path)
             services.append(
                 NodeService(
                     backend,

@@ -145,7 +145,7 @@ class NodeService:
                     for name in row:
                         ring.add_field(name)
                     ring.append(now, row)
-                self.lost = lost
+                self.lost.update(lost)
                 if self.degraded_reason and self.degraded_reason.startswith("sample"):
                     self.degraded_reason = None
             except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
@@ -167,6 +167,8 @@ class NodeService:
         previous = self._previous(node)
         self.findings = [f.to_dict() for f in checks.run_node_checks(node, None, previous)]
         present = {g.uuid for g in node.gpus}
+        for uuid in [u for u in self.lost if u in present]:  # back (a reset, a reboot)
+            del self.lost[uuid]
         for old in self.node.gpus if self.node is not None else []:
             if old.uuid not in present:
                 self.lost.setdefault(old.uuid, "gone from the driver's enumeration")

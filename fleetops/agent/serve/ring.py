@@ -11,17 +11,17 @@ from array import array
 from collections.abc import Iterable
 
 # Scalar fields every GPU has; per-link NVLink fields are added as ``nvlink<N>_<name>``.
-GPU_FIELDS = (
-    "temperature_c",
-    "memory_temperature_c",
-    "power_w",
-    "sm_clock_mhz",
-    "clocks_event_reasons",
+GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came from
+    "temp_gpu_c",
+    "temp_memory_c",
+    "power_draw_w",
+    "clock_sm_mhz",
+    "clocks_event_mask",
     "utilization_gpu_pct",
-    "ecc_sbe_volatile",
-    "ecc_dbe_volatile",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
     "pcie_replay_counter",
-    "pcie_tx_kbps",
+    "pcie_tx_kbps",  # NVML throughput counters; the simulator has none (NaN)
     "pcie_rx_kbps",
 )
 LINK_FIELDS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kbps", "rx_kbps")
