@@ -214,3 +214,89 @@ def test_watch_streams_snapshot_then_changes_until_stdin_closes(node: Path, daem
     assert list(change["change"]["daemon"]["xid_counts"].values()) == [1]
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+
+
+def _nvml_daemon(tmp_path: Path, mode: str = "ok") -> tuple[Daemon, Path, Path, Path]:
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"mode": mode, "temp": 40}))
+    kmsg_file = tmp_path / "kmsg"
+    kmsg_file.write_text("")
+    sock = tmp_path / "run" / "agent.sock"
+    env = {
+        "FLEETOPS_AGENT_NVML_MODULE": "fake_nvml",
+        "FAKE_NVML_CONTROL": str(control),
+        "FLEETOPS_AGENT_STATE_DIR": str(tmp_path / "lib"),
+        "FLEETOPS_AGENT_KMSG": str(kmsg_file),
+        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("FLEETOPS_SIM_STATE", None)
+    d = Daemon([], env)
+    d.env.pop("FLEETOPS_SIM_STATE", None)
+    cmd = [AGENT, "serve", "--backend", "nvml", "--socket", str(sock), "--interval", "0.2",
+           "--full-interval", "0.5", "--hang-timeout", "1"]
+    d.proc = subprocess.Popen(cmd, env=d.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return d, control, kmsg_file, sock
+
+
+def _ask_path(sock: Path) -> dict[str, Any] | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5.0)
+    try:
+        s.connect(str(sock))
+        s.sendall(b"snapshot\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        s.close()
+    doc: dict[str, Any] = json.loads(data)
+    return doc if "daemon" in doc else None
+
+
+def _temps(doc: dict[str, Any] | None) -> list[Any]:
+    return [g.get("temp_gpu_c") for g in (doc or {}).get("gpus", [])]
+
+
+def test_nvml_driver_reload_reinitialises(tmp_path: Path) -> None:
+    d, control, _, sock = _nvml_daemon(tmp_path)
+    try:
+        _until("GPUs at 40 C", lambda: _temps(_ask_path(sock)) == [40, 40])
+        control.write_text(json.dumps({"mode": "unloaded", "temp": 40}))
+        doc = _until("degraded while unloaded", lambda: (lambda x: x if x and x["daemon"]["degraded"] else None)(
+            _ask_path(sock)))
+        # the first tick after the unload meets Uninitialized; the ones after it fail in nvmlInit
+        assert doc["daemon"]["reason"] in {
+            "sample failed: RuntimeError: NVML: Uninitialized (driver unloaded?); re-initialising",
+            "sample failed: RuntimeError: nvmlInit: DriverNotLoaded",
+        }
+        control.write_text(json.dumps({"mode": "ok", "temp": 55}))
+        doc = _until("back at 55 C, not degraded", lambda: (lambda x: x if _temps(x) == [55, 55]
+                                                             and not x["daemon"]["degraded"] else None)(_ask_path(sock)))
+        assert (stat_mode := os.stat(sock).st_mode & 0o777) == 0o600, oct(stat_mode)
+        assert os.stat(sock.parent).st_mode & 0o777 == 0o700
+    finally:
+        d.stop()
+
+
+def test_nvml_hung_call_degraded_while_kernel_log_xids_flow(tmp_path: Path) -> None:
+    d, control, kmsg_file, sock = _nvml_daemon(tmp_path)
+    try:
+        _until("GPUs at 40 C", lambda: _temps(_ask_path(sock)) == [40, 40])
+        control.write_text(json.dumps({"mode": "hang", "temp": 40}))
+        doc = _until("degraded by the watchdog", lambda: (lambda x: x if x and x["daemon"]["degraded"] else None)(
+            _ask_path(sock)))
+        assert doc["daemon"]["reason"].startswith("hung:")
+        with kmsg_file.open("a") as fh:
+            fh.write("3,0,5000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+                     "GPU has fallen off the bus.\n")
+        doc = _until("XID 79 while hung", lambda: (lambda x: x if x and x["daemon"]["xid_counts"] else None)(
+            _ask_path(sock)))
+        assert doc["daemon"]["xid_counts"] == {"0000:18:00.0/79": 1} and doc["daemon"]["degraded"]
+    finally:
+        control.write_text(json.dumps({"mode": "ok", "temp": 40}))
+        d.stop()

@@ -2,6 +2,9 @@
 
 Each node served gets a ``NodeService`` (``node.py``): sampler, health from
 ``fleetops.checks.run_node_checks``, XIDs from the kernel-log follower, and a unix socket.
+The NVML backend keeps its cursor in ``$FLEETOPS_AGENT_STATE_DIR`` (default
+/var/lib/fleetops/agent) and follows ``$FLEETOPS_AGENT_KMSG`` (default /dev/kmsg); tests point
+both elsewhere and put a fake NVML module in through ``$FLEETOPS_AGENT_NVML_MODULE``.
 Tests replace the backend class through ``$FLEETOPS_AGENT_SERVE_BACKEND`` (``module:Class``).
 With ``--backend sim --states A.json B.json ...`` one process serves every simulated node
 given, each with its socket ``<state>.agent/agent.sock`` and kernel log ``<state>.kmsg``.
@@ -40,7 +43,10 @@ def run(args: Any) -> int:
     from fleetops.agent.serve.node import NodeService, SimBackend, notify
 
     services: list[NodeService] = []
-    if args.backend == "sim" or args.states or args.state:
+    use_sim = args.backend == "sim" or (
+        args.backend == "auto" and bool(args.states or args.state or os.environ.get("FLEETOPS_SIM_STATE"))
+    )
+    if use_sim:
         paths = list(args.states or []) or [args.state or os.environ.get("FLEETOPS_SIM_STATE", "")]
         expanded: list[str] = []
         for p in paths:
@@ -72,8 +78,20 @@ def run(args: Any) -> int:
                 )
             )
     else:
-        sys.stderr.write('{"error": "serve: the NVML backend is not built yet; use --backend sim", "kind": "usage"}\n')
-        return 2
+        from fleetops.agent.serve.nvml_backend import NvmlBackend
+
+        state_dir = os.environ.get("FLEETOPS_AGENT_STATE_DIR", DEFAULT_STATE_DIR)
+        services.append(
+            NodeService(
+                NvmlBackend(),
+                args.socket or DEFAULT_SOCKET,
+                state_dir,
+                os.environ.get("FLEETOPS_AGENT_KMSG", "/dev/kmsg"),
+                args.interval,
+                args.full_interval,
+                args.hang_timeout,
+            )
+        )
     stop = threading.Event()
 
     def _term(signum: int, frame: Any) -> None:

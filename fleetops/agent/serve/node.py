@@ -72,7 +72,7 @@ def _num(value: Any) -> float | None:
 class NodeService:
     def __init__(
         self,
-        backend: SimBackend,
+        backend: Any,
         socket_path: str,
         state_dir: str,
         kmsg_path: str,
@@ -124,6 +124,18 @@ class NodeService:
         threading.Thread(target=self._sampler, name="sampler", daemon=True).start()
         threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         threading.Thread(target=self._serve, name="socket", daemon=True).start()
+        events = getattr(self.backend, "events", None)
+        if events is not None:  # NVML: critical XIDs as events, beside the kernel log
+            threading.Thread(target=events, args=(self._nvml_xid, self.stop), name="nvml-events", daemon=True).start()
+
+    def _nvml_xid(self, bus_id: str | None, code: int) -> None:
+        event = {"seq": None, "source": "nvml", "bus_id": bus_id, "code": code, "uptime_s": None,
+                 "time": round(time.time(), 3), "message": f"NVML critical XID event {code}"}
+        with self.book.lock:
+            added = self.book.add(event)
+            self.book.save()
+        if added:
+            self._publish()
 
     def _call(self, name: str, fn: Any) -> Any:
         self.in_call = (name, time.monotonic())
@@ -162,8 +174,11 @@ class NodeService:
         try:
             node = self._call("full snapshot", self.backend.full)
         except Exception as exc:  # noqa: BLE001
-            self.degraded_reason = f"full snapshot failed: {type(exc).__name__}: {exc}"
+            if self.degraded_reason is None:  # the per-tick read's reason, when it has one, says more
+                self.degraded_reason = f"full snapshot failed: {type(exc).__name__}: {exc}"
             return
+        if self.backend.name == "nvml":
+            node.xids = self._xid_models(node)
         previous = self._previous(node)
         self.findings = [f.to_dict() for f in checks.run_node_checks(node, None, previous)]
         present = {g.uuid for g in node.gpus}
@@ -176,6 +191,21 @@ class NodeService:
         self.full_history.append(node)
         if self.degraded_reason and self.degraded_reason.startswith("full"):
             self.degraded_reason = None
+
+    def _xid_models(self, node: Any) -> list[Any]:
+        """The book's events as the snapshot's XIDs, attributed to GPUs by bus id."""
+        from fleetops import model
+
+        by_bus = {g.bus_id: g for g in node.gpus}
+        out = []
+        for ev in self.book.snapshot()["events"]:
+            gpu = by_bus.get(ev.get("bus_id") or "")
+            out.append(model.XidEvent(
+                code=int(ev["code"]), bus_id=ev.get("bus_id"), gpu_uuid=gpu.uuid if gpu else None,
+                gpu_index=gpu.index if gpu else None, message=str(ev.get("message", "")),
+                timestamp=ev.get("time"), uptime_s=ev.get("uptime_s"), source=str(ev.get("source")),
+            ))
+        return out
 
     def _previous(self, node: Any) -> Any:
         """The earlier snapshot for rate checks: the oldest retained full snapshot within the
