@@ -300,3 +300,37 @@ def test_nvml_hung_call_degraded_while_kernel_log_xids_flow(tmp_path: Path) -> N
     finally:
         control.write_text(json.dumps({"mode": "ok", "temp": 40}))
         d.stop()
+
+
+def test_cursor_write_failure_is_reported_and_does_not_stop_it(node: Path, daemon: Daemon) -> None:
+    run_dir = Path(str(node.with_suffix("")) + ".agent")
+    blocker = run_dir / "xid-state.json.tmp"
+    blocker.mkdir()  # the atomic write's temporary cannot be created: as on a full disk
+    _xid(node, 31, 0)
+    doc = _until("write failure reported", lambda: (lambda x: x if x["daemon"]["degraded"] else None)(
+        _ask(node, "snapshot")))
+    assert doc["daemon"]["reason"] == f"XID cursor not saved: {blocker}: Is a directory" and list(doc["daemon"]["xid_counts"].values()) == [1]
+    blocker.rmdir()
+    _xid(node, 31, 0)
+    doc = _until("written again", lambda: (lambda x: x if not x["daemon"]["degraded"] else None)(
+        _ask(node, "snapshot")))
+    assert list(doc["daemon"]["xid_counts"].values()) == [2]
+    saved = json.loads((run_dir / "xid-state.json").read_text())
+    assert saved["seq"] == 1 and list(saved["counts"].values()) == [2]
+
+
+def test_sd_notify_ready_and_watchdog(node: Path, tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(DEADLINE_S)
+    d = Daemon([node], {"NOTIFY_SOCKET": path})
+    d.start()
+    try:
+        got = set()
+        while not {"READY=1", "WATCHDOG=1"} <= got:
+            got.add(rx.recv(4096).decode())
+    finally:
+        assert d.stop() == 0
+        rx.close()
+    assert got <= {"READY=1", "WATCHDOG=1", "STOPPING=1"}

@@ -96,7 +96,7 @@ class XidBook:
             os.replace(tmp, self.path)
             self.write_error = None
         except OSError as exc:
-            self.write_error = f"{self.path}: {exc.strerror or exc}"
+            self.write_error = f"XID cursor not saved: {exc.filename or self.path}: {exc.strerror or exc}"
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
