@@ -334,3 +334,29 @@ def test_sd_notify_ready_and_watchdog(node: Path, tmp_path: Path) -> None:
         assert d.stop() == 0
         rx.close()
     assert got <= {"READY=1", "WATCHDOG=1", "STOPPING=1"}
+
+
+def test_sighup_reloads_configuration(node: Path, tmp_path: Path) -> None:
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"interval_s": 0.3, "hang_timeout_s": 5}))
+    cmd = [AGENT, "serve", "--backend", "sim", "--config", str(config), "--states", str(node)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        first = _until("first snapshot", lambda: (_ask(node, "snapshot") or {}).get("daemon"))
+        assert first["interval_s"] == 0.3 and first["reloaded_at"] is None
+        config.write_text(json.dumps({"interval_s": 0.25}))
+        proc.send_signal(signal.SIGHUP)
+        doc = _until("reloaded", lambda: (lambda x: x if x and x["interval_s"] == 0.25 else None)(
+            (_ask(node, "snapshot") or {}).get("daemon")))
+        assert doc["reloaded_at"] is not None
+        config.write_text(json.dumps({"interval_s": "fast"}))
+        proc.send_signal(signal.SIGHUP)
+        refusal = f"{config}: interval_s must be a positive number of seconds, got 'fast'"
+        doc = _until("refusal", lambda: (lambda x: x if x and x["reload_error"] else None)(
+            (_ask(node, "snapshot") or {}).get("daemon")))
+        assert doc["reload_error"] == refusal and doc["interval_s"] == 0.25  # the running config stays
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert f"reload refused: {refusal}" in err.decode()

@@ -15,10 +15,12 @@ Exposition hook: ``start_metrics(address, services)`` is where the Prometheus en
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 DEFAULT_SOCKET = "/run/fleetops/agent.sock"
@@ -39,10 +41,55 @@ def start_metrics(address: str, services: list[Any]) -> None:
         serve_fn(address, services)
 
 
+CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
+
+
+def read_config(path: str | None) -> dict[str, float]:
+    """``--config``: a JSON object of the keys in ``CONFIG_KEYS`` (seconds); re-read on SIGHUP.
+    A bad file is refused whole with a message naming the file and the key."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if key not in CONFIG_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{path}: {key} must be a positive number of seconds, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def _reload(path: str | None, services: list[Any]) -> None:
+    try:
+        config = read_config(path)
+    except (OSError, ValueError) as exc:  # the running configuration stays; say why
+        sys.stderr.write(f"fleetops-agent serve: reload refused: {exc}\n")
+        for svc in services:
+            svc.reload_error = str(exc)
+        return
+    for svc in services:
+        svc.reload_error = None
+        for key, value in config.items():
+            setattr(svc, CONFIG_KEYS[key], value)
+        svc.reloaded_at = time.time()
+
+
 def run(args: Any) -> int:
     from fleetops.agent.serve.node import NodeService, SimBackend, notify
 
     services: list[NodeService] = []
+    try:
+        config = read_config(args.config)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(json.dumps({"error": str(exc), "kind": "usage"}) + "\n")
+        return 2
+    flags = {"interval_s": "interval", "full_interval_s": "full_interval", "hang_timeout_s": "hang_timeout"}
+    for key, value in config.items():
+        setattr(args, flags[key], value)
     use_sim = args.backend == "sim" or (
         args.backend == "auto" and bool(args.states or args.state or os.environ.get("FLEETOPS_SIM_STATE"))
     )
@@ -99,14 +146,17 @@ def run(args: Any) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
-    signal.signal(signal.SIGHUP, lambda s, f: None)  # configuration reload: nothing to reload yet
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda s, f: reload.set())
     for svc in services:
         svc.start()
     if args.metrics_address:
         start_metrics(args.metrics_address, services)
     notify("READY=1")
-    while not stop.wait(1.0):
-        pass
+    while not stop.wait(0.2):
+        if reload.is_set():
+            reload.clear()
+            _reload(args.config, services)
     notify("STOPPING=1")
     for svc in services:
         svc.stop.set()

@@ -87,6 +87,8 @@ class NodeService:
         self.full_interval_s = full_interval_s
         self.hang_s = hang_s
         self.started_at = time.time()
+        self.reloaded_at: float | None = None
+        self.reload_error: str | None = None  # the last SIGHUP's refusal; the running config stayed
         self.stop = threading.Event()
         self.changed = threading.Condition()
         self.version = 0
@@ -267,6 +269,8 @@ class NodeService:
             "collected_at": node.collected_at if node is not None else None,
             "interval_s": self.interval_s,
             "started_at": self.started_at,
+            "reloaded_at": self.reloaded_at,
+            "reload_error": self.reload_error,
             "degraded": degraded is not None,
             "reason": degraded,
             "lost": dict(self.lost),
