@@ -19,8 +19,6 @@ import sys
 import tempfile
 import time
 
-from fleetops.gpu import sim
-
 _SCRIPT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 AGENT = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-c", "from fleetops.agent.main import entry; entry()"]
 
@@ -61,6 +59,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
         if args.backend == "sim":
+            from fleetops.gpu import sim
+
             state = os.path.join(d, "bench.json")
             sim.init_state(state, "bench")
             env["FLEETOPS_SIM_STATE"] = state
