@@ -176,14 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fast = _fast_collect_args(argv)
     if fast is not None:
-        if not fast["fresh"] and not fast["pretty"]:
+        if not fast["fresh"]:
             from fleetops.agent.serve import client
 
             served = client.fetch_snapshot(
                 client.socket_for(fast["backend"], fast["state"], fast["socket"]), fast["max_age"]
             )
             if served is not None:
-                sys.stdout.write(served + "\n")
+                if fast["pretty"]:
+                    _emit(json.loads(served), True)
+                else:
+                    sys.stdout.write(served + "\n")
                 return EXIT_OK
         from fleetops.agent.collect import CollectError, collect_dict
 
@@ -209,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "collect":
             from fleetops.model import to_dict
 
+            if not args.fresh:
+                from fleetops.agent.serve import client
+
+                served = client.fetch_snapshot(client.socket_for(args.backend, args.state, args.socket), args.max_age)
+                if served is not None:
+                    _emit(json.loads(served), args.pretty)
+                    return EXIT_OK
             _emit(to_dict(collect(args.backend, args.state)), args.pretty)
             return EXIT_OK
         if args.command == "topology":

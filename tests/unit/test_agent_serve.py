@@ -191,6 +191,9 @@ def test_collect_answers_from_daemon_with_age_and_fresh_bypasses(node: Path, dae
     assert "daemon" not in cold and cold["hostname"] == served["hostname"] == "n1"
     stale = subprocess.run([AGENT, "collect", "--max-age", "0"], env=env, capture_output=True, check=True).stdout
     assert "daemon" not in json.loads(stale)
+    # the full parser's path (--max-age=N form, --pretty) answers from the daemon too
+    pretty = subprocess.run([AGENT, "collect", "--pretty", "--max-age=60"], env=env, capture_output=True, check=True)
+    assert pretty.stdout.startswith(b"{\n") and json.loads(pretty.stdout)["daemon"]["interval_s"] == 0.2
 
 
 def test_collect_without_daemon_is_cold(node: Path) -> None:
