@@ -29,7 +29,8 @@ def parse_record(raw: str) -> tuple[int, float, str] | None:
     if len(parts) < 3:
         return None
     try:
-        return int(parts[1]), int(parts[2]) / 1e6, message.rstrip("\n")
+        # /dev/kmsg continuation lines (" SUBSYSTEM=pci", " DEVICE=...") follow the message
+        return int(parts[1]), int(parts[2]) / 1e6, message.split("\n", 1)[0]
     except ValueError:
         return None
 
