@@ -184,7 +184,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     if args.sim_command == "up":
         info = fleet.up(
-            args.nodes, args.dir, args.scenario, first_address=args.first_address, port=args.port, install=args.install
+            args.nodes,
+            args.dir,
+            args.scenario,
+            first_address=args.first_address,
+            port=args.port,
+            install=args.install,
+            daemon=args.daemon,
         )
         print(f"started {len(info['nodes'])} simulated nodes in {args.dir}")
         print(f"inventory:   {os.path.join(args.dir, 'inventory.yml')}")
@@ -193,7 +199,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return 0
     if args.sim_command == "down":
         n = fleet.down(args.dir)
-        print(f"stopped {n} sshd processes")
+        print(f"stopped {n} sshd processes (and the fleet's agent daemon, if it ran one)")
         return 0
     if args.sim_command in ("inject", "clear"):
         fn = fleet.inject if args.sim_command == "inject" else fleet.clear
@@ -262,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--install", action="store_true", help="apt-get install openssh-server when sshd is missing")
     q.add_argument("--first-address", default="127.0.10.1", help="first loopback address (default 127.0.10.1)")
     q.add_argument("--port", type=int, default=2222, help="sshd port on every address (default 2222)")
+    q.add_argument("--daemon", action="store_true", help="also run one fleetops-agent serve for every node")
     q = ssub.add_parser("down", help="stop every sshd the fleet started")
     q.add_argument("--dir", required=True)
     for name in ("inject", "clear"):

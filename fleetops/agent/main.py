@@ -66,6 +66,23 @@ def build_parser() -> Any:
 
     p = sub.add_parser("collect", help="print one snapshot of this node as JSON")
     common(p)
+    p.add_argument("--fresh", action="store_true", help="always collect now; never answer from the daemon")
+    p.add_argument("--max-age", type=float, default=30.0, help="oldest daemon snapshot accepted, seconds (default 30)")
+    p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
+
+    p = sub.add_parser("serve", help="run the resident agent: sample, watch XIDs, serve snapshots on a socket")
+    common(p)
+    p.add_argument("--states", nargs="+", help="sim: state files or directories; one process serves them all")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples (default 2)")
+    p.add_argument("--full-interval", type=float, default=10.0, help="seconds between full snapshots (default 10)")
+    p.add_argument("--hang-timeout", type=float, default=10.0, help="a backend call longer than this is hung")
+    p.add_argument("--socket", help="socket path (default /run/fleetops/agent.sock; sim: <state>.agent/agent.sock)")
+    p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
+    p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s (over the flags; re-read on SIGHUP)")
+
+    p = sub.add_parser("watch", help="stream the daemon's snapshot, then its changes, as JSON lines until stdin closes")
+    common(p)
+    p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
     p = sub.add_parser("topology", help="print the GPU topology; check it against an expected file")
     common(p)
@@ -128,19 +145,27 @@ def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
     whole simulator collection); anything else goes through the full parser."""
     if not argv or argv[0] != "collect":
         return None
-    opts: dict[str, Any] = {"backend": "auto", "state": None, "pretty": False}
+    opts: dict[str, Any] = {"backend": "auto", "state": None, "pretty": False, "fresh": False, "max_age": 30.0, "socket": None}
     rest = argv[1:]
     i = 0
     while i < len(rest):
         arg = rest[i]
         if arg in ("--pretty", "--json"):
             opts["pretty"] = opts["pretty"] or arg == "--pretty"
-        elif arg in ("--backend", "--state") and i + 1 < len(rest):
+        elif arg == "--fresh":
+            opts["fresh"] = True
+        elif arg in ("--backend", "--state", "--socket") and i + 1 < len(rest):
             opts[arg[2:]] = rest[i + 1]
             i += 1
-        elif arg.startswith(("--backend=", "--state=")):
+        elif arg.startswith(("--backend=", "--state=", "--socket=")):
             key, _, value = arg[2:].partition("=")
             opts[key] = value
+        elif arg == "--max-age" and i + 1 < len(rest):
+            try:
+                opts["max_age"] = float(rest[i + 1])
+            except ValueError:
+                return None
+            i += 1
         else:
             return None
         i += 1
@@ -151,6 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fast = _fast_collect_args(argv)
     if fast is not None:
+        if not fast["fresh"]:
+            from fleetops.agent.serve import client
+
+            served = client.fetch_snapshot(
+                client.socket_for(fast["backend"], fast["state"], fast["socket"]), fast["max_age"]
+            )
+            if served is not None:
+                if fast["pretty"]:
+                    _emit(json.loads(served), True)
+                else:
+                    sys.stdout.write(served + "\n")
+                return EXIT_OK
         from fleetops.agent.collect import CollectError, collect_dict
 
         try:
@@ -161,12 +198,27 @@ def main(argv: list[str] | None = None) -> int:
             return _fail("internal", f"{type(exc).__name__}: {exc}")
         return EXIT_OK
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from fleetops.agent import serve
+
+        return serve.run(args)
+    if args.command == "watch":
+        from fleetops.agent.serve import client
+
+        return client.watch(client.socket_for(args.backend, args.state, args.socket))
     from fleetops.agent.collect import CollectError, collect
 
     try:
         if args.command == "collect":
             from fleetops.model import to_dict
 
+            if not args.fresh:
+                from fleetops.agent.serve import client
+
+                served = client.fetch_snapshot(client.socket_for(args.backend, args.state, args.socket), args.max_age)
+                if served is not None:
+                    _emit(json.loads(served), args.pretty)
+                    return EXIT_OK
             _emit(to_dict(collect(args.backend, args.state)), args.pretty)
             return EXIT_OK
         if args.command == "topology":

@@ -368,10 +368,39 @@ def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
 
 
 def inject(path: str, name: str, gpu: int | None = None) -> bool:
-    """Inject ``name`` on the node whose state is at ``path``; False if it was already there."""
+    """Inject ``name`` on the node whose state is at ``path``; False if it was already there.
+    An XID it logs is also appended to the node's kmsg-format file (``kmsg_path``)."""
     check_fault_name(name)
     with locked_state(path) as state:
-        return inject_into(state, name, gpu)
+        before = len(state.get("kernel_log", []))
+        done = inject_into(state, name, gpu)
+        for entry in state.get("kernel_log", [])[before:]:
+            append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)))
+        return done
+
+
+def kmsg_path(state_path: str) -> str:
+    """The node's simulated ``/dev/kmsg``: beside its state file, ``<state>.kmsg``."""
+    base = state_path[:-5] if state_path.endswith(".json") else state_path
+    return base + ".kmsg"
+
+
+def append_kmsg(path: str, line: str, boot_time: float) -> int:
+    """Append one kernel-log line as a ``/dev/kmsg`` record (``prio,seq,usec,flags;message``,
+    seq counting from 0 in the file) so simulated XIDs reach the daemon's kernel-log follower as
+    real ones do; returns the record's seq. The caller holds the state lock (one writer)."""
+    message = line
+    if message.startswith("["):
+        message = message.split("]", 1)[1].lstrip()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            seq = sum(1 for _ in fh)
+    except FileNotFoundError:
+        seq = 0
+    usec = max(0, int((time.time() - boot_time) * 1e6)) if boot_time else int(time.monotonic() * 1e6)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(f"3,{seq},{usec},-;{message}\n")
+    return seq
 
 
 def clear(path: str, name: str, gpu: int | None = None) -> int:

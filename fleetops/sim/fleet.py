@@ -331,6 +331,40 @@ def _spawn(sshd: str, node: dict[str, Any]) -> int:
     return proc.pid
 
 
+def _spawn_daemon(fleet: dict[str, Any]) -> dict[str, Any]:
+    """One resident agent for the whole simulated fleet (``sim up --daemon``)."""
+    states = os.path.join(fleet["directory"], "state")
+    log = os.path.join(fleet["directory"], "log", "agent-serve.log")
+    cmd = [os.path.join(fleet["agent_bin"], "fleetops-agent"), "serve", "--backend", "sim", "--states", states]
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, close_fds=True, start_new_session=True, cwd="/"
+        )
+    _CHILDREN[proc.pid] = proc
+    return {"pid": proc.pid, "log": log, "states": states}
+
+
+def _is_our_daemon(entry: dict[str, Any] | None) -> bool:
+    """The recorded daemon still runs and is the one serving this fleet (guards against pid reuse)."""
+    if not entry or not _alive(entry.get("pid")):
+        return False
+    try:
+        with open(f"/proc/{entry['pid']}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return b"serve" in argv and os.fsencode(entry["states"]) in argv
+
+
+def _stop_daemon(fleet: dict[str, Any]) -> None:
+    entry = fleet.get("daemon")
+    if _is_our_daemon(entry):
+        assert entry is not None
+        _kill_trees([entry["pid"]])
+    if entry:
+        entry["pid"] = None
+
+
 def _wait_listening(nodes: dict[str, dict[str, Any]], timeout: float) -> None:
     """Wait until every node's sshd listens; raise naming the ones that died or never did."""
     pending = dict(nodes)
@@ -512,8 +546,11 @@ def up(
     first_address: str = "127.0.10.1",
     port: int = 2222,
     install: bool = False,
+    daemon: bool = False,
 ) -> dict[str, Any]:
-    """Start ``nodes`` simulated nodes in ``directory``; returns the fleet record (see fleet.json)."""
+    """Start ``nodes`` simulated nodes in ``directory``; returns the fleet record (see fleet.json).
+    With ``daemon``, one ``fleetops-agent serve --backend sim`` serves every node (each with its
+    own socket, ``state/<node>.agent/agent.sock``); ``down`` stops it."""
     started = time.perf_counter()
     if not isinstance(nodes, int) or nodes < 1:
         raise SimFleetError(f"nodes must be a positive number, not {nodes!r}")
@@ -616,9 +653,12 @@ def up(
         try:
             for name in names:
                 fleet["nodes"][name]["pid"] = _spawn(sshd, fleet["nodes"][name])
+            if daemon:
+                fleet["daemon"] = _spawn_daemon(fleet)
             _write_fleet(directory, fleet)  # recorded before waiting, so down() finds them if we fail
             _wait_listening(fleet["nodes"], START_TIMEOUT_S)
         except BaseException:
+            _stop_daemon(fleet)
             _kill_trees([n["pid"] for n in fleet["nodes"].values() if n["pid"]])
             for n in fleet["nodes"].values():
                 n["pid"] = None
@@ -638,6 +678,7 @@ def down(directory: str) -> int:
         if fleet is None:
             return 0
         running = [e["pid"] for e in fleet["nodes"].values() if _is_our_sshd(e.get("pid"), e["config"])]
+        _stop_daemon(fleet)
         _kill_trees(running)
         for entry in fleet["nodes"].values():
             entry["pid"] = None

@@ -327,3 +327,28 @@ def test_hundred_nodes_start_and_answer(root_sshd, tmp_path):
         assert {model.node_from_json(r.stdout).hostname for r in results.values()} == set(results)
     finally:
         assert fleet.down(d) == 100
+
+
+def test_up_daemon_serves_every_node_and_down_stops_it(root_sshd, tmp_path):
+    import time
+
+    d = str(tmp_path / "fleet")
+    info = fleet.up(2, d, first_address=block(6), port=free_port(block(6)), daemon=True)
+    pid = info["daemon"]["pid"]
+    try:
+        fleet.inject(d, "node002", "xid:31", 1)
+        deadline = time.monotonic() + 60
+        while True:  # collect over SSH is answered by the daemon once it has seen the XID
+            results = transport.run_all(inventory.load(info["inventory"]), COLLECT)
+            docs = {name: json.loads(r.stdout) for name, r in results.items()}
+            counts = {n: (doc.get("daemon") or {}).get("xid_counts") for n, doc in docs.items()}
+            if counts.get("node002") and counts.get("node001") == {}:
+                break
+            assert time.monotonic() < deadline, f"daemon never answered with the XID: {counts}"
+            time.sleep(0.2)
+        assert list(counts["node002"].values()) == [1] and list(counts["node002"])[0].endswith("/31")
+        assert {doc["hostname"] for doc in docs.values()} == {"node001", "node002"}
+    finally:
+        assert fleet.down(d) == 2
+    assert _stat(pid) is None or _stat(pid)[0] == "Z"
+    assert not os.path.exists(os.path.join(d, "state", "node001.agent", "agent.sock"))

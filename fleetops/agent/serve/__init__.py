@@ -1,0 +1,170 @@
+"""``fleetops-agent serve``: the resident agent (stdlib and pynvml only).
+
+Each node served gets a ``NodeService`` (``node.py``): sampler, health from
+``fleetops.checks.run_node_checks``, XIDs from the kernel-log follower, and a unix socket.
+The NVML backend keeps its cursor in ``$FLEETOPS_AGENT_STATE_DIR`` (default
+/var/lib/fleetops/agent) and follows ``$FLEETOPS_AGENT_KMSG`` (default /dev/kmsg); tests point
+both elsewhere and put a fake NVML module in through ``$FLEETOPS_AGENT_NVML_MODULE``.
+Tests replace the backend class through ``$FLEETOPS_AGENT_SERVE_BACKEND`` (``module:Class``).
+With ``--backend sim --states A.json B.json ...`` one process serves every simulated node
+given, each with its socket ``<state>.agent/agent.sock`` and kernel log ``<state>.kmsg``.
+
+Exposition hook: ``start_metrics(address, services)`` is where the Prometheus endpoint starts
+(``--metrics-address``); it gets the services, whose ``state()`` is the immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+DEFAULT_SOCKET = "/run/fleetops/agent.sock"
+DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
+# Test hook: "module:Class" naming a SimBackend replacement (same constructor and methods).
+BACKEND_HOOK_ENV = "FLEETOPS_AGENT_SERVE_BACKEND"
+
+
+def start_metrics(address: str, services: list[Any]) -> None:
+    """Hook for the Prometheus exposition (``fleetops.agent.metrics``); absent, nothing starts."""
+    try:
+        from fleetops.agent import metrics  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        sys.stderr.write(f"fleetops-agent serve: no metrics module; --metrics-address {address} ignored\n")
+        return
+    serve_fn = getattr(metrics, "serve", None)
+    if serve_fn is not None:
+        serve_fn(address, services)
+
+
+CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
+
+
+def read_config(path: str | None) -> dict[str, float]:
+    """``--config``: a JSON object of the keys in ``CONFIG_KEYS`` (seconds); re-read on SIGHUP.
+    A bad file is refused whole with a message naming the file and the key."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if key not in CONFIG_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{path}: {key} must be a positive number of seconds, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def _reload(path: str | None, services: list[Any]) -> None:
+    try:
+        config = read_config(path)
+    except (OSError, ValueError) as exc:  # the running configuration stays; say why
+        sys.stderr.write(f"fleetops-agent serve: reload refused: {exc}\n")
+        for svc in services:
+            svc.reload_error = str(exc)
+        return
+    for svc in services:
+        svc.reload_error = None
+        for key, value in config.items():
+            setattr(svc, CONFIG_KEYS[key], value)
+        svc.reloaded_at = time.time()
+
+
+def run(args: Any) -> int:
+    from fleetops.agent.serve.node import NodeService, SimBackend, notify
+
+    services: list[NodeService] = []
+    try:
+        config = read_config(args.config)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(json.dumps({"error": str(exc), "kind": "usage"}) + "\n")
+        return 2
+    flags = {"interval_s": "interval", "full_interval_s": "full_interval", "hang_timeout_s": "hang_timeout"}
+    for key, value in config.items():
+        setattr(args, flags[key], value)
+    use_sim = args.backend == "sim" or (
+        args.backend == "auto" and bool(args.states or args.state or os.environ.get("FLEETOPS_SIM_STATE"))
+    )
+    if use_sim:
+        paths = list(args.states or []) or [args.state or os.environ.get("FLEETOPS_SIM_STATE", "")]
+        expanded: list[str] = []
+        for p in paths:
+            if os.path.isdir(p):
+                expanded.extend(sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".json")))
+            elif p:
+                expanded.append(p)
+        if not expanded:
+            sys.stderr.write('{"error": "serve --backend sim needs --states or --state", "kind": "usage"}\n')
+            return 2
+        backend_class: Any = SimBackend
+        hook = os.environ.get(BACKEND_HOOK_ENV)
+        if hook:  # tests: a backend that hangs or fails on demand, in place of the simulator's
+            import importlib
+
+            module_name, _, class_name = hook.partition(":")
+            backend_class = getattr(importlib.import_module(module_name), class_name)
+        for path in expanded:
+            backend = backend_class(path)
+            services.append(
+                NodeService(
+                    backend,
+                    os.path.join(backend.run_dir, "agent.sock"),
+                    backend.run_dir,
+                    backend.kmsg_path,
+                    args.interval,
+                    args.full_interval,
+                    args.hang_timeout,
+                )
+            )
+    else:
+        from fleetops.agent.serve.nvml_backend import NvmlBackend
+
+        state_dir = os.environ.get("FLEETOPS_AGENT_STATE_DIR", DEFAULT_STATE_DIR)
+        services.append(
+            NodeService(
+                NvmlBackend(),
+                args.socket or DEFAULT_SOCKET,
+                state_dir,
+                os.environ.get("FLEETOPS_AGENT_KMSG", "/dev/kmsg"),
+                args.interval,
+                args.full_interval,
+                args.hang_timeout,
+            )
+        )
+    stop = threading.Event()
+
+    def _term(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda s, f: reload.set())
+    for svc in services:
+        svc.start()
+    if args.metrics_address:
+        start_metrics(args.metrics_address, services)
+    notify("READY=1")
+    while not stop.wait(0.2):
+        if reload.is_set():
+            reload.clear()
+            _reload(args.config, services)
+    notify("STOPPING=1")
+    for svc in services:
+        svc.stop.set()
+        with svc.changed:
+            svc.changed.notify_all()
+    for svc in services:
+        try:
+            os.unlink(svc.socket_path)
+        except OSError:
+            pass
+    return 0

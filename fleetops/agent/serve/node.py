@@ -1,0 +1,319 @@
+"""One served node: the sampler, health, XID book and the unix socket for one backend.
+
+Threads: the sampler (light read every ``interval_s``, full snapshot every ``full_interval_s``),
+the kernel-log follower, the socket server, and a watchdog that marks the node degraded when a
+backend call has not returned within ``hang_s`` (the follower keeps recording XIDs meanwhile).
+Readers get ``state()``: an immutable snapshot (a JSON-ready mapping built once per change).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from fleetops.agent.serve import kmsg
+from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring
+
+HISTORY_S = 3600.0
+RATE_WINDOW_S = 60.0
+
+
+class SimBackend:
+    """The simulator: its state file is read on every tick (it changes under the daemon)."""
+
+    name = "sim"
+
+    def __init__(self, state_path: str) -> None:
+        self.state_path = state_path
+        base = state_path[:-5] if state_path.endswith(".json") else state_path
+        self.run_dir = base + ".agent"
+        self.kmsg_path = base + ".kmsg"
+        self.boot: float | None = None
+
+    def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
+        """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
+        from fleetops.gpu import sim
+
+        state = sim.read_state(self.state_path)
+        self.boot = float(state["node"].get("boot_time", 0.0)) or None
+        data = sim.snapshot(state)
+        values: dict[str, dict[str, float | None]] = {}
+        for g in data["gpus"]:
+            row: dict[str, float | None] = {n: _num(g.get(n)) for n in GPU_FIELDS}
+            for link in g.get("nvlinks") or []:
+                for n in LINK_FIELDS:
+                    row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
+            values[g["uuid"]] = row
+        return values, {}
+
+    def full(self) -> Any:
+        from fleetops.agent.collect import collect
+
+        return collect("sim", self.state_path)
+
+    def boot_epoch(self) -> float | None:
+        return self.boot
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+class NodeService:
+    def __init__(
+        self,
+        backend: Any,
+        socket_path: str,
+        state_dir: str,
+        kmsg_path: str,
+        interval_s: float = 2.0,
+        full_interval_s: float = 10.0,
+        hang_s: float = 10.0,
+    ) -> None:
+        self.backend = backend
+        self.socket_path = socket_path
+        self.state_dir = state_dir
+        self.interval_s = interval_s
+        self.full_interval_s = full_interval_s
+        self.hang_s = hang_s
+        self.started_at = time.time()
+        self.reloaded_at: float | None = None
+        self.reload_error: str | None = None  # the last SIGHUP's refusal; the running config stayed
+        self.stop = threading.Event()
+        self.changed = threading.Condition()
+        self.version = 0
+        self.rings: dict[str, Ring] = {}
+        self.lost: dict[str, str] = {}
+        self.node: Any = None
+        self.full_history: deque[Any] = deque(maxlen=int(RATE_WINDOW_S / max(full_interval_s, 0.1)) + 2)
+        self.findings: list[dict[str, Any]] = []
+        self.degraded_reason: str | None = None
+        self.in_call: tuple[str, float] | None = None
+        self._doc: dict[str, Any] | None = None
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        os.chmod(state_dir, 0o700)
+        self.book = kmsg.XidBook(os.path.join(state_dir, "xid-state.json"), self._boot_id())
+        self.follower = kmsg.Follower(kmsg_path, self.book, backend.boot_epoch, self._on_xid, self.stop)
+
+    def _boot_id(self) -> str:
+        if self.backend.name == "sim":
+            from fleetops.gpu import sim
+
+            try:
+                return "sim:" + str(sim.read_state(self.backend.state_path)["node"].get("boot_time"))
+            except sim.SimError:
+                return "sim:unknown"
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+                return fh.read().strip()
+        except OSError:
+            return "unknown"
+
+    # --- threads -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.follower.start()
+        threading.Thread(target=self._sampler, name="sampler", daemon=True).start()
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+        threading.Thread(target=self._serve, name="socket", daemon=True).start()
+        events = getattr(self.backend, "events", None)
+        if events is not None:  # NVML: critical XIDs as events, beside the kernel log
+            threading.Thread(target=events, args=(self._nvml_xid, self.stop), name="nvml-events", daemon=True).start()
+
+    def _nvml_xid(self, bus_id: str | None, code: int) -> None:
+        event = {"seq": None, "source": "nvml", "bus_id": bus_id, "code": code, "uptime_s": None,
+                 "time": round(time.time(), 3), "message": f"NVML critical XID event {code}"}
+        with self.book.lock:
+            added = self.book.add(event)
+            self.book.save()
+        if added:
+            self._publish()
+
+    def _call(self, name: str, fn: Any) -> Any:
+        self.in_call = (name, time.monotonic())
+        try:
+            return fn()
+        finally:
+            self.in_call = None
+
+    def _sampler(self) -> None:
+        next_full = 0.0
+        while not self.stop.is_set():
+            now = time.time()
+            try:
+                values, lost = self._call("sample", self.backend.light)
+                for uuid, row in values.items():
+                    ring = self.rings.get(uuid)
+                    if ring is None:
+                        ring = self.rings[uuid] = Ring(int(HISTORY_S / self.interval_s), GPU_FIELDS)
+                    for name in row:
+                        ring.add_field(name)
+                    ring.append(now, row)
+                self.lost.update(lost)
+                if self.degraded_reason and self.degraded_reason.startswith("sample"):
+                    self.degraded_reason = None
+            except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
+                self.degraded_reason = f"sample failed: {type(exc).__name__}: {exc}"
+            if time.monotonic() >= next_full:
+                next_full = time.monotonic() + self.full_interval_s
+                self._full()
+            self._publish()
+            self.stop.wait(self.interval_s)
+
+    def _full(self) -> None:
+        from fleetops import checks
+
+        try:
+            node = self._call("full snapshot", self.backend.full)
+        except Exception as exc:  # noqa: BLE001
+            if self.degraded_reason is None:  # the per-tick read's reason, when it has one, says more
+                self.degraded_reason = f"full snapshot failed: {type(exc).__name__}: {exc}"
+            return
+        if self.backend.name == "nvml":
+            node.xids = self._xid_models(node)
+        previous = self._previous(node)
+        self.findings = [f.to_dict() for f in checks.run_node_checks(node, None, previous)]
+        present = {g.uuid for g in node.gpus}
+        for uuid in [u for u in self.lost if u in present]:  # back (a reset, a reboot)
+            del self.lost[uuid]
+        for old in self.node.gpus if self.node is not None else []:
+            if old.uuid not in present:
+                self.lost.setdefault(old.uuid, "gone from the driver's enumeration")
+        self.node = node
+        self.full_history.append(node)
+        if self.degraded_reason and self.degraded_reason.startswith("full"):
+            self.degraded_reason = None
+
+    def _xid_models(self, node: Any) -> list[Any]:
+        """The book's events as the snapshot's XIDs, attributed to GPUs by bus id."""
+        from fleetops import model
+
+        by_bus = {g.bus_id: g for g in node.gpus}
+        out = []
+        for ev in self.book.snapshot()["events"]:
+            gpu = by_bus.get(ev.get("bus_id") or "")
+            out.append(model.XidEvent(
+                code=int(ev["code"]), bus_id=ev.get("bus_id"), gpu_uuid=gpu.uuid if gpu else None,
+                gpu_index=gpu.index if gpu else None, message=str(ev.get("message", "")),
+                timestamp=ev.get("time"), uptime_s=ev.get("uptime_s"), source=str(ev.get("source")),
+            ))
+        return out
+
+    def _previous(self, node: Any) -> Any:
+        """The earlier snapshot for rate checks: the oldest retained full snapshot within the
+        window, its counters replaced by the ring's oldest sample in that window."""
+        if not self.full_history:
+            return None
+        prev = copy.deepcopy(self.full_history[0])
+        since = node.collected_at - RATE_WINDOW_S
+        for gpu in prev.gpus:
+            ring = self.rings.get(gpu.uuid)
+            base = ring.oldest_within(since) if ring is not None else None
+            if base is None:
+                continue
+            t, values = base
+            for name in ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter"):
+                if values.get(name) is not None:
+                    setattr(gpu, name, int(values[name] or 0))
+            for link in gpu.nvlinks or []:
+                for name in ("crc_errors", "replay_errors", "recovery_errors"):
+                    v = values.get(f"nvlink{link.link}_{name}")
+                    if v is not None:
+                        setattr(link, name, int(v))
+            prev.collected_at = min(prev.collected_at, t)
+        return prev
+
+    def _watchdog(self) -> None:
+        while not self.stop.wait(min(1.0, self.hang_s / 4)):
+            call = self.in_call
+            if call is not None and time.monotonic() - call[1] > self.hang_s:
+                reason = f"hung: backend call {call[0]!r} has not returned within {self.hang_s:g} s"
+                if self.degraded_reason != reason:
+                    self.degraded_reason = reason
+                    self._publish()
+            elif call is None and self.degraded_reason and self.degraded_reason.startswith("hung:"):
+                self.degraded_reason = None
+            if self.degraded_reason is None:
+                notify("WATCHDOG=1")
+
+    def _on_xid(self, event: dict[str, Any]) -> None:
+        self._publish()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        doc = self._build()
+        with self.changed:
+            self._doc = doc
+            self.version += 1
+            self.changed.notify_all()
+
+    def _build(self) -> dict[str, Any]:
+        from fleetops.model import to_dict
+
+        node = self.node
+        doc: dict[str, Any] = to_dict(node) if node is not None else {"schema": "fleetops.snapshot/v1", "gpus": []}
+        book = self.book.snapshot()
+        degraded = self.degraded_reason or self.follower.error or book["write_error"]
+        doc["daemon"] = {
+            "collected_at": node.collected_at if node is not None else None,
+            "interval_s": self.interval_s,
+            "started_at": self.started_at,
+            "reloaded_at": self.reloaded_at,
+            "reload_error": self.reload_error,
+            "degraded": degraded is not None,
+            "reason": degraded,
+            "lost": dict(self.lost),
+            "findings": list(self.findings),
+            "xid_counts": book["counts"],
+            "xid_events": book["events"][-100:],
+            "xid_cursor": book["seq"],
+        }
+        return doc
+
+    def state(self) -> tuple[int, dict[str, Any] | None]:
+        """(version, document): the same object until the next change; never mutated."""
+        with self.changed:
+            return self.version, self._doc
+
+    def snapshot_json(self) -> str:
+        _, doc = self.state()
+        if doc is None:
+            return json.dumps({"error": "no snapshot yet", "kind": "starting"})
+        out = dict(doc)
+        daemon = dict(out["daemon"])
+        at = daemon.pop("collected_at")
+        daemon["age_s"] = round(time.time() - at, 3) if at else None
+        out["daemon"] = daemon
+        return json.dumps(out, separators=(",", ":"))
+
+    # --- socket --------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        from fleetops.agent.serve import server
+
+        server.serve(self)
+
+
+def notify(message: str) -> None:
+    """sd_notify without a library: one datagram to $NOTIFY_SOCKET when systemd set it."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode(), path)
+    except OSError:
+        pass

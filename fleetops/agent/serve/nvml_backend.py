@@ -1,0 +1,225 @@
+"""The NVML backend of the daemon: NVML initialised once, a light per-tick read, a full
+``model.Node`` at the slower cadence, and critical-XID events (``nvmlEventSetWait_v2``).
+
+Light read per GPU: temperature, power, SM clock, clocks-event reasons, utilisation, PCIe
+throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, volatile ECC
+totals and the PCIe replay counter. ``GpuIsLost`` marks that GPU lost and the others go on.
+``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
+``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
+
+Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml`` (it is also
+put in ``sys.modules['pynvml']`` so the full snapshot's ``fleetops.gpu.nvml`` uses it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+NVML_MODULE_ENV = "FLEETOPS_AGENT_NVML_MODULE"
+REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
+LIGHT_FIELDS = (
+    ("temp_memory_c", "NVML_FI_DEV_MEMORY_TEMP"),
+    ("ecc_corrected_volatile", "NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
+    ("ecc_uncorrected_volatile", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    ("pcie_replay_counter", "NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
+)
+
+
+def load_module() -> Any:
+    name = os.environ.get(NVML_MODULE_ENV)
+    if name:
+        module = importlib.import_module(name)
+        sys.modules["pynvml"] = module
+        return module
+    import pynvml
+
+    return pynvml
+
+
+def _reason(N: Any, exc: BaseException) -> str:
+    from fleetops.gpu.nvml import _reason_of
+
+    return _reason_of(exc)
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self, state_path: str | None = None) -> None:
+        self.N = load_module()
+        self.initialised = False
+        self.handles: list[tuple[str, str, Any]] = []  # (uuid, bus id, handle)
+        self.lost: dict[str, str] = {}
+        self.reinits = 0
+        self.state_path = state_path or ""
+        self._hostname = socket.gethostname()
+        self._packages: tuple[dict[str, str], str | None] | None = None
+
+    # NVML lifecycle ----------------------------------------------------------------------
+
+    def _init(self) -> None:
+        if self.initialised:
+            return
+        self.N.nvmlInit()
+        self.initialised = True
+        self.handles = []
+        count = self.N.nvmlDeviceGetCount()
+        for index in range(count):
+            try:
+                h = self.N.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self.N.nvmlDeviceGetUUID(h))
+                bus = _text(self.N.nvmlDeviceGetPciInfo(h).busId)
+            except self.N.NVMLError:
+                continue
+            self.handles.append((uuid, _norm_bus(bus), h))
+
+    def _drop(self) -> None:
+        self.initialised = False
+        self.handles = []
+        self.reinits += 1
+
+    def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
+        try:
+            self._init()
+        except self.N.NVMLError as exc:
+            self._drop()
+            raise RuntimeError(f"nvmlInit: {_reason(self.N, exc)}") from exc
+        values: dict[str, dict[str, float | None]] = {}
+        for uuid, _bus, h in self.handles:
+            if uuid in self.lost:
+                continue
+            row: dict[str, float | None] = {}
+            try:
+                self._read(h, row)
+            except self.N.NVMLError as exc:
+                reason = _reason(self.N, exc)
+                if reason in REINIT_REASONS:
+                    self._drop()
+                    raise RuntimeError(f"NVML: {reason} (driver unloaded?); re-initialising") from exc
+                if reason == "GpuIsLost":
+                    self.lost[uuid] = reason
+                    continue
+            values[uuid] = row
+        return values, dict(self.lost)
+
+    def _read(self, h: Any, row: dict[str, float | None]) -> None:
+        N = self.N
+
+        def one(name: str, fn: Callable[[], Any]) -> None:
+            try:
+                row[name] = float(fn())
+            except N.NVMLError as exc:
+                if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
+                    raise
+                row[name] = None
+            except (AttributeError, TypeError, ValueError):  # not in this nvidia-ml-py, or no number
+                row[name] = None
+
+        one("temp_gpu_c", lambda: N.nvmlDeviceGetTemperature(h, getattr(N, "NVML_TEMPERATURE_GPU", 0)))
+        one("power_draw_w", lambda: N.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        one("clock_sm_mhz", lambda: N.nvmlDeviceGetClockInfo(h, getattr(N, "NVML_CLOCK_SM", 1)))
+        one("clocks_event_mask", lambda: N.nvmlDeviceGetCurrentClocksEventReasons(h))
+        one("utilization_gpu_pct", lambda: N.nvmlDeviceGetUtilizationRates(h).gpu)
+        one("pcie_tx_kbps", lambda: N.nvmlDeviceGetPcieThroughput(h, getattr(N, "NVML_PCIE_UTIL_TX_BYTES", 0)))
+        one("pcie_rx_kbps", lambda: N.nvmlDeviceGetPcieThroughput(h, getattr(N, "NVML_PCIE_UTIL_RX_BYTES", 1)))
+        ids = [getattr(N, c, None) for _, c in LIGHT_FIELDS]
+        if all(i is not None for i in ids) and hasattr(N, "nvmlDeviceGetFieldValues"):
+            try:
+                fvs = N.nvmlDeviceGetFieldValues(h, ids)
+            except N.NVMLError as exc:
+                if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
+                    raise
+                fvs = []
+            from fleetops.gpu.nvml import _field_value
+
+            for (name, _), fv in zip(LIGHT_FIELDS, fvs, strict=False):
+                if getattr(fv, "nvmlReturn", 1) == 0:
+                    row[name] = _num(_field_value(fv))
+
+    def full(self) -> Any:
+        from fleetops import model
+        from fleetops.agent import hostinfo
+        from fleetops.gpu import nvml
+
+        node = model.Node(hostname=self._hostname, backend="nvml", collected_at=time.time())
+        node.kernel = hostinfo.kernel()
+        node.os = hostinfo.os_name()
+        node.uptime_s = hostinfo.uptime_s()
+        nvml.collect_into(node)
+        for g in node.gpus:
+            self.lost.pop(g.uuid, None)  # enumerated again (a reset, a driver reload)
+        if self._packages is None:
+            self._packages = hostinfo.nvidia_packages()
+        node.packages, reason = self._packages
+        if reason:
+            node.unavailable["packages"] = reason
+        return node
+
+    def boot_epoch(self) -> float | None:
+        try:
+            with open("/proc/uptime", encoding="ascii") as fh:
+                return time.time() - float(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    # events ------------------------------------------------------------------------------
+
+    def events(self, on_xid: Callable[[str | None, int], None], stop: threading.Event) -> None:
+        """Critical-XID events until ``stop``; a set is rebuilt after a driver reload."""
+        N = self.N
+        kind = getattr(N, "nvmlEventTypeXidCriticalError", 8)
+        while not stop.is_set():
+            try:
+                es = N.nvmlEventSetCreate()
+                for _uuid, _bus, h in list(self.handles):
+                    try:
+                        N.nvmlDeviceRegisterEvents(h, kind, es)
+                    except N.NVMLError:
+                        continue
+            except N.NVMLError:
+                stop.wait(5.0)
+                continue
+            generation = self.reinits
+            while not stop.is_set() and generation == self.reinits:
+                try:
+                    data = N.nvmlEventSetWait_v2(es, 1000)
+                except N.NVMLError as exc:
+                    if _reason(N, exc) == "Timeout":
+                        continue
+                    stop.wait(1.0)
+                    break
+                bus = None
+                try:
+                    bus = _norm_bus(_text(N.nvmlDeviceGetPciInfo(data.device).busId))
+                except N.NVMLError:
+                    pass
+                on_xid(bus, int(data.eventData))
+            try:
+                N.nvmlEventSetFree(es)
+            except N.NVMLError:
+                pass
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").strip("\x00").strip()
+    return str(value).strip()
+
+
+def _norm_bus(bus: str) -> str:
+    from fleetops.model import normalize_bus_id
+
+    return normalize_bus_id(bus)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
