@@ -363,3 +363,58 @@ def test_sighup_reloads_configuration(node: Path, tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert f"reload refused: {refusal}" in err.decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # loopback only
+        return str(resp.read().decode())
+
+
+@pytest.mark.promtool
+def test_the_daemons_endpoint_counts_every_xid_and_passes_promtool(node: Path) -> None:
+    """The daemon's own endpoint, scraped over loopback: every XID counted, repeats too (the
+    'last value' gauge of other exporters hides a repeat), a crit finding exported for the GPU,
+    and the page clean for promtool."""
+    from promtool_util import assert_clean
+
+    port = _free_port()
+    d = Daemon([node])
+    d.proc = subprocess.Popen(
+        [AGENT, "serve", "--backend", "sim", "--interval", "0.2", "--full-interval", "0.5", "--hang-timeout", "1",
+         "--metrics-address", f"127.0.0.1:{port}", "--states", str(node)],
+        env=d.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        uuid0 = sim.read_state(str(node))["gpus"][0]["uuid"]
+        _until("the endpoint", lambda: "fleetops_agent_up 1" in _try_scrape(port))
+        _xid(node, 31, 0)
+        _xid(node, 31, 0)
+        _xid(node, 31, 0)
+        sim.inject(str(node), "ecc-dbe", 1)
+
+        def settled() -> str | None:
+            text = _try_scrape(port)
+            line = next((x for x in text.splitlines() if x.startswith("fleetops_gpu_xid_total{")
+                         and f'uuid="{uuid0}"' in x and 'code="31"' in x), "")
+            crit = any(x.startswith("fleetops_gpu_finding{") and 'severity="crit"' in x for x in text.splitlines())
+            return text if line.endswith(" 3") and crit else None
+
+        text = _until("3 XID 31 counted and the DBE found", settled)
+        assert_clean(text)
+    finally:
+        assert d.stop() == 0
+
+
+def _try_scrape(port: int) -> str:
+    try:
+        return _scrape(port)
+    except OSError:
+        return ""

@@ -9,8 +9,8 @@ Tests replace the backend class through ``$FLEETOPS_AGENT_SERVE_BACKEND`` (``mod
 With ``--backend sim --states A.json B.json ...`` one process serves every simulated node
 given, each with its socket ``<state>.agent/agent.sock`` and kernel log ``<state>.kmsg``.
 
-Exposition hook: ``start_metrics(address, services)`` is where the Prometheus endpoint starts
-(``--metrics-address``); it gets the services, whose ``state()`` is the immutable snapshot.
+The Prometheus endpoint starts in ``start_metrics`` (``--metrics-address``): each service's
+``state()`` is an immutable snapshot, rendered when scraped (``serve/exposition.py``).
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ BACKEND_HOOK_ENV = "FLEETOPS_AGENT_SERVE_BACKEND"
 
 
 def start_metrics(address: str, services: list[Any]) -> None:
-    """Hook for the Prometheus exposition (``fleetops.agent.metrics``); absent, nothing starts."""
-    try:
-        from fleetops.agent import metrics  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        sys.stderr.write(f"fleetops-agent serve: no metrics module; --metrics-address {address} ignored\n")
-        return
-    serve_fn = getattr(metrics, "serve", None)
-    if serve_fn is not None:
-        serve_fn(address, services)
+    """The Prometheus endpoint (``--metrics-address``): one read-only page per served node."""
+    from fleetops.agent.serve import exposition
+
+    servers = exposition.serve(address, services)
+    ports = ", ".join(str(srv.server_address[1]) for srv in servers)
+    sys.stderr.write(f"fleetops-agent serve: metrics on {address.rpartition(':')[0] or '127.0.0.1'} port(s) {ports}\n")
 
 
 CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
