@@ -1,10 +1,12 @@
 """RSS and CPU of ``fleetops-agent serve`` with 8 simulated GPUs at the default interval, and
 ``fleetops-agent collect`` answered by the daemon vs a cold collect (whole-process medians).
 
-    python bench/daemon.py [--minutes 10] [--runs 30] [--backend nvml]
+    python bench/daemon.py [--minutes 10] [--runs 30] [--backend nvml] [--load bf16] [--metrics-out FILE]
 
 ``--backend nvml`` (read-only) measures the daemon on this machine's GPUs and adds
-``nvidia-smi -q -x`` to the same interleaved runs. Without a ``fleetops-agent`` script next to
+``nvidia-smi -q -x`` to the same interleaved runs. ``--load bf16`` keeps a PyTorch bf16 matmul
+loop running on every GPU while the daemon is measured (a workload only: no setting changed);
+``--metrics-out`` saves the daemon's Prometheus page at the end (for ``promtool check metrics``). Without a ``fleetops-agent`` script next to
 the interpreter the agent runs as ``python -c`` of its entry point (a checkout on PYTHONPATH).
 """
 
@@ -50,12 +52,37 @@ def _median_ms(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> di
     return {f"{k}_ms_median": round(statistics.median(v), 1) for k, v in times.items()}
 
 
+# A bf16 matmul on every GPU until terminated: the load under which the daemon must stay quiet.
+LOAD = """
+import torch
+n = 8192
+mats = [(torch.randn(n, n, device=f"cuda:{i}", dtype=torch.bfloat16),
+         torch.randn(n, n, device=f"cuda:{i}", dtype=torch.bfloat16)) for i in range(torch.cuda.device_count())]
+while True:
+    for a, b in mats:
+        a @ b
+    torch.cuda.synchronize()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--backend", choices=["sim", "nvml"], default="sim")
+    ap.add_argument("--load", choices=["none", "bf16"], default="none")
+    ap.add_argument("--metrics-out", help="write the daemon's /metrics page here at the end")
+    ap.add_argument("--load-python", default=sys.executable, help="the interpreter with PyTorch for --load")
     args = ap.parse_args()
+    port = _free_port()
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
         if args.backend == "sim":
@@ -65,15 +92,16 @@ def main() -> int:
             sim.init_state(state, "bench")
             env["FLEETOPS_SIM_STATE"] = state
             sock = os.path.join(d, "bench.agent", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "sim", "--states", state]
+            serve = [*AGENT, "serve", "--backend", "sim", "--states", state, "--metrics-address", f"127.0.0.1:{port}"]
             collect = [*AGENT, "collect"]
         else:
             env.pop("FLEETOPS_SIM_STATE", None)
             env["FLEETOPS_AGENT_STATE_DIR"] = os.path.join(d, "lib")
             sock = os.path.join(d, "run", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock]
+            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock, "--metrics-address", f"127.0.0.1:{port}"]
             collect = [*AGENT, "collect", "--backend", "nvml", "--socket", sock]
         proc = subprocess.Popen(serve, env=env)
+        load = subprocess.Popen([args.load_python, "-c", LOAD]) if args.load == "bf16" else None
         try:
             while not os.path.exists(sock):
                 time.sleep(0.1)
@@ -90,12 +118,22 @@ def main() -> int:
                 cmds["nvidia_smi_q_x"] = ["nvidia-smi", "-q", "-x"]
             medians = _median_ms(cmds, env, args.runs)
             final = json.loads(subprocess.run(collect, env=env, capture_output=True, check=True).stdout)
+            if args.metrics_out:
+                import urllib.request
+
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:  # loopback
+                    with open(args.metrics_out, "wb") as fh:
+                        fh.write(resp.read())
         finally:
+            if load is not None:
+                load.terminate()
+                load.wait(timeout=30)
             proc.terminate()
             proc.wait(timeout=30)
     daemon = final["daemon"]
     print(json.dumps({
         "backend": args.backend,
+        "load": args.load,
         "gpus": len(final["gpus"]),
         "interval_s": 2.0,
         "minutes": args.minutes,
