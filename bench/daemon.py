@@ -47,7 +47,8 @@ def _median_ms(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> di
             start = time.perf_counter()
             out = subprocess.run(cmd, env=env, capture_output=True, check=True).stdout
             times[name].append((time.perf_counter() - start) * 1000.0)
-            if name != "nvidia_smi_q_x" and ("daemon" in json.loads(out)) != (name == "collect_from_daemon"):
+            # a cold NVML snapshot carries "daemon": null; one the daemon answered, its block
+            if name != "nvidia_smi_q_x" and (json.loads(out).get("daemon") is not None) != (name == "collect_from_daemon"):
                 raise SystemExit(f"{cmd}: the daemon {'did not answer' if name == 'collect_from_daemon' else 'answered'}")
     return {f"{k}_ms_median": round(statistics.median(v), 1) for k, v in times.items()}
 
@@ -113,6 +114,9 @@ def main() -> int:
                 rss.append(_rss_kib(proc.pid))
                 time.sleep(5.0)
             cpu_pct = (_cpu_s(proc.pid) - cpu0) / (time.monotonic() - t0) * 100.0
+            # said at once: the collect comparison below may still fail
+            print(json.dumps({"rss_mib_max": round(max(rss) / 1024, 1), "cpu_pct_of_one_core": round(cpu_pct, 3)}),
+                  file=sys.stderr, flush=True)
             cmds = {"collect_from_daemon": collect, "collect_cold": [*collect, "--fresh"]}
             if args.backend == "nvml":
                 cmds["nvidia_smi_q_x"] = ["nvidia-smi", "-q", "-x"]
