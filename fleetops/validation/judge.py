@@ -5,7 +5,7 @@ results from any backend, and so tests can judge exact figures."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ def steady(stat: Mapping[str, Any], max_spread: float = MAX_SPREAD) -> bool:
 
 
 def judge(
-    gpus: list[Mapping[str, Any]],
+    gpus: Sequence[Mapping[str, Any]],
     overrides: dict[str, dict[str, float]] | None = None,
     k: float = STRAGGLER_K,
     pct: float = STRAGGLER_PCT,
