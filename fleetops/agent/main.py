@@ -121,6 +121,13 @@ def build_parser() -> Any:
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
     p.add_argument("--no-syslog", action="store_true", help="do not send the attempt to syslog")
 
+    p = sub.add_parser("validate", help="measure each GPU (HBM, GEMM, host copies); never changes a setting")
+    p.add_argument("--level", choices=("quick", "full"), default="quick")
+    p.add_argument("--gpu", default="all", help="all, a UUID, an index or a bus id")
+    p.add_argument("--noise", type=float, default=0.02, help="sim backend: relative noise (default 0.02)")
+    p.add_argument("--seed", type=int, default=None, help="sim backend: noise seed")
+    common(p)
+
     p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
     common(p)
     p.add_argument("action", choices=["reset"], help="reset")
@@ -241,6 +248,15 @@ def main(argv: list[str] | None = None) -> int:
             except reset.ResetError as exc:
                 return _fail(exc.kind, str(exc), exc.exit_code)
             return _verdict(doc, code, args.pretty)
+        if args.command == "validate":
+            from fleetops.agent.validate.run import ValidateError, validate
+
+            try:
+                doc = validate(args.level, args.gpu, args.backend, args.state, args.noise, args.seed)
+            except ValidateError as exc:
+                return _fail(exc.kind, str(exc), EXIT_USAGE)
+            _emit(doc, args.pretty)
+            return EXIT_OK
         if args.command == "mig":
             from fleetops.agent import mig
 

@@ -841,3 +841,30 @@ def mig_reset(state: dict[str, Any], position: int, profiles: list[str] | None =
     wanted = list(profiles) if profiles is not None else [m["profile"] for m in before]
     after = set_mig_instances(state, position, wanted)
     return {"uuid": gpu["uuid"], "destroyed": before, "created": [dict(m) for m in after]}
+
+
+# --- active validation (fleetops-agent validate --backend sim) ---------------------------
+# Degradations seen only by the validation workloads: they change no reported setting.
+VALIDATION_FAULTS: dict[str, tuple[str, ...]] = {
+    "slow-hbm": ("hbm_copy_gbps", "hbm_triad_gbps"),
+    "slow-gemm": ("gemm_bf16_tflops", "gemm_fp8_tflops"),
+    "slow-pcie": ("h2d_gbps", "d2h_gbps"),
+    "slow-nvlink": ("p2p_gbps", "allreduce_busbw_gbps"),
+    "noisy": (),
+}
+
+
+def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int) -> None:
+    """Mark one GPU degraded for the simulated validation backend (idempotent)."""
+    if name not in VALIDATION_FAULTS:
+        raise SimError(f"unknown validation fault {name!r}; known: {', '.join(VALIDATION_FAULTS)}")
+    if not 0 <= gpu_index < len(state["gpus"]):
+        raise SimError(f"GPU index {gpu_index} out of range (0-{len(state['gpus']) - 1})")
+    entries = state.setdefault("validation_faults", [])
+    entry = {"fault": name, "gpu": gpu_index}
+    if entry not in entries:
+        entries.append(entry)
+
+
+def validation_faults(state: dict[str, Any], gpu_index: int) -> list[str]:
+    return [str(e["fault"]) for e in state.get("validation_faults") or [] if e.get("gpu") == gpu_index]

@@ -1,0 +1,1 @@
+"""Active validation of GPUs: shipped floors and the pure judgement of measured figures."""

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fleetops.validation.floors import SHIPPED, floors_for, model_key
+from fleetops.validation.judge import judge, mad, overall, steady, summarize
+
+
+def _gpu(i: int, triad: float, spread: float = 0.01, name: str = "NVIDIA H200") -> dict[str, Any]:
+    return {
+        "host": f"n{i:02d}",
+        "uuid": f"GPU-{i}",
+        "name": name,
+        "tests": {"hbm_triad_gbps": {"median": triad, "min": triad * (1 - spread / 2),
+                                     "max": triad * (1 + spread / 2), "mad": 1.0}},
+    }
+
+
+def test_mad_and_summary() -> None:
+    assert mad([1.0, 2.0, 3.0, 4.0, 100.0]) == 1.0
+    s = summarize([10.0, 12.0, 11.0])
+    assert (s["median"], s["min"], s["max"], s["repeats"]) == (11.0, 10.0, 12.0, 3.0)
+
+
+def test_model_key() -> None:
+    assert model_key("NVIDIA H200") == "H200 SXM"
+    assert model_key("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert model_key("NVIDIA H100 PCIe") is None
+    assert model_key("NVIDIA A100-SXM4-80GB") is None
+
+
+def test_below_floor_is_crit_and_straggler_is_warn() -> None:
+    gpus = [_gpu(i, 4100.0 + i) for i in range(8)]
+    gpus.append(_gpu(8, 3300.0))  # below the 3320 floor
+    gpus.append(_gpu(9, 3800.0))  # above the floor, 7 % under the fleet median
+    v = {g.gpu: g.status for g in judge(gpus)}
+    assert v["GPU-8"] == "crit"
+    assert v["GPU-9"] == "warn"
+    assert [v[f"GPU-{i}"] for i in range(8)] == ["ok"] * 8
+    assert overall(judge(gpus)) == "crit"
+
+
+def test_within_percentage_margin_is_ok() -> None:
+    gpus = [_gpu(i, 4100.0) for i in range(8)] + [_gpu(8, 3920.0)]  # 4.4 % under: inside 5 %
+    assert {g.gpu: g.status for g in judge(gpus)}["GPU-8"] == "ok"
+
+
+def test_mad_widens_margin() -> None:
+    # A spread-out fleet: MAD 200, k=5 -> margin 1000, so 3400 (far under 4100) is not a straggler.
+    vals = [3900.0, 4100.0, 4300.0, 3900.0, 4300.0, 4100.0]
+    gpus = [_gpu(i, x) for i, x in enumerate(vals)] + [_gpu(9, 3400.0)]
+    assert {g.gpu: g.status for g in judge(gpus)}["GPU-9"] == "ok"
+    assert {g.gpu: g.status for g in judge(gpus, k=1.0)}["GPU-9"] == "warn"
+
+
+def test_no_steady_state_is_unknown_not_failed() -> None:
+    gpus = [_gpu(i, 4100.0) for i in range(4)] + [_gpu(5, 2000.0, spread=0.5)]
+    v = judge(gpus)
+    bad = next(g for g in v if g.gpu == "GPU-5")
+    assert bad.status == "unknown"
+    assert "no steady state" in bad.verdicts[0].reason
+    assert steady({"median": 100.0, "min": 95.0, "max": 105.0})
+    assert not steady({"median": 100.0, "min": 80.0, "max": 105.0})
+
+
+def test_baseline_override_replaces_floor() -> None:
+    gpus = [_gpu(0, 3500.0)]
+    assert judge(gpus)[0].status == "ok"
+    over = {"H200 SXM": {"hbm_triad_gbps": 3600.0}}
+    assert judge(gpus, overrides=over)[0].status == "crit"
+    f = floors_for("NVIDIA H200", over)
+    assert f is not None and f.hbm_triad_gbps == 3600.0 and f.hbm_copy_gbps == SHIPPED["H200 SXM"].hbm_copy_gbps
+
+
+def test_unknown_model_only_fleet_relative() -> None:
+    gpus = [_gpu(i, 100.0, name="NVIDIA L4") for i in range(5)] + [_gpu(7, 80.0, name="NVIDIA L4")]
+    v = {g.gpu: g.status for g in judge(gpus)}
+    assert v["GPU-7"] == "warn" and v["GPU-0"] == "ok"
+
+
+def test_skipped_metric_is_ok_with_reason() -> None:
+    g = _gpu(0, 4100.0)
+    g["tests"]["gemm_fp8_tflops"] = {"skipped": "torch._scaled_mm not available"}
+    gv = judge([g])[0]
+    assert gv.status == "ok"
+    assert any("skipped" in x.reason for x in gv.verdicts)
