@@ -102,7 +102,7 @@ def _text(value: Any) -> str:
     return str(value).strip()
 
 
-def _reason_of(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> str:
     name = type(exc).__name__
     if name.startswith("NVMLError_"):
         return name[len("NVMLError_") :]
@@ -127,9 +127,9 @@ class _Nvml:
         try:
             value, reason = fn(*args), None
         except self.N.NVMLError as exc:
-            value, reason = None, _reason_of(exc)
+            value, reason = None, reason_of(exc)
         except Exception as exc:  # noqa: BLE001
-            value, reason = None, _reason_of(exc)
+            value, reason = None, reason_of(exc)
         if self.trace is not None:
             self.trace.append(((time.perf_counter() - start) * 1000.0, name))
         return value, reason
@@ -425,7 +425,7 @@ def _read_clocks_util(r: _GpuReader, N: Any) -> None:
         r.miss("utilization_mem_pct", reason)
 
 
-def _field_value(fv: Any) -> Any:
+def field_value(fv: Any) -> Any:
     vt = fv.valueType
     v = fv.value
     if vt == 0:
@@ -466,7 +466,7 @@ def _read_fields(r: _GpuReader) -> dict[str, tuple[Any, str | None]]:
     for (key, _), fv in zip(wanted, values, strict=False):
         ret = fv.nvmlReturn
         if ret == 0:
-            out[key] = (_field_value(fv), None)
+            out[key] = (field_value(fv), None)
         else:
             out[key] = (None, nv.reason_code(ret))
             if ret == nv.const("NVML_ERROR_GPU_IS_LOST", 15):

@@ -44,9 +44,9 @@ def load_module() -> Any:
 
 
 def _reason(N: Any, exc: BaseException) -> str:
-    from fleetops.gpu.nvml import _reason_of
+    from fleetops.gpu.nvml import reason_of
 
-    return _reason_of(exc)
+    return reason_of(exc)
 
 
 class NvmlBackend:
@@ -137,11 +137,11 @@ class NvmlBackend:
                 if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
                     raise
                 fvs = []
-            from fleetops.gpu.nvml import _field_value
+            from fleetops.gpu.nvml import field_value
 
             for (name, _), fv in zip(LIGHT_FIELDS, fvs, strict=False):
                 if getattr(fv, "nvmlReturn", 1) == 0:
-                    row[name] = _num(_field_value(fv))
+                    row[name] = _num(field_value(fv))
 
     def full(self) -> Any:
         from fleetops import model
