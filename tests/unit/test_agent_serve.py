@@ -27,11 +27,12 @@ def _sock(state: Path) -> str:
     return str(state.with_suffix("")) + ".agent/agent.sock"
 
 
-def _ask(state: Path, request: str) -> dict[str, Any] | None:
+def _request(sock: str, request: str) -> dict[str, Any] | None:
+    """One request line to a daemon socket; its JSON answer, or None when nothing answers."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5.0)
     try:
-        s.connect(_sock(state))
+        s.connect(sock)
         s.sendall(request.encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):
@@ -45,6 +46,10 @@ def _ask(state: Path, request: str) -> dict[str, Any] | None:
         s.close()
     doc: dict[str, Any] = json.loads(data)
     return doc
+
+
+def _ask(state: Path, request: str) -> dict[str, Any] | None:
+    return _request(_sock(state), request)
 
 
 def _until(what: str, fn: Callable[[], Any]) -> Any:
@@ -242,23 +247,8 @@ def _nvml_daemon(tmp_path: Path, mode: str = "ok") -> tuple[Daemon, Path, Path, 
 
 
 def _ask_path(sock: Path) -> dict[str, Any] | None:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5.0)
-    try:
-        s.connect(str(sock))
-        s.sendall(b"snapshot\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return None
-    finally:
-        s.close()
-    doc: dict[str, Any] = json.loads(data)
-    return doc if "daemon" in doc else None
+    doc = _request(str(sock), "snapshot")
+    return doc if doc is not None and "daemon" in doc else None
 
 
 def _temps(doc: dict[str, Any] | None) -> list[Any]:
