@@ -201,6 +201,17 @@ SCHEMA: tuple[SchemaKey, ...] = (
     _threshold("nvlink_recoveries_per_min_warn", T_NUM, 0,
                "NVLink recovery errors per minute above which the GPU is warned about (0: any new "
                "recovery).", unit="errors/min"),
+    _threshold("nvlink_idle_window_s", T_NUM, 60,
+               "Shortest interval between two snapshots over which an NVLink that carries no traffic "
+               "is judged (the daemon keeps about a minute of snapshots); closer snapshots judge "
+               "nothing.", unit="s"),
+    _threshold("nvlink_idle_max_kib", T_NUM, 1024,
+               "Data (TX plus RX) an up NVLink may move over the window and still count as idle.",
+               unit="KiB"),
+    _threshold("nvlink_idle_peer_min_kib", T_NUM, 1048576,
+               "An idle link is reported only when the median of the GPU's other up links to the same "
+               "kind of peer (NVSwitch, or the same GPU) moved at least this much over the window: "
+               "a GPU whose links are all idle is an idle GPU.", unit="KiB"),
     _threshold("temp_slowdown_margin_c", T_NUM, 5,
                "Warn when the GPU temperature is within this many degrees of its slowdown "
                "temperature (critical at or above it).", unit="C"),
@@ -251,6 +262,9 @@ class Thresholds:
     nvlink_crc_per_min_crit: float = 6000.0
     nvlink_replays_per_min_warn: float = 0.0
     nvlink_recoveries_per_min_warn: float = 0.0
+    nvlink_idle_window_s: float = 60.0
+    nvlink_idle_max_kib: float = 1024.0
+    nvlink_idle_peer_min_kib: float = 1048576.0
     temp_slowdown_margin_c: float = 5.0
     temp_memory_warn_c: float = 85.0
     power_limit_tolerance_w: float = 1.0

@@ -42,6 +42,11 @@ class NvLink:
     crc_errors: int | None = None  # DL CRC flit errors
     replay_errors: int | None = None
     recovery_errors: int | None = None
+    # Data payload moved over the link since the driver loaded (NVML's THROUGHPUT_DATA counters,
+    # KiB, cumulative): only differences between two snapshots mean anything. Optional in
+    # fleetops.snapshot/v1: snapshots written before these keys existed read as None.
+    tx_kib: int | None = None
+    rx_kib: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 

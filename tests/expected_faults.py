@@ -23,6 +23,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     "pcie-replay-storm": {"pcie.replay_rate": "warn"},
     "nvlink-down": {"nvlink.links_down": "crit"},
     "nvlink-crc-storm": {"nvlink.error_rate": "warn"},
+    "nvlink-idle": {"nvlink.idle_link": "warn"},  # the fault runs a job: the other links carry traffic
     "thermal-slowdown": {
         "thermal_power.throttle": "warn",
         "thermal_power.temperature": "crit",
@@ -39,4 +40,5 @@ EXPECTED: dict[str, dict[str, str]] = {
 NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count"}
 # Checks that compare two snapshots (rates; which GPU went missing): an audit without history
 # has no previous snapshot for them.
-NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "config.gpu_missing"}
+NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link",
+                  "config.gpu_missing"}

@@ -1,6 +1,9 @@
-"""NVLink: links up against the expected count, and error-counter growth rates."""
+"""NVLink: links up against the expected count, error-counter growth rates, and a link that
+carries no traffic while its GPU's other links do."""
 
 from __future__ import annotations
+
+import statistics
 
 from fleetops import model
 from fleetops.baseline import Baseline
@@ -48,6 +51,23 @@ SPECS = (
         not_a_fault="Counters accumulate since the driver loaded: totals without a rate are not a fault.",
         applies=lambda n, b: _applies(n, b),
     ),
+    CheckSpec(
+        "nvlink.idle_link", FAMILY, "NVLink carrying no traffic while the GPU's others do",
+        reads="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX per link (scopeId = link, KiB), two snapshots",
+        threshold="over at least thresholds.nvlink_idle_window_s (60 s): an up link that moved (TX + RX) "
+        "less than nvlink_idle_max_kib (1024 KiB) while the median of the GPU's other up links to the "
+        "same kind of peer (NVSwitch; or the same GPU, for direct links) moved at least "
+        "nvlink_idle_peer_min_kib (1048576 KiB, 1 GiB) is warn",
+        severities=("warn",),
+        action="Compare the link with its neighbours (nvidia-smi nvlink -gt d, nvidia-smi nvlink -s) and "
+        "check Fabric Manager's log for that link; reset the GPU in a service window (fleetops reset NODE "
+        "GPU-UUID); a link still idle under load after that points at the NVSwitch tray or the baseboard: "
+        "drain and inspect.",
+        not_a_fault="A GPU whose links are all idle is an idle GPU, and a job that talks to one peer over "
+        "direct links leaves the links to other peers idle: links are compared only with links to the "
+        "same kind of peer. Counters that went back (a GPU reset) give no evidence either way.",
+        applies=lambda n, b: _applies(n, b),
+    ),
 )
 
 
@@ -71,6 +91,7 @@ def run(ctx: Context) -> None:
             continue
         _links_down(ctx, gpu, links, expected_n)
         _error_rate(ctx, gpu, links)
+        _idle_link(ctx, gpu, links)
 
 
 def _links_down(ctx: Context, gpu: model.Gpu, links: list[model.NvLink], expected_n: int | None) -> None:
@@ -161,3 +182,75 @@ def _error_rate(ctx: Context, gpu: model.Gpu, links: list[model.NvLink]) -> None
                       "recoveries_per_min": th.nvlink_recoveries_per_min_warn},
             action=reset_action(ctx.host, gpu.uuid, "in a service window, to retrain the links; errors that "
                                 "return point at the baseboard or NVSwitch: drain and inspect"))
+
+
+def _peer_group(link: model.NvLink) -> tuple[str, str]:
+    """Links that should carry alike: all links to NVSwitches (traffic is spread over them), or
+    the links to one GPU; a job may leave the links to another GPU idle."""
+    if link.remote_type == "gpu":
+        return ("gpu", link.remote_bus_id or "?")
+    return (link.remote_type or "unknown", "")
+
+
+def _moved(ctx: Context, gpu: model.Gpu, link: model.NvLink, prev: model.NvLink) -> int | None:
+    """KiB (TX + RX) over the window, or None: unreadable (recorded), or a counter that went back."""
+    now = [ctx.get(FAMILY, link, name, DEMAND_NONE, label=f"GPU {gpu.index} link {link.link}")
+           for name in ("tx_kib", "rx_kib")]
+    if now[0] is None or now[1] is None:
+        return None
+    tx = ctx.growth(now[0], prev.tx_kib)
+    rx = ctx.growth(now[1], prev.rx_kib)
+    if tx is None or rx is None:
+        return None
+    return tx + rx
+
+
+def _idle_link(ctx: Context, gpu: model.Gpu, links: list[model.NvLink]) -> None:
+    th = ctx.th
+    prev = ctx.prev_gpu(gpu)
+    if prev is None or ctx.previous is None or not prev.nvlinks:
+        return
+    window = float(ctx.node.collected_at or 0) - float(ctx.previous.collected_at or 0)
+    if not (ctx.node.collected_at and ctx.previous.collected_at) or window < max(th.nvlink_idle_window_s, 1e-9):
+        return
+    prev_links = {lk.link: lk for lk in prev.nvlinks}
+    groups: dict[tuple[str, str], list[tuple[model.NvLink, int]]] = {}
+    for lk in links:
+        p = prev_links.get(lk.link)
+        if lk.state != "up" or p is None or p.state != "up":
+            continue  # a link down at either end of the window is nvlink.links_down's business
+        moved = _moved(ctx, gpu, lk, p)
+        if moved is not None:
+            groups.setdefault(_peer_group(lk), []).append((lk, moved))
+    idle: list[tuple[model.NvLink, int, float, int]] = []  # (link, moved, peers' median, peers)
+    for members in groups.values():
+        for i, (lk, moved) in enumerate(members):
+            if moved >= th.nvlink_idle_max_kib:
+                continue
+            others = [m for j, (_, m) in enumerate(members) if j != i]
+            if not others:
+                continue
+            median = float(statistics.median(others))
+            if median >= th.nvlink_idle_peer_min_kib:
+                idle.append((lk, moved, median, len(others)))
+    if not idle:
+        return
+    parts = []
+    per_link: dict[str, dict[str, object]] = {}
+    for lk, moved, median, peers in idle:
+        remote = lk.remote_bus_id or "unknown remote"
+        parts.append(f"link {lk.link} (to {lk.remote_type or 'unknown'} {remote}) moved {moved} KiB while "
+                     f"the median of its {peers} peer link(s) moved {median:.0f} KiB")
+        per_link[str(lk.link)] = {
+            "remote_bus_id": lk.remote_bus_id, "remote_type": lk.remote_type, "moved_kib": moved,
+            "peer_median_kib": round(median), "peer_links": peers,
+        }
+    ctx.add("nvlink.idle_link", "warn",
+            f"{gpu_label(gpu)}: NVLink carrying no traffic over {window:.0f} s: " + "; ".join(parts),
+            gpu=gpu, observed={"window_s": round(window, 1), "links": per_link},
+            expected={"idle_max_kib": th.nvlink_idle_max_kib, "peer_min_kib": th.nvlink_idle_peer_min_kib,
+                      "window_s": th.nvlink_idle_window_s},
+            action="Compare the link with its neighbours (nvidia-smi nvlink -gt d) and check Fabric Manager's "
+            "log for it. " + reset_action(ctx.host, gpu.uuid, "in a service window, to retrain the links; a link "
+                                          "still idle under load after that points at the NVSwitch tray or the "
+                                          "baseboard: drain and inspect"))

@@ -22,7 +22,8 @@ Rules this module keeps:
   and no other link is asked. Links are walked up to the link count the field call reported
   (18 on H100/H200), else up to ``NVML_NVLINK_MAX_LINKS`` stopping at the first link that does
   not exist. Per-link error counters are read only when the GPU-wide total is non-zero or
-  unknown: a zero total means every link's counter is zero.
+  unknown: a zero total means every link's counter is zero. Per-link TX/RX data counters
+  (KiB) come from one more field-values call per GPU with ``scopeId`` = link id.
 - Kept out on purpose, each slower than what it would give (figures: bench/RESULTS.md):
   ``nvmlDeviceGetInforomConfigurationChecksum``, ``nvmlDeviceGetCpuAffinity`` while sysfs
   answers (sysfs ``local_cpulist`` is the same list, for a file read), and ``nvmlShutdown``
@@ -90,6 +91,11 @@ LINK_COUNTERS = (
     ("crc_errors", "_nvlink_crc_total", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
     ("replay_errors", "_nvlink_replay_total", "NVML_NVLINK_ERROR_DL_REPLAY"),
     ("recovery_errors", "_nvlink_recovery_total", "NVML_NVLINK_ERROR_DL_RECOVERY"),
+)
+# NvLink field -> NVML field id read per link (scopeId = link id); KiB since the driver loaded.
+LINK_TRAFFIC = (
+    ("tx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
+    ("rx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
 )
 _MIB = 1024 * 1024
 _IDENTITY = ("index", "uuid", "bus_id", "unavailable")
@@ -732,6 +738,10 @@ def _read_nvlinks(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | None
     if r.lost:
         r.miss("nvlinks", LOST)
         return
+    _read_link_traffic(r, links)
+    if r.lost:
+        r.miss("nvlinks", LOST)
+        return
     for attr, total_key, const in LINK_COUNTERS:
         total, reason = fields[total_key]
         if reason is None and int(total) == 0:
@@ -750,11 +760,45 @@ def _read_nvlinks(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | None
                 link.unavailable[attr] = reason
     for link in links:
         if link.state is None:
-            for attr, _, _ in LINK_COUNTERS:
+            for attr in [a for a, _, _ in LINK_COUNTERS] + [a for a, _ in LINK_TRAFFIC]:
                 link.unavailable.setdefault(attr, link.unavailable["state"])
             link.unavailable.setdefault("remote_bus_id", link.unavailable["state"])
             link.unavailable.setdefault("remote_type", link.unavailable["state"])
     gpu.nvlinks = links
+
+
+def _read_link_traffic(r: _GpuReader, links: list[model.NvLink]) -> None:
+    """TX/RX data counters of every readable link in ONE field-values call (scopeId = link):
+    18 links cost one driver round trip, not 36."""
+    readable = [link for link in links if link.state is not None]
+    if not readable:
+        return
+    ids: list[tuple[int, int]] = []
+    for attr, const in LINK_TRAFFIC:
+        fid = r.nv.const(const)
+        if fid is None:
+            for link in readable:
+                link.unavailable[attr] = f"{const} not in this nvidia-ml-py"
+            continue
+        ids.extend((fid, link.link) for link in readable)
+    if not ids:
+        return
+    by_id = {fid: attr for attr, const in LINK_TRAFFIC if (fid := r.nv.const(const)) is not None}
+    by_link = {link.link: link for link in readable}
+    values, reason = r.call("nvmlDeviceGetFieldValues", ids)
+    if reason is not None:
+        for (fid, link_no) in ids:
+            by_link[link_no].unavailable[by_id[fid]] = reason
+        return
+    lost_code = r.nv.const("NVML_ERROR_GPU_IS_LOST", 15)
+    for (fid, link_no), fv in zip(ids, values, strict=False):
+        link, attr = by_link[link_no], by_id[fid]
+        if fv.nvmlReturn == 0:
+            setattr(link, attr, int(field_value(fv)))
+        else:
+            link.unavailable[attr] = r.nv.reason_code(fv.nvmlReturn)
+            if fv.nvmlReturn == lost_code:
+                r.lost = True
 
 
 def _read_fabric(r: _GpuReader, N: Any) -> None:

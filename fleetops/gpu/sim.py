@@ -14,6 +14,14 @@ Two kinds of fault:
   process) are overlaid on the stored values each time a snapshot is taken; counters that
   should grow (SBE storm, PCIe replays, NVLink CRC) grow with the time since injection.
 
+NVLink traffic: every link's TX/RX data counters (KiB since the driver loaded) grow with the
+GPU's load, the stored ``utilization_gpu_pct`` (0 by default: an idle GPU moves nothing over
+NVLink). ``set_load`` changes it; the counters are folded into ``nvlink_traffic`` (KiB at a
+time) at every change of the rate, so they only ever grow, as NVML's do (a GPU reset zeroes
+them). ``nvlink-idle`` is a job whose traffic misses one link: the GPU runs at least
+``IDLE_FAULT_LOAD_PCT`` while link 5 moves nothing; a link that is down (``nvlink-down``)
+moves nothing either.
+
 The default scenario is an 8x H200 HGX node modelled on the real H200 captured in
 ``tests/fixtures/h200``: same driver, VBIOS, InfoROM, limits, thresholds and the counts a healthy
 GPU shows (lifetime corrected ECC, two remapped rows), with 18 NVLinks per GPU through NVSwitch
@@ -123,6 +131,7 @@ CONDITION_FAULTS = (
     "pcie-replay-storm",
     "nvlink-down",
     "nvlink-crc-storm",
+    "nvlink-idle",
     "thermal-slowdown",
     "power-brake",
     "gpu-missing",
@@ -153,6 +162,12 @@ SBE_STORM_BASE, SBE_STORM_PER_MIN = 120_000, 20_000
 REPLAY_STORM_BASE, REPLAY_STORM_PER_MIN = 400, 600
 CRC_STORM_BASE, CRC_STORM_PER_MIN = 5_000, 3_000
 STRAY_PID = 48213
+# NVLink data moved per link and direction at 100 % load: about 80 % of an NVLink 4 link's
+# 25 GB/s per direction, what an all-reduce reaches.
+NVLINK_KIB_PER_S_FULL = 20_000_000.0
+IDLE_FAULT_LOAD_PCT = 50
+# The link each link fault takes: fault -> link index (the last link on GPUs with fewer).
+LINK_FAULT_LINK = {"nvlink-down": 3, "nvlink-idle": 5}
 
 
 class SimError(Exception):
@@ -336,7 +351,11 @@ def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
     for fault in state["faults"]:
         if fault["name"] == name and fault.get("gpu") == index:
             return False
-    record: dict[str, Any] = {"name": name, "gpu": index, "since": time.time()}
+    now = time.time()
+    record: dict[str, Any] = {"name": name, "gpu": index, "since": now}
+    if name in LINK_FAULT_LINK and index is not None:
+        _fold_traffic(state, index, now)  # nvlink-idle raises the load from here on
+        record["frozen_kib"] = _traffic_kib(state, index, now)  # the link's share stops here
     if name in SETTING_FAULTS:
         scope, field_name, value = SETTING_FAULTS[name]
         target = state["node"] if scope == "node" else state["gpus"][index]
@@ -413,12 +432,16 @@ def clear(path: str, name: str, gpu: int | None = None) -> int:
 
 def _clear(state: dict[str, Any], name: str, gpu: int | None) -> int:
     kept, removed = [], 0
+    now = time.time()
     for fault in state["faults"]:
         hit = (name == "all" or fault["name"] == name) and (gpu is None or fault.get("gpu") == gpu)
         if not hit:
             kept.append(fault)
             continue
         removed += 1
+        if fault["name"] in LINK_FAULT_LINK and fault.get("gpu") is not None and "frozen_kib" in fault:
+            _fold_traffic(state, fault["gpu"], now)
+            _thaw_link(state, fault, now)
         if fault["name"] in SETTING_FAULTS and "saved" in fault:
             scope, field_name, _ = SETTING_FAULTS[fault["name"]]
             target = state["node"] if scope == "node" else state["gpus"][fault["gpu"]]
@@ -469,7 +492,7 @@ def _apply_condition(gpu: dict[str, Any], name: str, elapsed_min: float, links: 
     elif name == "pcie-replay-storm":
         gpu["pcie_replay_counter"] += REPLAY_STORM_BASE + int(REPLAY_STORM_PER_MIN * elapsed_min)
     elif name == "nvlink-down" and links:
-        links[min(3, len(links) - 1)]["state"] = "down"
+        links[min(LINK_FAULT_LINK[name], len(links) - 1)]["state"] = "down"
     elif name == "nvlink-crc-storm" and links:
         links[0]["crc_errors"] += CRC_STORM_BASE + int(CRC_STORM_PER_MIN * elapsed_min)
         links[0]["replay_errors"] += 12
@@ -483,10 +506,74 @@ def _apply_condition(gpu: dict[str, Any], name: str, elapsed_min: float, links: 
         gpu["clock_sm_mhz"] = 810
 
 
-def _nvlinks(state: dict[str, Any], gpu: dict[str, Any]) -> list[dict[str, Any]]:
+# --- NVLink traffic ----------------------------------------------------------------------
+
+
+def _position(state: dict[str, Any], gpu: dict[str, Any]) -> int:
+    return next(i for i, g in enumerate(state["gpus"]) if g["uuid"] == gpu["uuid"])
+
+
+def _load_pct(state: dict[str, Any], position: int) -> float:
+    """The load that drives the GPU's NVLink traffic: its stored utilisation, raised to
+    IDLE_FAULT_LOAD_PCT while nvlink-idle runs a job on it."""
+    load = float(state["gpus"][position].get("utilization_gpu_pct") or 0)
+    if any(f["name"] == "nvlink-idle" and f.get("gpu") == position for f in state["faults"]):
+        load = max(load, float(IDLE_FAULT_LOAD_PCT))
+    return min(100.0, max(0.0, load))
+
+
+def _traffic_kib(state: dict[str, Any], position: int, now: float) -> float:
+    """KiB one nominal link has moved per direction since the driver loaded (or the last reset)."""
+    gpu = state["gpus"][position]
+    base = gpu.get("nvlink_traffic") or {"kib": 0.0, "at": float(state["node"].get("boot_time", now))}
+    elapsed = max(0.0, now - float(base["at"]))
+    return float(base["kib"]) + NVLINK_KIB_PER_S_FULL * _load_pct(state, position) / 100.0 * elapsed
+
+
+def _fold_traffic(state: dict[str, Any], position: int, now: float) -> None:
+    """Record the counters so far before the rate changes (load, nvlink-idle, a clear)."""
+    state["gpus"][position]["nvlink_traffic"] = {"kib": _traffic_kib(state, position, now), "at": now}
+
+
+def _thaw_link(state: dict[str, Any], fault: dict[str, Any], now: float) -> None:
+    """A link fault ends: what the link missed stays missing (its counter resumes, not jumps)."""
+    gpu = state["gpus"][fault["gpu"]]
     count = int(gpu.get("nvlink_count", 0))
+    if count <= 0:
+        return
+    link = str(min(LINK_FAULT_LINK[fault["name"]], count - 1))
+    missed = gpu.setdefault("nvlink_missed_kib", {})
+    missed[link] = float(missed.get(link, 0.0)) + max(0.0, _traffic_kib(state, fault["gpu"], now) - fault["frozen_kib"])
+
+
+def set_load(state: dict[str, Any], position: int, pct: float, now: float | None = None) -> None:
+    """Run the GPU at ``pct`` % load (its utilisation, and the traffic over its NVLinks)."""
+    if not 0 <= position < len(state["gpus"]):
+        raise SimError(f"GPU position {position} does not exist on {state['hostname']}")
+    if not 0 <= pct <= 100:
+        raise SimError(f"load must be 0-100 %, not {pct}")
+    now = time.time() if now is None else now
+    _fold_traffic(state, position, now)
+    state["gpus"][position]["utilization_gpu_pct"] = int(round(pct))
+
+
+def _nvlinks(state: dict[str, Any], gpu: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
+    count = int(gpu.get("nvlink_count", 0))
+    if count <= 0:
+        return []
+    now = time.time() if now is None else now
+    position = _position(state, gpu)
+    total = _traffic_kib(state, position, now)
+    frozen = {
+        min(LINK_FAULT_LINK[f["name"]], count - 1): float(f["frozen_kib"])
+        for f in state["faults"]
+        if f["name"] in LINK_FAULT_LINK and f.get("gpu") == position and "frozen_kib" in f
+    }
+    missed = gpu.get("nvlink_missed_kib") or {}
     links = []
     for link in range(count):
+        moved = frozen.get(link, total) - float(missed.get(str(link), 0.0))
+        share = 1.0 - 0.01 * (link % 4)  # links do not carry exactly the same share
         links.append(
             {
                 "link": link,
@@ -496,6 +583,8 @@ def _nvlinks(state: dict[str, Any], gpu: dict[str, Any]) -> list[dict[str, Any]]
                 "crc_errors": 0,
                 "replay_errors": 0,
                 "recovery_errors": 0,
+                "tx_kib": int(max(0.0, moved) * share),
+                "rx_kib": int(max(0.0, moved) * share * 0.98),
             }
         )
     return links
@@ -521,8 +610,10 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         index = raw["index"]
         if index in lost:
             continue
-        gpu = {k: v for k, v in raw.items() if k != "nvlink_count"}
-        links = _nvlinks(state, raw)
+        gpu = {k: v for k, v in raw.items() if k not in PRIVATE_GPU_KEYS}
+        links = _nvlinks(state, raw, now)
+        if any(f["name"] == "nvlink-idle" for f in by_gpu.get(index, [])):
+            gpu["utilization_gpu_pct"] = max(int(gpu.get("utilization_gpu_pct") or 0), IDLE_FAULT_LOAD_PCT)
         for fault in by_gpu.get(index, []):
             _apply_condition(gpu, fault["name"], max(0.0, (now - fault["since"]) / 60.0), links)
             if fault["name"] == "stray-process":
@@ -648,9 +739,14 @@ def set_reset_duration(state: dict[str, Any], seconds: float) -> None:
 
 
 RESET_CLEARS = ("ecc-dbe", "ecc-sbe-storm", "row-remap-pending", "nvlink-crc-storm", "pcie-replay-storm")
-RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "thermal-slowdown", "power-brake")
+# nvlink-idle is kept: a link that trains up but carries nothing points at the fabric (routing,
+# Fabric Manager, the NVSwitch side), which a GPU reset does not touch; clearing it on reset
+# would let a remediation look successful without evidence.
+RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "nvlink-idle", "thermal-slowdown", "power-brake")
 LOST_FAULTS = ("xid:79", "gpu-missing")
 CLOCK_FIELDS = ("clock_sm_mhz", "clock_mem_mhz", "clocks_event_mask")
+# Stored per GPU for the simulator's own bookkeeping; never part of a snapshot.
+PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib")
 
 
 def lost_reason(state: dict[str, Any], position: int) -> str | None:
@@ -767,6 +863,12 @@ def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) ->
         faults.append(fault)
         kept.append(name)
     state["faults"] = faults
+    # NVLink data counters start again from zero; a kept link fault's link stays at zero
+    gpu["nvlink_traffic"] = {"kib": 0.0, "at": now}
+    gpu.pop("nvlink_missed_kib", None)
+    for fault in faults:
+        if fault.get("gpu") == position and fault["name"] in LINK_FAULT_LINK:
+            fault["frozen_kib"] = 0.0
     gpu["ecc_corrected_volatile"] = 0
     gpu["ecc_uncorrected_volatile"] = 0
     gpu["pcie_replay_counter"] = 0

@@ -271,9 +271,12 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, h, ids):
         values = (pynvml.c_nvmlFieldValue_t * len(ids))()
         table = self.g(h)["fields"]
-        for i, fid in enumerate(ids):
-            ret, vtype, val = table.get(fid, (NS, 0, 0))
+        for i, key in enumerate(ids):
+            # a (field id, scopeId) pair, as pynvml takes it for per-link fields
+            fid, scope = key if isinstance(key, tuple) else (key, 0)
+            ret, vtype, val = table.get(key, (NS, 0, 0))
             values[i].fieldId = fid
+            values[i].scopeId = scope
             values[i].nvmlReturn = ret
             values[i].valueType = vtype
             if vtype == 0:
@@ -692,6 +695,9 @@ def hgx_gpu(index: int, down: tuple[int, ...] = ()) -> dict:
         pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
     ):
         fields[fid] = (0, 3, 0)
+    for link in range(18):  # KiB since the driver loaded, distinct per link and direction
+        fields[(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)] = (0, 3, 1_000_000 * (index + 1) + link)
+        fields[(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)] = (0, 3, 2_000_000 * (index + 1) + link)
     return gpu
 
 
@@ -717,6 +723,39 @@ def test_nvswitch_node_is_nv18_without_per_link_counter_calls(monkeypatch):
     assert topo.nvlink_counts[1] == [18, 0, 18, 18]
     assert fake.count("nvmlDeviceGetTopologyCommonAncestor") == 0  # NVLink pairs need no PCIe path
     assert model.node_from_dict(model.to_dict(node)) == node
+
+
+def test_nvlink_traffic_counters_come_from_one_field_call_per_gpu(monkeypatch):
+    gpus = [hgx_gpu(0, down=(3,)), hgx_gpu(1)]
+    gpus[1]["fields"][(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 7)] = (pynvml.NVML_ERROR_NO_PERMISSION, 3, 0)
+    fake = FakeNvml(gpus, monkeypatch)
+    node = collect(fake)
+    a, b = node.gpus
+    assert (a.nvlinks[4].tx_kib, a.nvlinks[4].rx_kib) == (1_000_004, 2_000_004)
+    assert (a.nvlinks[3].tx_kib, a.nvlinks[3].rx_kib) == (1_000_003, 2_000_003)  # a down link still counts
+    assert (b.nvlinks[17].tx_kib, b.nvlinks[17].rx_kib) == (2_000_017, 4_000_017)
+    assert b.nvlinks[7].rx_kib is None and b.nvlinks[7].unavailable["rx_kib"] == "NoPermission"
+    assert b.nvlinks[7].tx_kib == 2_000_007
+    # the GPU's scalar fields, then every link's TX and RX: two field calls per GPU in all
+    assert fake.count("nvmlDeviceGetFieldValues", 0) == fake.count("nvmlDeviceGetFieldValues", 1) == 2
+    assert model.node_from_dict(model.to_dict(node)) == node
+
+
+def test_nvlink_traffic_unreadable_names_the_reason_on_every_link(monkeypatch):
+    gpu = hgx_gpu(0)
+    fake = FakeNvml([gpu], monkeypatch)
+    real = fake.nvmlDeviceGetFieldValues
+
+    def scoped_fails(h, ids):
+        if any(isinstance(i, tuple) for i in ids):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return real(h, ids)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", scoped_fails)
+    g = collect(fake).gpus[0]
+    assert all(lk.tx_kib is None and lk.unavailable["tx_kib"] == "Unknown" for lk in g.nvlinks)
+    assert all(lk.rx_kib is None and lk.unavailable["rx_kib"] == "Unknown" for lk in g.nvlinks)
+    assert g.nvlinks_up == 18 and g.temp_memory_c == 36.0  # the rest of the GPU is read as usual
 
 
 def test_nvlink_down_and_crc_counts(monkeypatch):

@@ -65,6 +65,9 @@ EXPECTED = {
     "pcie-replay-storm@5": {(5, "pcie_replay_counter")},
     "nvlink-down@6": {(6, "nvlink3.state")},
     "nvlink-crc-storm@7": {(7, "nvlink0.crc_errors"), (7, "nvlink0.replay_errors")},
+    # a job on GPU 6: its load and every link's traffic but link 5's
+    "nvlink-idle@6": {(6, "utilization_gpu_pct")}
+    | {(6, f"nvlink{n}.{d}_kib") for n in range(18) if n != 5 for d in ("tx", "rx")},
     "thermal-slowdown@0": {
         (0, "temp_gpu_c"),
         (0, "temp_memory_c"),

@@ -3,7 +3,9 @@
 
 Light read per GPU: temperature, power, SM clock, clocks-event reasons, utilisation, PCIe
 throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, volatile ECC
-totals and the PCIe replay counter. ``GpuIsLost`` marks that GPU lost and the others go on.
+totals, the PCIe replay counter and, per NVLink (``scopeId`` = link id), the CRC / replay /
+recovery error counters and the TX / RX data counters (KiB, cumulative): 18 links add fields
+to that call, not calls. The link count is read once per GPU when NVML is initialised. ``GpuIsLost`` marks that GPU lost and the others go on.
 ``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
 ``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
 
@@ -29,6 +31,15 @@ LIGHT_FIELDS = (
     ("ecc_corrected_volatile", "NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
     ("ecc_uncorrected_volatile", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
     ("pcie_replay_counter", "NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
+)
+# ring.LINK_FIELDS name -> the per-link field id (scopeId = link): the field-value forms of
+# nvmlDeviceGetNvLinkErrorCounter's DL counters, and the THROUGHPUT_DATA counters in KiB.
+LINK_LIGHT_FIELDS = (
+    ("crc_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"),
+    ("replay_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY"),
+    ("recovery_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY"),
+    ("tx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
+    ("rx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
 )
 
 
@@ -56,6 +67,7 @@ class NvmlBackend:
         self.N = load_module()
         self.initialised = False
         self.handles: list[tuple[str, str, Any]] = []  # (uuid, bus id, handle)
+        self.link_counts: dict[str, int] = {}  # uuid -> NVLinks to sample (0: none or unknown)
         self.lost: dict[str, str] = {}
         self.reinits = 0
         self.state_path = state_path or ""
@@ -79,10 +91,27 @@ class NvmlBackend:
             except self.N.NVMLError:
                 continue
             self.handles.append((uuid, _norm_bus(bus), h))
+            self.link_counts[uuid] = self._link_count(h)
+
+    def _link_count(self, h: Any) -> int:
+        """NVML_FI_DEV_NVLINK_LINK_COUNT, once per GPU at init: 0 where NVLink is not
+        supported (a passthrough VM) or the count cannot be read, so no link is asked for."""
+        fid = getattr(self.N, "NVML_FI_DEV_NVLINK_LINK_COUNT", None)
+        if fid is None or not hasattr(self.N, "nvmlDeviceGetFieldValues"):
+            return 0
+        try:
+            (fv,) = self.N.nvmlDeviceGetFieldValues(h, [fid])
+        except (self.N.NVMLError, ValueError, TypeError):
+            return 0
+        from fleetops.gpu.nvml import field_value
+
+        value = _num(field_value(fv)) if getattr(fv, "nvmlReturn", 1) == 0 else None
+        return max(0, int(value)) if value is not None else 0
 
     def _drop(self) -> None:
         self.initialised = False
         self.handles = []
+        self.link_counts = {}
         self.reinits += 1
 
     def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
@@ -97,7 +126,7 @@ class NvmlBackend:
                 continue
             row: dict[str, float | None] = {}
             try:
-                self._read(h, row)
+                self._read(h, row, self.link_counts.get(uuid, 0))
             except self.N.NVMLError as exc:
                 reason = _reason(self.N, exc)
                 if reason in REINIT_REASONS:
@@ -109,7 +138,7 @@ class NvmlBackend:
             values[uuid] = row
         return values, dict(self.lost)
 
-    def _read(self, h: Any, row: dict[str, float | None]) -> None:
+    def _read(self, h: Any, row: dict[str, float | None], links: int = 0) -> None:
         N = self.N
 
         def one(name: str, fn: Callable[[], Any]) -> None:
@@ -129,19 +158,31 @@ class NvmlBackend:
         one("utilization_gpu_pct", lambda: N.nvmlDeviceGetUtilizationRates(h).gpu)
         one("pcie_tx_kbps", lambda: N.nvmlDeviceGetPcieThroughput(h, getattr(N, "NVML_PCIE_UTIL_TX_BYTES", 0)))
         one("pcie_rx_kbps", lambda: N.nvmlDeviceGetPcieThroughput(h, getattr(N, "NVML_PCIE_UTIL_RX_BYTES", 1)))
-        ids = [getattr(N, c, None) for _, c in LIGHT_FIELDS]
-        if all(i is not None for i in ids) and hasattr(N, "nvmlDeviceGetFieldValues"):
-            try:
-                fvs = N.nvmlDeviceGetFieldValues(h, ids)
-            except N.NVMLError as exc:
-                if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
-                    raise
-                fvs = []
-            from fleetops.gpu.nvml import field_value
+        if not hasattr(N, "nvmlDeviceGetFieldValues"):
+            return
+        # (ring field, field id or (field id, link)) for every value of this one call
+        wanted: list[tuple[str, Any]] = []
+        for name, const in LIGHT_FIELDS:
+            fid = getattr(N, const, None)
+            if fid is not None:
+                wanted.append((name, fid))
+        for name, const in LINK_LIGHT_FIELDS if links else ():
+            fid = getattr(N, const, None)
+            if fid is not None:
+                wanted.extend((f"nvlink{link}_{name}", (fid, link)) for link in range(links))
+        if not wanted:
+            return
+        try:
+            fvs = N.nvmlDeviceGetFieldValues(h, [fid for _, fid in wanted])
+        except N.NVMLError as exc:
+            if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
+                raise
+            fvs = []
+        from fleetops.gpu.nvml import field_value
 
-            for (name, _), fv in zip(LIGHT_FIELDS, fvs, strict=False):
-                if getattr(fv, "nvmlReturn", 1) == 0:
-                    row[name] = _num(field_value(fv))
+        for (name, _), fv in zip(wanted, fvs, strict=False):
+            if getattr(fv, "nvmlReturn", 1) == 0:
+                row[name] = _num(field_value(fv))
 
     def full(self) -> Any:
         from fleetops import model

@@ -24,7 +24,8 @@ GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came
     "pcie_tx_kbps",  # NVML throughput counters; the simulator has none (NaN)
     "pcie_rx_kbps",
 )
-LINK_FIELDS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kbps", "rx_kbps")
+# Cumulative counters, as model.NvLink names them (tx_kib / rx_kib: KiB since the driver loaded).
+LINK_FIELDS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
 
 
 class Ring:
