@@ -23,7 +23,9 @@ Rules this module keeps:
   (18 on H100/H200), else up to ``NVML_NVLINK_MAX_LINKS`` stopping at the first link that does
   not exist. Per-link error counters are read only when the GPU-wide total is non-zero or
   unknown: a zero total means every link's counter is zero. Per-link TX/RX data counters
-  (KiB) come from one more field-values call per GPU with ``scopeId`` = link id.
+  (KiB) and the per-link error counters come from one more field-values call per GPU with
+  ``scopeId`` = link id (the fields the daemon samples); the error-counter getter is used only
+  for a counter whose field does not answer.
 - Kept out on purpose, each slower than what it would give (figures: bench/RESULTS.md):
   ``nvmlDeviceGetInforomConfigurationChecksum``, ``nvmlDeviceGetCpuAffinity`` while sysfs
   answers (sysfs ``local_cpulist`` is the same list, for a file read), and ``nvmlShutdown``
@@ -96,6 +98,14 @@ LINK_COUNTERS = (
 LINK_TRAFFIC = (
     ("tx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
     ("rx_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
+)
+# The same per-link error counters as field ids, in the same call: where they answer, the
+# snapshot and the daemon's ring (which samples these fields every tick) count alike; where
+# they do not, LINK_COUNTERS' getter is used.
+LINK_ERROR_FIELDS = (
+    ("crc_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"),
+    ("replay_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY"),
+    ("recovery_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY"),
 )
 _MIB = 1024 * 1024
 _IDENTITY = ("index", "uuid", "bus_id", "unavailable")
@@ -738,21 +748,19 @@ def _read_nvlinks(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | None
     if r.lost:
         r.miss("nvlinks", LOST)
         return
-    _read_link_traffic(r, links)
+    _read_link_fields(r, links)
     if r.lost:
         r.miss("nvlinks", LOST)
         return
     for attr, total_key, const in LINK_COUNTERS:
+        pending = [link for link in links if link.state is not None and getattr(link, attr) is None]
         total, reason = fields[total_key]
         if reason is None and int(total) == 0:
-            for link in links:
-                if link.state is not None:
-                    setattr(link, attr, 0)  # a zero total: every link's counter is zero
+            for link in pending:
+                setattr(link, attr, 0)  # a zero total: every link's counter is zero
             continue
         counter = getattr(N, const)
-        for link in links:
-            if link.state is None:
-                continue
+        for link in pending:
             value, reason = r.call("nvmlDeviceGetNvLinkErrorCounter", link.link, counter)
             if reason is None:
                 setattr(link, attr, int(value))
@@ -767,38 +775,44 @@ def _read_nvlinks(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | None
     gpu.nvlinks = links
 
 
-def _read_link_traffic(r: _GpuReader, links: list[model.NvLink]) -> None:
-    """TX/RX data counters of every readable link in ONE field-values call (scopeId = link):
-    18 links cost one driver round trip, not 36."""
+def _read_link_fields(r: _GpuReader, links: list[model.NvLink]) -> None:
+    """TX/RX data counters and the error counters of every readable link in ONE field-values
+    call (scopeId = link): 18 links cost one driver round trip, not 90. An error counter whose
+    field does not answer stays None without a reason, for LINK_COUNTERS' getter to read."""
     readable = [link for link in links if link.state is not None]
     if not readable:
         return
     ids: list[tuple[int, int]] = []
-    for attr, const in LINK_TRAFFIC:
+    attr_of: dict[int, str] = {}
+    for attr, const in LINK_TRAFFIC + LINK_ERROR_FIELDS:
         fid = r.nv.const(const)
         if fid is None:
-            for link in readable:
-                link.unavailable[attr] = f"{const} not in this nvidia-ml-py"
+            if (attr, const) in LINK_TRAFFIC:
+                for link in readable:
+                    link.unavailable[attr] = f"{const} not in this nvidia-ml-py"
             continue
+        attr_of[fid] = attr
         ids.extend((fid, link.link) for link in readable)
     if not ids:
         return
-    by_id = {fid: attr for attr, const in LINK_TRAFFIC if (fid := r.nv.const(const)) is not None}
+    traffic = {attr for attr, _ in LINK_TRAFFIC}
     by_link = {link.link: link for link in readable}
     values, reason = r.call("nvmlDeviceGetFieldValues", ids)
     if reason is not None:
-        for (fid, link_no) in ids:
-            by_link[link_no].unavailable[by_id[fid]] = reason
+        for fid, link_no in ids:
+            if attr_of[fid] in traffic:
+                by_link[link_no].unavailable[attr_of[fid]] = reason
         return
     lost_code = r.nv.const("NVML_ERROR_GPU_IS_LOST", 15)
     for (fid, link_no), fv in zip(ids, values, strict=False):
-        link, attr = by_link[link_no], by_id[fid]
+        link, attr = by_link[link_no], attr_of[fid]
         if fv.nvmlReturn == 0:
             setattr(link, attr, int(field_value(fv)))
-        else:
+            continue
+        if attr in traffic:
             link.unavailable[attr] = r.nv.reason_code(fv.nvmlReturn)
-            if fv.nvmlReturn == lost_code:
-                r.lost = True
+        if fv.nvmlReturn == lost_code:
+            r.lost = True
 
 
 def _read_fabric(r: _GpuReader, N: Any) -> None:

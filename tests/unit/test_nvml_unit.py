@@ -741,6 +741,22 @@ def test_nvlink_traffic_counters_come_from_one_field_call_per_gpu(monkeypatch):
     assert model.node_from_dict(model.to_dict(node)) == node
 
 
+def test_per_link_error_fields_answer_in_the_same_call_and_the_getter_is_not_asked(monkeypatch):
+    gpu = hgx_gpu(0)
+    gpu["fields"][pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL] = (0, 3, 7)
+    for link in range(18):
+        for fid in (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+                    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY):
+            gpu["fields"][(fid, link)] = (0, 3, 7 if (fid, link) == (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 2) else 0)
+    fake = FakeNvml([gpu], monkeypatch)
+    g = collect(fake).gpus[0]
+    assert [lk.crc_errors for lk in g.nvlinks] == [0, 0, 7] + [0] * 15
+    assert g.nvlinks[2].replay_errors == 0 and g.nvlinks[2].recovery_errors == 0
+    # the daemon's ring samples these same fields: no getter, and the same counters
+    assert fake.count("nvmlDeviceGetNvLinkErrorCounter") == 0
+    assert fake.count("nvmlDeviceGetFieldValues") == 2
+
+
 def test_nvlink_traffic_unreadable_names_the_reason_on_every_link(monkeypatch):
     gpu = hgx_gpu(0)
     fake = FakeNvml([gpu], monkeypatch)

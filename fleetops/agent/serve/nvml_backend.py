@@ -5,7 +5,8 @@ Light read per GPU: temperature, power, SM clock, clocks-event reasons, utilisat
 throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, volatile ECC
 totals, the PCIe replay counter and, per NVLink (``scopeId`` = link id), the CRC / replay /
 recovery error counters and the TX / RX data counters (KiB, cumulative): 18 links add fields
-to that call, not calls. The link count is read once per GPU when NVML is initialised. ``GpuIsLost`` marks that GPU lost and the others go on.
+to that call, not calls. The link count is read once per GPU when NVML is initialised.
+``GpuIsLost`` marks that GPU lost and the others go on.
 ``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
 ``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
 
@@ -32,8 +33,9 @@ LIGHT_FIELDS = (
     ("ecc_uncorrected_volatile", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
     ("pcie_replay_counter", "NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
 )
-# ring.LINK_FIELDS name -> the per-link field id (scopeId = link): the field-value forms of
-# nvmlDeviceGetNvLinkErrorCounter's DL counters, and the THROUGHPUT_DATA counters in KiB.
+# ring.LINK_FIELDS name -> the per-link field id (scopeId = link): NVML's data-link error
+# counters (CRC, replay, recovery) and the THROUGHPUT_DATA counters in KiB. The full snapshot
+# reads the same fields (gpu/nvml.py), so a rate from a ring sample to a snapshot compares alike.
 LINK_LIGHT_FIELDS = (
     ("crc_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"),
     ("replay_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY"),
