@@ -66,11 +66,11 @@ while True:
 """
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -82,8 +82,10 @@ def main() -> int:
     ap.add_argument("--load", choices=["none", "bf16"], default="none")
     ap.add_argument("--metrics-out", help="write the daemon's /metrics page here at the end")
     ap.add_argument("--load-python", default=sys.executable, help="the interpreter with PyTorch for --load")
+    ap.add_argument("--address", default="127.0.0.1", help="loopback address of the daemon's endpoint")
     args = ap.parse_args()
-    port = _free_port()
+    host = args.address
+    port = _free_port(host)
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
         if args.backend == "sim":
@@ -93,13 +95,13 @@ def main() -> int:
             sim.init_state(state, "bench")
             env["FLEETOPS_SIM_STATE"] = state
             sock = os.path.join(d, "bench.agent", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "sim", "--states", state, "--metrics-address", f"127.0.0.1:{port}"]
+            serve = [*AGENT, "serve", "--backend", "sim", "--states", state, "--metrics-address", f"{host}:{port}"]
             collect = [*AGENT, "collect"]
         else:
             env.pop("FLEETOPS_SIM_STATE", None)
             env["FLEETOPS_AGENT_STATE_DIR"] = os.path.join(d, "lib")
             sock = os.path.join(d, "run", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock, "--metrics-address", f"127.0.0.1:{port}"]
+            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock, "--metrics-address", f"{host}:{port}"]
             collect = [*AGENT, "collect", "--backend", "nvml", "--socket", sock]
         proc = subprocess.Popen(serve, env=env)
         load = subprocess.Popen([args.load_python, "-c", LOAD]) if args.load == "bf16" else None
@@ -125,7 +127,7 @@ def main() -> int:
             if args.metrics_out:
                 import urllib.request
 
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:  # loopback
+                with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:  # loopback
                     with open(args.metrics_out, "wb") as fh:
                         fh.write(resp.read())
         finally:
