@@ -445,12 +445,14 @@ class MetricsServer(socketserver.ThreadingTCPServer):
         super().__init__(address, handler)
 
 
-def start_server(address: str, port: int, get_text: Callable[[], str]) -> tuple[threading.Thread, MetricsServer]:
+def start_server(address: str, port: int, get_text: Callable[[], str], poll_s: float = 0.5
+                 ) -> tuple[threading.Thread, MetricsServer]:
     """Serves ``get_text()`` at ``GET /metrics`` from a daemon thread. ``port`` 0 takes a free
     one (``server.server_address[1]`` says which). Stop with ``server.shutdown()`` then
-    ``server.server_close()``."""
+    ``server.server_close()``; ``shutdown`` waits up to ``poll_s``, which is also how often the
+    idle server wakes (a resident daemon that never shuts it down asks for seldom)."""
     server = MetricsServer((address, port), get_text)
-    thread = threading.Thread(target=server.serve_forever, name="fleetops-metrics", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(poll_s,), name="fleetops-metrics", daemon=True)
     thread.start()
     return thread, server
 

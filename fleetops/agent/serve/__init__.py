@@ -161,7 +161,7 @@ def run(args: Any) -> int:
     if args.metrics_address:
         start_metrics(args.metrics_address, services)
     notify("READY=1")
-    while not stop.wait(0.2):
+    while not stop.wait(1.0):  # a signal sets its event at once; this only bounds a SIGHUP's wait
         if reload.is_set():
             reload.clear()
             _reload(args.config, services)
