@@ -87,6 +87,8 @@ def build_parser() -> Any:
     p.add_argument("--hang-timeout", type=float, default=10.0, help="a backend call longer than this is hung")
     p.add_argument("--socket", help="socket path (default /run/fleetops/agent.sock; sim: <state>.agent/agent.sock)")
     p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
+    p.add_argument("--textfile", help="also write the endpoint's page to this file (node_exporter's textfile "
+                   "collector; atomic, each sample; one served node only)")
     p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s (over the flags; re-read on SIGHUP)")
 
     p = sub.add_parser("watch", help="stream the daemon's snapshot, then its changes, as JSON lines until stdin closes")

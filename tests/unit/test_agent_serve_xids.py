@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from fleetops.gpu import sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
@@ -102,3 +104,47 @@ def test_a_hundred_injected_xids_are_all_counted_and_none_twice(tmp_path: Path) 
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.promtool
+def test_textfile_is_the_page_written_whole_and_passes_promtool(tmp_path: Path) -> None:
+    from promtool_util import assert_clean
+
+    state = tmp_path / "t1.json"
+    sim.init_state(str(state), "t1")
+    out = tmp_path / "textfile"
+    out.mkdir()
+    prom = out / "fleetops.prom"
+    proc = subprocess.Popen(
+        [AGENT, "serve", "--backend", "sim", "--interval", "0.2", "--states", str(state), "--textfile", str(prom)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        _until("the textfile", prom.exists)
+        for _ in range(2):
+            sim.clear(str(state), "xid:31", 0)
+            assert sim.inject(str(state), "xid:31", 0)
+
+        def counted() -> str | None:
+            text = prom.read_text()
+            return text if re.search(r'^fleetops_gpu_xid_total\{gpu="0",[^}]*code="31"\} 2$', text, re.M) else None
+
+        text = _until("2 XID 31 in the textfile", counted)
+        assert text.startswith("# HELP fleetops_agent_up ") and text.endswith("\n")
+        assert_clean(text)
+        assert sorted(p.name for p in out.iterdir()) == ["fleetops.prom"]  # no temporary left beside it
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_textfile_with_several_nodes_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    states = []
+    for name in ("r1", "r2"):
+        sim.init_state(str(tmp_path / f"{name}.json"), name)
+        states.append(str(tmp_path / f"{name}.json"))
+    proc = subprocess.run([AGENT, "serve", "--backend", "sim", "--states", *states, "--textfile",
+                           str(tmp_path / "x.prom")], check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == {
+        "error": f"--textfile {tmp_path / 'x.prom'}: one served node only, got 2", "kind": "usage"}

@@ -41,6 +41,37 @@ def start_metrics(address: str, services: list[Any]) -> None:
     sys.stderr.write(f"fleetops-agent serve: metrics on {address.rpartition(':')[0] or '127.0.0.1'} port(s) {ports}\n")
 
 
+def start_textfile(path: str, service: Any) -> None:
+    """``--textfile``: the endpoint's page written to ``path`` each time the service publishes
+    (every sample, every XID), atomically (a temporary beside it, then a rename), so
+    node_exporter's textfile collector never reads half a page. A failed write (full disk) is
+    said once on stderr and retried with the next sample."""
+    import threading
+
+    from fleetops.agent import metrics
+    from fleetops.agent.serve import exposition
+
+    def loop() -> None:
+        seen = -1
+        failed = False
+        while not service.stop.is_set():
+            with service.changed:
+                service.changed.wait_for(lambda s=seen: service.version != s or service.stop.is_set(), timeout=5.0)
+            version, _ = service.state()
+            if version == seen or service.stop.is_set():
+                continue
+            seen = version
+            try:
+                metrics.write_textfile(path, exposition.page(service))
+                failed = False
+            except OSError as exc:
+                if not failed:
+                    sys.stderr.write(f"fleetops-agent serve: --textfile {path}: {exc.strerror or exc}\n")
+                failed = True
+
+    threading.Thread(target=loop, name="textfile", daemon=True).start()
+
+
 CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
 
 
@@ -147,6 +178,14 @@ def run(args: Any) -> int:
                 args.hang_timeout,
             )
         )
+    textfile = getattr(args, "textfile", None)
+    if textfile and len(services) != 1:
+        sys.stderr.write(json.dumps({"error": f"--textfile {textfile}: one served node only, got {len(services)}",
+                                     "kind": "usage"}) + "\n")
+        return 2
+    if textfile and not os.path.isdir(os.path.dirname(os.path.abspath(textfile))):
+        sys.stderr.write(json.dumps({"error": f"--textfile {textfile}: no such directory", "kind": "usage"}) + "\n")
+        return 2
     stop = threading.Event()
 
     def _term(signum: int, frame: Any) -> None:
@@ -160,6 +199,8 @@ def run(args: Any) -> int:
         svc.start()
     if args.metrics_address:
         start_metrics(args.metrics_address, services)
+    if textfile:
+        start_textfile(textfile, services[0])
     notify("READY=1")
     while not stop.wait(1.0):  # a signal sets its event at once; this only bounds a SIGHUP's wait
         if reload.is_set():
