@@ -29,16 +29,17 @@ def test_ring_answers_as_the_last_capacity_samples_do() -> None:
             row["late"] = float(i // 10)
         ring.append(1000.0 + i, row)
         kept = (kept + [(1000.0 + i, row)])[-capacity:]
-        if i % 37 == 0 or i == 399:
-            since = kept[len(kept) // 3][0]
-            for name in ("steady", "sometimes", "always", "gaps", "late"):
-                if name == "late" and i < 120:
-                    continue
-                want = [(t, r.get(name)) for t, r in kept if t >= since]
-                assert ring.samples(name, since) == want, (i, name)  # every value here is exact in float32
-            base = ring.oldest_within(since)
-            assert base is not None and base[0] == since
-            assert base[1]["sometimes"] == kept[len(kept) // 3][1]["sometimes"]
+        # checked after every sample: a value lost at the window's edge shows for one sample only
+        since = kept[len(kept) // 3][0]
+        for name in ("steady", "sometimes", "always", "gaps", "late"):
+            if name == "late" and i < 120:
+                continue
+            for start in (since, 0.0):  # part of the window, and all of it (the oldest sample too)
+                want = [(t, r.get(name)) for t, r in kept if t >= start]
+                assert ring.samples(name, start) == want, (i, name, start)  # all exact in float32
+        base = ring.oldest_within(since)
+        assert base is not None and base[0] == since
+        assert base[1]["sometimes"] == kept[len(kept) // 3][1]["sometimes"]
     assert ring.oldest_within(2000.0) is None
     # the counters that hardly move cost runs, the busy field a dense column
     assert ring.columns["steady"].dense is None and len(ring.columns["steady"].starts) == 1
