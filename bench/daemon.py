@@ -6,8 +6,12 @@
 ``--backend nvml`` (read-only) measures the daemon on this machine's GPUs and adds
 ``nvidia-smi -q -x`` to the same interleaved runs. ``--load bf16`` keeps a PyTorch bf16 matmul
 loop running on every GPU while the daemon is measured (a workload only: no setting changed);
-``--metrics-out`` saves the daemon's Prometheus page at the end (for ``promtool check metrics``). Without a ``fleetops-agent`` script next to
-the interpreter the agent runs as ``python -c`` of its entry point (a checkout on PYTHONPATH).
+``--metrics-out`` saves the daemon's Prometheus page at the end (for ``promtool check metrics``).
+Without a ``fleetops-agent`` script next to the interpreter the agent runs as ``python -c`` of its
+entry point (a checkout on PYTHONPATH); with one, the answered collect is also timed that way.
+``python_floor_ms_median`` is ``python -c pass`` in the same interleaved runs. Measure the agent
+as deployed: compiled bytecode (``python -m compileall fleetops``; with PYTHONDONTWRITEBYTECODE
+set and no ``__pycache__``, every run compiles the modules it imports and the figures mean little).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import tempfile
 import time
 
 _SCRIPT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
-AGENT = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-c", "from fleetops.agent.main import entry; entry()"]
+AGENT_C = [sys.executable, "-c", "from fleetops.agent.main import entry; entry()"]
+AGENT = [_SCRIPT] if os.path.exists(_SCRIPT) else AGENT_C
 
 
 def _rss_kib(pid: int) -> int:
@@ -48,7 +53,9 @@ def _median_ms(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> di
             out = subprocess.run(cmd, env=env, capture_output=True, check=True).stdout
             times[name].append((time.perf_counter() - start) * 1000.0)
             # a cold NVML snapshot carries "daemon": null; one the daemon answered, its block
-            if name != "nvidia_smi_q_x" and (json.loads(out).get("daemon") is not None) != (name == "collect_from_daemon"):
+            if name in ("nvidia_smi_q_x", "python_floor"):
+                continue
+            if (json.loads(out).get("daemon") is not None) != name.startswith("collect_from_daemon"):
                 raise SystemExit(f"{cmd}: the daemon {'did not answer' if name == 'collect_from_daemon' else 'answered'}")
     return {f"{k}_ms_median": round(statistics.median(v), 1) for k, v in times.items()}
 
@@ -66,11 +73,11 @@ while True:
 """
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -82,8 +89,10 @@ def main() -> int:
     ap.add_argument("--load", choices=["none", "bf16"], default="none")
     ap.add_argument("--metrics-out", help="write the daemon's /metrics page here at the end")
     ap.add_argument("--load-python", default=sys.executable, help="the interpreter with PyTorch for --load")
+    ap.add_argument("--address", default="127.0.0.1", help="loopback address of the daemon's endpoint")
     args = ap.parse_args()
-    port = _free_port()
+    host = args.address
+    port = _free_port(host)
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
         if args.backend == "sim":
@@ -93,13 +102,13 @@ def main() -> int:
             sim.init_state(state, "bench")
             env["FLEETOPS_SIM_STATE"] = state
             sock = os.path.join(d, "bench.agent", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "sim", "--states", state, "--metrics-address", f"127.0.0.1:{port}"]
+            serve = [*AGENT, "serve", "--backend", "sim", "--states", state, "--metrics-address", f"{host}:{port}"]
             collect = [*AGENT, "collect"]
         else:
             env.pop("FLEETOPS_SIM_STATE", None)
             env["FLEETOPS_AGENT_STATE_DIR"] = os.path.join(d, "lib")
             sock = os.path.join(d, "run", "agent.sock")
-            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock, "--metrics-address", f"127.0.0.1:{port}"]
+            serve = [*AGENT, "serve", "--backend", "nvml", "--socket", sock, "--metrics-address", f"{host}:{port}"]
             collect = [*AGENT, "collect", "--backend", "nvml", "--socket", sock]
         proc = subprocess.Popen(serve, env=env)
         load = subprocess.Popen([args.load_python, "-c", LOAD]) if args.load == "bf16" else None
@@ -117,7 +126,11 @@ def main() -> int:
             # said at once: the collect comparison below may still fail
             print(json.dumps({"rss_mib_max": round(max(rss) / 1024, 1), "cpu_pct_of_one_core": round(cpu_pct, 3)}),
                   file=sys.stderr, flush=True)
-            cmds = {"collect_from_daemon": collect, "collect_cold": [*collect, "--fresh"]}
+            # the floor: the interpreter's start and nothing else (what no answer can go below)
+            cmds = {"python_floor": [sys.executable, "-c", "pass"], "collect_from_daemon": collect,
+                    "collect_cold": [*collect, "--fresh"]}
+            if AGENT[0] == _SCRIPT:  # pip's console script imports re (~8 ms here); the same without it
+                cmds["collect_from_daemon_python_c"] = [*AGENT_C, *collect[len(AGENT):]]
             if args.backend == "nvml":
                 cmds["nvidia_smi_q_x"] = ["nvidia-smi", "-q", "-x"]
             medians = _median_ms(cmds, env, args.runs)
@@ -125,7 +138,7 @@ def main() -> int:
             if args.metrics_out:
                 import urllib.request
 
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:  # loopback
+                with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:  # loopback
                     with open(args.metrics_out, "wb") as fh:
                         fh.write(resp.read())
         finally:

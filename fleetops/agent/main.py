@@ -21,9 +21,14 @@ every few seconds during an incident.
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any
+
+# The answered ``collect`` is this module's import, the daemon's socket and a write: so nothing
+# but sys (loaded with the interpreter) at import time. json, typing and argparse each cost more
+# than the answer; commands import what they need.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -34,11 +39,15 @@ def _note(text: str) -> None:
 
 
 def _fail(kind: str, message: str, code: int = EXIT_FAIL) -> int:
+    import json
+
     sys.stderr.write(json.dumps({"error": message, "kind": kind}) + "\n")
     return code
 
 
 def _emit(doc: Any, pretty: bool) -> None:
+    import json
+
     sys.stdout.write(json.dumps(doc, indent=2 if pretty else None, separators=None if pretty else (",", ":")))
     sys.stdout.write("\n")
 
@@ -78,6 +87,8 @@ def build_parser() -> Any:
     p.add_argument("--hang-timeout", type=float, default=10.0, help="a backend call longer than this is hung")
     p.add_argument("--socket", help="socket path (default /run/fleetops/agent.sock; sim: <state>.agent/agent.sock)")
     p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
+    p.add_argument("--textfile", help="also write the endpoint's page to this file (node_exporter's textfile "
+                   "collector; atomic, each sample; one served node only)")
     p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s (over the flags; re-read on SIGHUP)")
 
     p = sub.add_parser("watch", help="stream the daemon's snapshot, then its changes, as JSON lines until stdin closes")
@@ -142,6 +153,8 @@ def _verdict(doc: dict[str, Any], code: int, pretty: bool) -> int:
     """reset/mig: the document always goes to stdout; a non-zero exit adds the one-line error."""
     _emit(doc, pretty)
     if code != EXIT_OK:
+        import json
+
         kind = {"error": "no-such-gpu"}.get(str(doc.get("result")), str(doc.get("result") or "failed"))
         sys.stderr.write(json.dumps({"error": doc.get("message") or kind, "kind": kind}) + "\n")
     return code
@@ -191,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if served is not None:
                 if fast["pretty"]:
+                    import json
+
                     _emit(json.loads(served), True)
                 else:
                     sys.stdout.write(served + "\n")
@@ -217,16 +232,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "collect":
-            from fleetops.model import to_dict
+            from fleetops.agent.collect import collect_dict
 
             if not args.fresh:
                 from fleetops.agent.serve import client
 
                 served = client.fetch_snapshot(client.socket_for(args.backend, args.state, args.socket), args.max_age)
                 if served is not None:
+                    import json
+
                     _emit(json.loads(served), args.pretty)
                     return EXIT_OK
-            _emit(to_dict(collect(args.backend, args.state)), args.pretty)
+            _emit(collect_dict(args.backend, args.state), args.pretty)  # the fast path's document
             return EXIT_OK
         if args.command == "topology":
             from fleetops.agent import topology

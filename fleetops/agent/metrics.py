@@ -10,21 +10,21 @@ not, values are in base units (seconds, bytes, hertz, watts, celsius, ratios). L
 bounded: GPU identity, check ids, severities, XID codes, link numbers, clocks-event reason names.
 No process, job or message text ever becomes a label, so the series count stays fixed per node.
 
-Standard library only: the daemon imports it and must stay small.
+Standard library only, and little of it: the daemon imports this and must stay small, so the
+endpoint is a few lines over ``socketserver`` (``http.server`` and ``importlib.metadata`` would
+add about 6 MiB of modules to the daemon's resident size for what it needs).
 """
 
 from __future__ import annotations
 
-import html
-import importlib.metadata
 import os
 import re
-import tempfile
+import socketserver
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleetops import model
 from fleetops.catalog import throttle
@@ -49,11 +49,41 @@ _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _CHECK_ID = re.compile(r"^[a-z][a-z0-9_.]{0,79}$")
 
 
+_VERSION: list[str] = []
+
+
 def _fleetops_version() -> str:
-    try:
-        return importlib.metadata.version("fleetops")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    """The installed distribution's version, found as ``importlib.metadata`` finds it (the first
+    ``fleetops-*.dist-info`` or ``fleetops.egg-info`` on ``sys.path``) without importing it;
+    looked up once per process."""
+    if not _VERSION:
+        _VERSION.append(_find_version())
+    return _VERSION[0]
+
+
+def _find_version() -> str:
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in sorted(names):
+            if name.startswith("fleetops-") and name.endswith(".dist-info"):
+                meta = os.path.join(entry, name, "METADATA")
+            elif name == "fleetops.egg-info":
+                meta = os.path.join(entry, name, "PKG-INFO")
+            else:
+                continue
+            try:
+                with open(meta, encoding="utf-8") as fh:
+                    for line in fh:
+                        if line.startswith("Version:"):
+                            return line.split(":", 1)[1].strip() or "unknown"
+                        if not line.strip():
+                            break  # the headers end at the first blank line
+            except OSError:
+                continue
+    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -342,57 +372,87 @@ _INDEX = (
 )
 
 
-def _handler(get_text: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        """Read-only by construction: GET of two paths, nothing else is routed anywhere."""
+_STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_MAX_HEADER_LINES = 100
+_MAX_BODY = 65536
 
-        server_version = "fleetops-agent"
-        sys_version = ""
 
-        def _send(self, status: int, body: str, content_type: str, extra: Mapping[str, str] | None = None) -> None:
-            data = body.encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in (extra or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
+class _Handler(socketserver.StreamRequestHandler):
+    """Read-only by construction: GET of two paths, nothing else is routed anywhere. One request
+    per connection (HTTP/1.0, ``Connection: close``), which is what a scraper needs."""
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    text = get_text()
-                except Exception as exc:  # a failed render answers 500, the server stays up  # noqa: BLE001
-                    self._send(500, f"render failed: {html.escape(type(exc).__name__)}\n",
-                               "text/plain; charset=utf-8")
-                    return
-                self._send(200, text, CONTENT_TYPE)
-            elif path == "/":
-                self._send(200, _INDEX, "text/html; charset=utf-8")
-            else:
-                self._send(404, "not found: only /metrics\n", "text/plain; charset=utf-8")
+    timeout = 10.0
+    get_text: Callable[[], str]
 
-        def _refuse(self) -> None:
+    def _send(self, status: int, body: str, content_type: str, extra: Mapping[str, str] | None = None) -> None:
+        data = body.encode("utf-8")
+        head = [f"HTTP/1.0 {status} {_STATUS[status]}", "Server: fleetops-agent", f"Content-Type: {content_type}",
+                f"Content-Length: {len(data)}", "Connection: close"]
+        head += [f"{key}: {value}" for key, value in (extra or {}).items()]
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+
+    def handle(self) -> None:
+        try:
+            self._handle()
+        except OSError:  # the scraper went away (or timed out): nothing to answer
+            return
+
+    def _handle(self) -> None:
+        words = self.rfile.readline(8192).decode("latin-1").split()
+        if len(words) != 3 or not words[2].startswith("HTTP/"):
+            self._send(400, "bad request\n", "text/plain; charset=utf-8")
+            return
+        method, target = words[0], words[1]
+        length = 0
+        for _ in range(_MAX_HEADER_LINES):
+            line = self.rfile.readline(8192)
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length" and value.strip().isdigit():
+                length = int(value.strip())
+        else:
+            self._send(431, "too many header lines\n", "text/plain; charset=utf-8")
+            return
+        if length:  # read what was sent, so closing the socket does not reset the answer away
+            self.rfile.read(min(length, _MAX_BODY))
+        if method != "GET":
             self._send(405, "method not allowed: only GET\n", "text/plain; charset=utf-8", {"Allow": "GET"})
+            return
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                text = type(self).get_text()
+            except Exception as exc:  # a failed render answers 500, the server stays up  # noqa: BLE001
+                self._send(500, f"render failed: {type(exc).__name__}\n", "text/plain; charset=utf-8")
+                return
+            self._send(200, text, CONTENT_TYPE)
+        elif path == "/":
+            self._send(200, _INDEX, "text/html; charset=utf-8")
+        else:
+            self._send(404, "not found: only /metrics\n", "text/plain; charset=utf-8")
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
 
-        def log_message(self, format: str, *args: object) -> None:
-            """Scrapes every few seconds would flood the daemon's journal; stay quiet."""
+class MetricsServer(socketserver.ThreadingTCPServer):
+    """``server_address``, ``shutdown()`` and ``server_close()`` as ``http.server``'s have them."""
 
-    return Handler
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], get_text: Callable[[], str]) -> None:
+        handler = type("Handler", (_Handler,), {"get_text": staticmethod(get_text)})
+        super().__init__(address, handler)
 
 
-def start_server(address: str, port: int, get_text: Callable[[], str]
-                 ) -> tuple[threading.Thread, ThreadingHTTPServer]:
+def start_server(address: str, port: int, get_text: Callable[[], str], poll_s: float = 0.5
+                 ) -> tuple[threading.Thread, MetricsServer]:
     """Serves ``get_text()`` at ``GET /metrics`` from a daemon thread. ``port`` 0 takes a free
     one (``server.server_address[1]`` says which). Stop with ``server.shutdown()`` then
-    ``server.server_close()``."""
-    server = ThreadingHTTPServer((address, port), _handler(get_text))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="fleetops-metrics", daemon=True)
+    ``server.server_close()``; ``shutdown`` waits up to ``poll_s``, which is also how often the
+    idle server wakes (a resident daemon that never shuts it down asks for seldom)."""
+    server = MetricsServer((address, port), get_text)
+    thread = threading.Thread(target=server.serve_forever, args=(poll_s,), name="fleetops-metrics", daemon=True)
     thread.start()
     return thread, server
 
@@ -400,6 +460,8 @@ def start_server(address: str, port: int, get_text: Callable[[], str]
 def write_textfile(path: str, text: str) -> None:
     """node_exporter's textfile collector reads every ``*.prom`` of its folder at each scrape:
     write ``NAME.prom.tmp`` beside it and rename, so it never reads half a file."""
+    import tempfile  # only here: the daemon without a textfile does not pay for it
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:

@@ -15,13 +15,16 @@ The Prometheus endpoint starts in ``start_metrics`` (``--metrics-address``): eac
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
-import threading
-import time
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+
+if TYPE_CHECKING:
+    from typing import Any
+
+# Only os and sys (loaded with the interpreter) at import: ``collect``'s fast path imports this
+# package for its client, and every other module would be paid by each answered collect.
 
 DEFAULT_SOCKET = "/run/fleetops/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
@@ -38,6 +41,37 @@ def start_metrics(address: str, services: list[Any]) -> None:
     sys.stderr.write(f"fleetops-agent serve: metrics on {address.rpartition(':')[0] or '127.0.0.1'} port(s) {ports}\n")
 
 
+def start_textfile(path: str, service: Any) -> None:
+    """``--textfile``: the endpoint's page written to ``path`` each time the service publishes
+    (every sample, every XID), atomically (a temporary beside it, then a rename), so
+    node_exporter's textfile collector never reads half a page. A failed write (full disk) is
+    said once on stderr and retried with the next sample."""
+    import threading
+
+    from fleetops.agent import metrics
+    from fleetops.agent.serve import exposition
+
+    def loop() -> None:
+        seen = -1
+        failed = False
+        while not service.stop.is_set():
+            with service.changed:
+                service.changed.wait_for(lambda s=seen: service.version != s or service.stop.is_set(), timeout=5.0)
+            version, _ = service.state()
+            if version == seen or service.stop.is_set():
+                continue
+            seen = version
+            try:
+                metrics.write_textfile(path, exposition.page(service))
+                failed = False
+            except OSError as exc:
+                if not failed:
+                    sys.stderr.write(f"fleetops-agent serve: --textfile {path}: {exc.strerror or exc}\n")
+                failed = True
+
+    threading.Thread(target=loop, name="textfile", daemon=True).start()
+
+
 CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
 
 
@@ -46,6 +80,8 @@ def read_config(path: str | None) -> dict[str, float]:
     A bad file is refused whole with a message naming the file and the key."""
     if not path:
         return {}
+    import json
+
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     if not isinstance(data, dict):
@@ -61,6 +97,8 @@ def read_config(path: str | None) -> dict[str, float]:
 
 
 def _reload(path: str | None, services: list[Any]) -> None:
+    import time
+
     try:
         config = read_config(path)
     except (OSError, ValueError) as exc:  # the running configuration stays; say why
@@ -76,6 +114,10 @@ def _reload(path: str | None, services: list[Any]) -> None:
 
 
 def run(args: Any) -> int:
+    import json
+    import signal
+    import threading
+
     from fleetops.agent.serve.node import NodeService, SimBackend, notify
 
     services: list[NodeService] = []
@@ -136,6 +178,14 @@ def run(args: Any) -> int:
                 args.hang_timeout,
             )
         )
+    textfile = getattr(args, "textfile", None)
+    if textfile and len(services) != 1:
+        sys.stderr.write(json.dumps({"error": f"--textfile {textfile}: one served node only, got {len(services)}",
+                                     "kind": "usage"}) + "\n")
+        return 2
+    if textfile and not os.path.isdir(os.path.dirname(os.path.abspath(textfile))):
+        sys.stderr.write(json.dumps({"error": f"--textfile {textfile}: no such directory", "kind": "usage"}) + "\n")
+        return 2
     stop = threading.Event()
 
     def _term(signum: int, frame: Any) -> None:
@@ -149,8 +199,10 @@ def run(args: Any) -> int:
         svc.start()
     if args.metrics_address:
         start_metrics(args.metrics_address, services)
+    if textfile:
+        start_textfile(textfile, services[0])
     notify("READY=1")
-    while not stop.wait(0.2):
+    while not stop.wait(1.0):  # a signal sets its event at once; this only bounds a SIGHUP's wait
         if reload.is_set():
             reload.clear()
             _reload(args.config, services)

@@ -1,13 +1,23 @@
-"""The client side of the daemon's socket, for ``collect`` and ``watch``: stdlib only, short
-timeouts, so a node without a daemon pays one failed ``connect`` and nothing else."""
+"""The client side of the daemon's socket, for ``collect`` and ``watch``: short timeouts, so a
+node without a daemon pays one failed ``connect`` and nothing else.
+
+``fetch_snapshot`` is ``collect``'s fast path, the whole of an answered collect besides the
+interpreter's start, so it imports nothing the interpreter has not already loaded: ``_socket``
+(the C module under ``socket``, whose import costs as much as the answer through ``enum``) and
+no ``json`` (``re`` and ``enum`` again): the daemon's snapshot line ends with its age
+(``..."age_s":N}}``, ``NodeService.snapshot_json``), read from the tail; a line that ends any
+other way is parsed whole, as before.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+
+if TYPE_CHECKING:
+    import socket
 
 DEFAULT_SOCKET = "/run/fleetops/agent.sock"
 CONNECT_TIMEOUT_S = 0.2
@@ -26,6 +36,8 @@ def socket_for(backend: str, state_path: str | None, explicit: str | None) -> st
 
 
 def _connect(path: str, timeout: float) -> socket.socket | None:
+    import socket
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -36,51 +48,74 @@ def _connect(path: str, timeout: float) -> socket.socket | None:
     return s
 
 
-def fetch_snapshot(path: str, max_age_s: float, timeout: float = 2.0) -> str | None:
-    """The daemon's snapshot line when it answers and is fresher than ``max_age_s``, else None."""
-    if not os.path.exists(path):
-        return None
-    s = _connect(path, CONNECT_TIMEOUT_S)
-    if s is None:
-        return None
-    with s:
-        s.settimeout(timeout)
+_NUMBER = frozenset("0123456789.-+eE")
+
+
+def served_age(text: str) -> float | None:
+    """The age in a daemon snapshot line, None when the line is not one or has no age. The fast
+    reading (the tail) is taken only when the line ends as the daemon writes it; anything else is
+    parsed whole."""
+    head, sep, tail = text.rpartition(',"age_s":')
+    if sep and head.startswith('{"') and tail.endswith("}}") and tail[:-2] and set(tail[:-2]) <= _NUMBER:
         try:
-            s.sendall(b"snapshot\n")
-            chunks = []
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-                if data.endswith(b"\n"):
-                    break
-        except OSError:
-            return None
-    text = b"".join(chunks).decode("utf-8", "replace").strip()
+            return float(tail[:-2])
+        except ValueError:
+            pass
+    import json
+
     try:
-        doc: Any = json.loads(text)
+        doc = json.loads(text)
     except ValueError:
         return None
     daemon = doc.get("daemon") if isinstance(doc, dict) else None
     if not isinstance(daemon, dict) or "error" in doc:
         return None
     age = daemon.get("age_s")
-    if not isinstance(age, (int, float)) or age > max_age_s:
+    return float(age) if isinstance(age, (int, float)) and not isinstance(age, bool) else None
+
+
+def fetch_snapshot(path: str, max_age_s: float, timeout: float = 2.0) -> str | None:
+    """The daemon's snapshot line when it answers and is fresher than ``max_age_s``, else None."""
+    import _socket  # see the module's docstring: ``socket`` would double an answered collect
+
+    if not os.path.exists(path):
+        return None
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    chunks: list[bytes] = []
+    try:
+        s.settimeout(CONNECT_TIMEOUT_S)
+        s.connect(path)
+        s.settimeout(timeout)
+        s.sendall(b"snapshot\n")
+        while True:
+            data = s.recv(1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+            if data.endswith(b"\n"):
+                break
+    except OSError:
+        return None
+    finally:
+        s.close()
+    text = b"".join(chunks).decode("utf-8", "replace").strip()
+    age = served_age(text)
+    if age is None or age > max_age_s:
         return None
     return text
 
 
 def watch(path: str) -> int:
     """Stream the daemon's ``watch`` lines to stdout until stdin closes (or the daemon goes)."""
+    import json
     import select
 
-    s = _connect(path, CONNECT_TIMEOUT_S * 5)
-    if s is None:
+    conn = _connect(path, CONNECT_TIMEOUT_S * 5)
+    if conn is None:
         sys.stderr.write(json.dumps({"error": f"no fleetops-agent daemon answers on {path}", "kind": "collect"}) + "\n")
         return 1
     out = sys.stdout.buffer
-    with s:
+    with conn as s:
         s.settimeout(None)
         s.sendall(b"watch\n")
         stdin = sys.stdin.fileno()

@@ -77,6 +77,6 @@ def serve(address: str, services: list[Any]) -> list[Any]:
     host, port = parse_address(address)
     servers = []
     for i, svc in enumerate(services):
-        _, server = metrics.start_server(host, port + i if port else 0, functools.partial(page, svc))
+        _, server = metrics.start_server(host, port + i if port else 0, functools.partial(page, svc), poll_s=5.0)
         servers.append(server)
     return servers

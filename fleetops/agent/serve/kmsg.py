@@ -165,9 +165,19 @@ class Follower(threading.Thread):
             self._run_file()
 
     def _run_file(self) -> None:
+        """A regular file is always readable, so ``select`` cannot wait on it: it is polled every
+        ``poll_s`` (0.2 s keeps a line's way to the endpoint well under the 1 s asked), and a
+        poll that finds the size unchanged costs one ``stat`` and opens nothing."""
         offset = 0
         pending = ""
         while not self.stop_event.is_set():
+            try:
+                if os.stat(self.path).st_size == offset:
+                    self.error = None
+                    self.stop_event.wait(self.poll_s)
+                    continue
+            except OSError:
+                pass  # the open below says why
             try:
                 with open(self.path, encoding="utf-8", errors="replace") as fh:
                     size = os.fstat(fh.fileno()).st_size

@@ -100,6 +100,7 @@ class NodeService:
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
         self._doc: dict[str, Any] | None = None
+        self._node_doc: tuple[Any, dict[str, Any]] | None = None  # (node, to_dict(node)), shared by docs
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         os.chmod(state_dir, 0o700)
         self.book = kmsg.XidBook(os.path.join(state_dir, "xid-state.json"), self._boot_id())
@@ -262,7 +263,12 @@ class NodeService:
         from fleetops.model import to_dict
 
         node = self.node
-        doc: dict[str, Any] = to_dict(node) if node is not None else {"schema": "fleetops.snapshot/v1", "gpus": []}
+        if node is not None and (self._node_doc is None or self._node_doc[0] is not node):
+            self._node_doc = (node, to_dict(node))  # once per full snapshot, not on every publish
+        doc: dict[str, Any] = (
+            dict(self._node_doc[1]) if node is not None and self._node_doc is not None
+            else {"schema": "fleetops.snapshot/v1", "gpus": []}
+        )
         book = self.book.snapshot()
         degraded = self.degraded_reason or self.follower.error or book["write_error"]
         doc["daemon"] = {
