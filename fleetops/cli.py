@@ -41,6 +41,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.ops.baseline import resolve_baselines
 
     keep_s = parse_keep(args.keep)
+    if not args.max_age >= 0:  # also refuses nan
+        raise UsageError(f"--max-age must be a number of seconds >= 0, not {args.max_age:g}")
     hosts = inventory.load(args.inventory, args.limit)
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
     store = None if args.no_history else Store(args.db, keep_s=keep_s)
@@ -82,6 +84,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             accept_new_hostkeys=args.accept_new_hostkeys,
             on_progress=progress,
             inventory=os.path.abspath(args.inventory),
+            max_age_s=args.max_age,
+            fresh=args.fresh,
         )
     finally:
         if bar_ctx is not None:
@@ -236,6 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for the agent to answer")
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
+    p.add_argument(
+        "--max-age",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="oldest snapshot a node's resident agent (fleetops-agent serve) may answer with; older, or no "
+        "daemon, and the node collects now (default 30)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every node collects now, never from its daemon (rate checks then need a previous audit)",
+    )
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     sshopts.add_ssh_config(p)
