@@ -7,8 +7,9 @@ Where a node runs the resident agent (``fleetops-agent serve``) and its snapshot
 ``max_age_s``, the node's ``collect`` answers from it, and the rate checks (SBE growth, PCIe
 replays, NVLink errors) are the daemon's: it ran the same checks over its own window of samples,
 so one audit sees a storm that is happening now, with no earlier audit in the store. The daemon
-judges with the default thresholds; a node whose baseline sets other rate thresholds keeps the
-audit's own rate checks against the previous audit's snapshot.
+judges with the default thresholds; a node whose baseline sets other rate thresholds, or whose
+daemon started too recently to have a window, keeps the audit's own rate checks against the
+previous audit's snapshot.
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ def daemon_judges_rates(baseline: Any) -> bool:
     return all(getattr(th, name) == getattr(DEFAULT_THRESHOLDS, name) for name in RATE_THRESHOLDS)
 
 
+def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
+    """Whether the daemon ran long enough before this snapshot to have a rate: one just started
+    judges with no window (totals only), where the previous audit may still give a rate."""
+    from fleetops.baseline import DEFAULT_THRESHOLDS
+
+    started = daemon.get("started_at")
+    if not isinstance(started, (int, float)) or not snap.collected_at:
+        return True  # no start time to judge by: the daemon's own findings say what it had
+    return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
+
+
 def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node | None) -> list[model.Finding]:
     """The checks for one node that answered, and where its snapshot and rates came from
     (recorded on ``node_result``).
@@ -229,7 +241,7 @@ def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node |
     node_result.source = SOURCE_DAEMON
     node_result.age_s = float(age) if isinstance(age, (int, float)) else None
     served = daemon.get("findings")
-    if not isinstance(served, list) or not daemon_judges_rates(baseline):
+    if not isinstance(served, list) or not daemon_judges_rates(baseline) or not _daemon_has_window(snap, daemon):
         node_result.rates = RATES_PREVIOUS if previous is not None else None
         return found
     rate_findings = []

@@ -25,7 +25,9 @@ def _pair(sim_node: Callable[..., model.Node], fault: str, dt: float) -> tuple[m
 def _served(node: model.Node, window_start: model.Node | None, age_s: float = 1.5) -> model.Node:
     """``node`` as the daemon serves it: its findings are the checks over its window (no baseline)."""
     found = checks.run_node_checks(node, None, window_start)
-    node.daemon = {"age_s": age_s, "interval_s": 2.0, "findings": [f.to_dict() for f in found], "xid_counts": {}}
+    started = (window_start or node).collected_at - 5.0
+    node.daemon = {"age_s": age_s, "interval_s": 2.0, "started_at": started,
+                   "findings": [f.to_dict() for f in found], "xid_counts": {}}
     return node
 
 
@@ -89,6 +91,19 @@ def test_a_baseline_with_its_own_rate_threshold_keeps_the_audits_judgement(
     nr2 = _result(served)
     audit.node_findings(nr2, strict, previous=start)
     assert nr2.rates == audit.RATES_PREVIOUS
+
+
+def test_a_daemon_just_started_leaves_the_rate_to_the_previous_audit(sim_node: Callable[..., model.Node]) -> None:
+    """Its first full snapshot has no window (totals only, info); the audit an hour ago gives a rate."""
+    old, now = _pair(sim_node, "pcie-replay-storm@2", dt=3600.0)
+    served = _served(now, None)  # no window: the daemon started 5 s before this snapshot
+    nr = _result(served)
+    found = audit.node_findings(nr, None, previous=old)
+    assert _rates(found) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
+    assert (nr.source, nr.rates) == (audit.SOURCE_DAEMON, audit.RATES_PREVIOUS)
+    nr_alone = _result(served)
+    assert _rates(audit.node_findings(nr_alone, None, previous=None)) == {("pcie.replay_rate", now.gpus[2].uuid): "info"}
+    assert nr_alone.rates is None
 
 
 @pytest.mark.parametrize("bad", [{"check": "pcie.replay_rate", "severity": "bogus", "node": "x", "message": ""},
