@@ -41,6 +41,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.ops.baseline import resolve_baselines
 
     keep_s = parse_keep(args.keep)
+    if not args.max_age >= 0:  # also refuses nan
+        raise UsageError(f"--max-age must be a number of seconds >= 0, not {args.max_age:g}")
     hosts = inventory.load(args.inventory, args.limit)
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
     store = None if args.no_history else Store(args.db, keep_s=keep_s)
@@ -82,6 +84,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             accept_new_hostkeys=args.accept_new_hostkeys,
             on_progress=progress,
             inventory=os.path.abspath(args.inventory),
+            max_age_s=args.max_age,
+            fresh=args.fresh,
         )
     finally:
         if bar_ctx is not None:
@@ -176,6 +180,25 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- prometheus --------------------------------------------------------------------------
+
+
+def cmd_prometheus(args: argparse.Namespace) -> int:
+    from fleetops.fleet import inventory, prom_targets
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
+    hosts = inventory.load(args.inventory, args.limit)
+    text = prom_targets.render(prom_targets.target_groups(args.inventory, hosts, args.port))
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    prom_targets.write(args.output, text)
+    if not args.quiet:
+        sys.stderr.write(f"fleetops: {len(hosts)} targets written to {args.output}\n")
+    return 0
+
+
 # --- sim ---------------------------------------------------------------------------------
 
 
@@ -236,6 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for the agent to answer")
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
+    p.add_argument(
+        "--max-age",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="oldest snapshot a node's resident agent (fleetops-agent serve) may answer with; older, or no "
+        "daemon, and the node collects now (default 30)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every node collects now, never from its daemon (rate checks then need a previous audit)",
+    )
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     sshopts.add_ssh_config(p)
@@ -258,6 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true", help="also list persisting findings")
     p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("prometheus", help="Prometheus integration: scrape targets from the inventory")
+    psub = p.add_subparsers(dest="prometheus_command", required=True, parser_class=_Parser)
+    q = psub.add_parser("targets", help="write file_sd targets for every node's agent endpoint (fleetops-agent serve)")
+    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    q.add_argument("-o", "--output", help="file_sd JSON file to replace atomically (default: stdout)")
+    q.add_argument("--port", type=int, default=9401,
+                   help="agent metrics port where the host var fleetops_agent_metrics_port is unset (default 9401)")
+    q.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
+    q.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
+    q.set_defaults(func=cmd_prometheus)
 
     p = sub.add_parser("sim", help="a simulated fleet: real sshd on loopback with simulated GPUs")
     ssub = p.add_subparsers(dest="sim_command", required=True, parser_class=_Parser)

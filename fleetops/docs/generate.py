@@ -957,7 +957,8 @@ def outputs_page() -> str:
             (
                 "`summary`",
                 (
-                    "counts: nodes, reachable, unreachable, GPUs, GPUs with faults, findings and "
+                    "counts: nodes, nodes answered by their daemon (`from_daemon`) and by a cold collect "
+                    "(`from_collect`), reachable, unreachable, GPUs, GPUs with faults, findings and "
                     "nodes per severity, the worst severity, start time (epoch seconds), duration, exit code"
                 ),
             ),
@@ -965,7 +966,11 @@ def outputs_page() -> str:
                 "`nodes`",
                 (
                     "one entry per inventory host: `name`, `reachable`, `error` (why there is no "
-                    "snapshot) and `snapshot` (what the agent collected, or null)"
+                    "snapshot), `source` (`daemon`: the resident agent's snapshot, fresher than "
+                    "`--max-age`; `collect`: taken now; null without a snapshot), `snapshot_age_s` (the "
+                    "daemon snapshot's age; 0 for a collect), `rates` (where the rate checks took their "
+                    "earlier counters: `daemon window`, `previous audit`, or null: none this audit) and "
+                    "`snapshot` (what the agent collected, or null)"
                 ),
             ),
             (

@@ -2,6 +2,14 @@
 
 Transport problems (unreachable, hung, no agent, garbage output) become findings of severity
 ``unknown`` for that host; they never stop the audit of the others.
+
+Where a node runs the resident agent (``fleetops-agent serve``) and its snapshot is fresher than
+``max_age_s``, the node's ``collect`` answers from it, and the rate checks (SBE growth, PCIe
+replays, NVLink errors) are the daemon's: it ran the same checks over its own window of samples,
+so one audit sees a storm that is happening now, with no earlier audit in the store. The daemon
+judges with the default thresholds; a node whose baseline sets other rate thresholds, or whose
+daemon started too recently to have a window, keeps the audit's own rate checks against the
+previous audit's snapshot.
 """
 
 from __future__ import annotations
@@ -15,6 +23,29 @@ from fleetops import model
 
 AGENT_COMMAND_VAR = "fleetops_agent_path"
 DEFAULT_AGENT = "fleetops-agent"
+DEFAULT_MAX_AGE_S = 30.0
+
+# Where a node's snapshot came from (NodeResult.source).
+SOURCE_DAEMON = "daemon"
+SOURCE_COLLECT = "collect"
+
+# Where a node's rate checks got their earlier counters (NodeResult.rates).
+RATES_DAEMON = "daemon window"
+RATES_PREVIOUS = "previous audit"
+
+# The checks that turn two counter readings into a rate; with a daemon's snapshot these come
+# from the daemon's findings (tests/unit/test_audit_sources.py holds them to the registry).
+RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate"})
+# The thresholds those checks read: the daemon judges with the defaults of these.
+RATE_THRESHOLDS = (
+    "ecc_sbe_growth_per_hour_warn",
+    "pcie_replays_per_min",
+    "nvlink_crc_per_min_warn",
+    "nvlink_crc_per_min_crit",
+    "nvlink_replays_per_min_warn",
+    "nvlink_recoveries_per_min_warn",
+    "rate_min_interval_s",
+)
 
 
 @dataclass
@@ -24,6 +55,9 @@ class NodeResult:
     error: str | None = None
     snapshot: model.Node | None = None
     elapsed_s: float | None = None
+    source: str | None = None  # SOURCE_DAEMON or SOURCE_COLLECT; None without a snapshot
+    age_s: float | None = None  # the daemon's snapshot age when it answered; 0 for a cold collect
+    rates: str | None = None  # RATES_DAEMON, RATES_PREVIOUS, or None: no rate base this audit
 
 
 @dataclass
@@ -51,6 +85,8 @@ class AuditResult:
         }
         return {
             "nodes": len(self.nodes),
+            "from_daemon": sum(1 for n in self.nodes if n.source == SOURCE_DAEMON),
+            "from_collect": sum(1 for n in self.nodes if n.source == SOURCE_COLLECT),
             "reachable": sum(1 for n in self.nodes if n.reachable),
             "unreachable": sum(1 for n in self.nodes if not n.reachable),
             "gpus": gpus_total,
@@ -153,6 +189,73 @@ def node_from_result(host: str, result: Any) -> tuple[NodeResult, model.Finding 
     return NodeResult(host, True, msg, None, elapsed), _transport_finding(host, "output", msg, _ACTIONS["output"])
 
 
+def collect_command(agent: str, max_age_s: float, fresh: bool) -> list[str]:
+    """The node-side command: ``--max-age`` always travels, so the node's own default never
+    decides how old an answer the audit accepts."""
+    if fresh:
+        return [agent, "collect", "--fresh"]
+    return [agent, "collect", "--max-age", f"{max_age_s:g}"]
+
+
+def daemon_judges_rates(baseline: Any) -> bool:
+    """Whether the daemon's rate findings hold under this node's baseline: the daemon has no
+    baseline and judges with the default thresholds."""
+    from fleetops.baseline import DEFAULT_THRESHOLDS
+
+    if baseline is None:
+        return True
+    th = baseline.thresholds
+    return all(getattr(th, name) == getattr(DEFAULT_THRESHOLDS, name) for name in RATE_THRESHOLDS)
+
+
+def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
+    """Whether the daemon ran long enough before this snapshot to have a rate: one just started
+    judges with no window (totals only), where the previous audit may still give a rate."""
+    from fleetops.baseline import DEFAULT_THRESHOLDS
+
+    started = daemon.get("started_at")
+    if not isinstance(started, (int, float)) or not snap.collected_at:
+        return True  # no start time to judge by: the daemon's own findings say what it had
+    return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
+
+
+def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node | None) -> list[model.Finding]:
+    """The checks for one node that answered, and where its snapshot and rates came from
+    (recorded on ``node_result``).
+
+    With a daemon's snapshot whose rate judgement holds under the baseline, the rate checks'
+    findings are the daemon's (same checks, its window of samples), so a storm shows in the
+    first audit; the audit's own run of those checks against an older audit is dropped, as it
+    measures a different (longer, older) window."""
+    from fleetops import checks
+
+    snap = node_result.snapshot
+    assert snap is not None
+    daemon = snap.daemon if isinstance(snap.daemon, dict) else None
+    found = checks.run_node_checks(snap, baseline, previous)
+    if daemon is None:
+        node_result.source, node_result.age_s = SOURCE_COLLECT, 0.0
+        node_result.rates = RATES_PREVIOUS if previous is not None else None
+        return found
+    age = daemon.get("age_s")
+    node_result.source = SOURCE_DAEMON
+    node_result.age_s = float(age) if isinstance(age, (int, float)) else None
+    served = daemon.get("findings")
+    if not isinstance(served, list) or not daemon_judges_rates(baseline) or not _daemon_has_window(snap, daemon):
+        node_result.rates = RATES_PREVIOUS if previous is not None else None
+        return found
+    rate_findings = []
+    for doc in served:
+        if not isinstance(doc, dict) or doc.get("check") not in RATE_CHECKS:
+            continue
+        if doc.get("severity") not in model.SEVERITIES:
+            continue  # not a finding this controller can rank; the snapshot's own checks still ran
+        # the inventory name is the node's identity in reports
+        rate_findings.append(model.Finding.from_dict({**doc, "node": node_result.name}))
+    node_result.rates = RATES_DAEMON
+    return [f for f in found if f.check not in RATE_CHECKS] + rate_findings
+
+
 def run(
     hosts: list[Any],
     baselines: dict[str, Any],
@@ -164,8 +267,13 @@ def run(
     accept_new_hostkeys: bool = False,
     on_progress: Callable[[str, bool], None] | None = None,
     inventory: str | None = None,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    fresh: bool = False,
 ) -> AuditResult:
-    """Audit ``hosts`` (``fleet.inventory.Host``); ``baselines`` maps host name -> Baseline|None."""
+    """Audit ``hosts`` (``fleet.inventory.Host``); ``baselines`` maps host name -> Baseline|None.
+
+    ``max_age_s`` is the oldest daemon snapshot a node may answer with; ``fresh`` makes every
+    node collect now, daemon or not (its rate checks then need the previous audit)."""
     from fleetops import checks
     from fleetops.fleet import transport
 
@@ -184,7 +292,7 @@ def run(
         results.update(
             transport.run_all(
                 group,
-                [agent, "collect"],
+                collect_command(agent, max_age_s, fresh),
                 forks=forks,
                 connect_timeout=connect_timeout,
                 command_timeout=command_timeout,
@@ -209,7 +317,7 @@ def run(
         snap = node_result.snapshot
         assert snap is not None
         base = baselines.get(host.name)
-        findings.extend(checks.run_node_checks(snap, base, previous.get(host.name)))
+        findings.extend(node_findings(node_result, base, previous.get(host.name)))
         checks_run[host.name] = checks.checks_run(snap, base)
     # fleet-wide checks, per distinct baseline (groups may carry different ones)
     groups: dict[int, tuple[Any, list[model.Node]]] = {}

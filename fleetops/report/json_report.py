@@ -17,6 +17,9 @@ def document(result: Any, exit_code: int) -> dict[str, Any]:
                 "name": n.name,
                 "reachable": n.reachable,
                 "error": n.error,
+                "source": n.source,
+                "snapshot_age_s": n.age_s,
+                "rates": n.rates,
                 "snapshot": model.to_dict(n.snapshot) if n.snapshot else None,
             }
             for n in result.nodes

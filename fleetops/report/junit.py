@@ -23,6 +23,12 @@ def render(result: Any, exit_code: int) -> str:
             if f.check not in checks:
                 checks.append(f.check)
         suite = ET.SubElement(suites, "testsuite", name=node.name)
+        if node.source is not None:  # where the snapshot came from, for whoever reads a failure
+            props = ET.SubElement(suite, "properties")
+            ET.SubElement(props, "property", name="source", value=node.source)
+            if node.age_s is not None:
+                ET.SubElement(props, "property", name="snapshot_age_s", value=f"{node.age_s:g}")
+            ET.SubElement(props, "property", name="rates", value=node.rates or "none")
         s_fail = s_err = 0
         for check in checks:
             case = ET.SubElement(suite, "testcase", classname=node.name, name=check)

@@ -75,6 +75,15 @@ def render(result: Any, exit_code: int) -> str:
         "# TYPE fleetops_node_gpus gauge",
     ]
     out += [f"fleetops_node_gpus{_labels(node=n.name)} {len(n.snapshot.gpus)}" for n in result.nodes if n.snapshot]
+    aged = [n for n in result.nodes if n.snapshot is not None and n.source is not None and n.age_s is not None]
+    if aged:
+        out += [
+            "# HELP fleetops_audit_snapshot_age_seconds Age of the node's snapshot when the audit read it; "
+            "source is daemon (the resident agent's) or collect (taken now, age 0).",
+            "# TYPE fleetops_audit_snapshot_age_seconds gauge",
+        ]
+        out += [f"fleetops_audit_snapshot_age_seconds{_labels(node=n.name, source=n.source)} {float(n.age_s):g}"
+                for n in aged]
     counts: dict[tuple[str, str, str], int] = {}
     for f in result.findings:
         k = (f.node, f.check, f.severity)

@@ -24,7 +24,7 @@ def render(result: Any, exit_code: int, console: Any) -> None:
     for f in result.findings:
         by_node.setdefault(f.node, []).append(f)
     table = Table(title="fleetops audit", title_justify="left", expand=False, pad_edge=False)
-    for col in ("node", "health", "GPUs", "driver", "CUDA", "worst finding"):
+    for col in ("node", "health", "GPUs", "driver", "CUDA", "source", "worst finding"):
         table.add_column(col, no_wrap=col != "worst finding", overflow="fold")
     for node in result.nodes:
         s = sev[node.name]
@@ -39,7 +39,7 @@ def render(result: Any, exit_code: int, console: Any) -> None:
             bad = {f.gpu["uuid"] for f in by_node.get(node.name, []) if f.gpu and f.severity in ("warn", "crit")}
             gpus = f"{len(snap.gpus) - len(bad)}/{len(snap.gpus)}"
             driver, cuda = snap.driver_version or "?", snap.cuda_driver_version or "?"
-        table.add_row(node.name, Text(s.upper(), style=STYLE[s]), gpus, driver, cuda, worst_text)
+        table.add_row(node.name, Text(s.upper(), style=STYLE[s]), gpus, driver, cuda, source_text(node), worst_text)
     console.print(table)
     for level in ("crit", "warn", "unknown", "info"):
         group = [f for f in result.findings if f.severity == level]
@@ -63,8 +63,19 @@ def render(result: Any, exit_code: int, console: Any) -> None:
     console.print(
         f"\n{s['nodes']} nodes ({n['ok'] + n['info']} ok, {n['warn']} warn, {n['crit']} crit, "
         f"{n['unknown']} unknown; {s['unreachable']} unreachable), {s['gpus']} GPUs "
-        f"({s['gpus_with_faults']} with faults) in {s['duration_s']:.1f} s "
+        f"({s['gpus_with_faults']} with faults; {s['from_daemon']} from daemons, {s['from_collect']} cold collects) "
+        f"in {s['duration_s']:.1f} s "
         f"at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s['started_at']))}; exit {exit_code}",
         markup=False,
         highlight=False,
     )
+
+
+def source_text(node: Any) -> str:
+    """Which answer the node gave: its daemon's snapshot with its age, or a collect made now
+    (where the rate checks took their earlier counters is in the JSON and JUnit reports)."""
+    if node.source is None:
+        return "-"
+    if node.source == "daemon":
+        return f"daemon {node.age_s:.1f}s" if node.age_s is not None else "daemon (age ?)"
+    return "collect"

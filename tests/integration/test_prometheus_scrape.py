@@ -1,6 +1,9 @@
 """A real Prometheus (Debian's ``prometheus`` binary) scrapes the agent's endpoint on loopback
-with the shipped alert rules loaded: the target is up, the metrics are queryable, and a DBE on
-one GPU makes FleetopsGpuCritical fire, all seen through Prometheus's own HTTP API."""
+with the shipped alert rules loaded, its target found through the file_sd file that
+``fleetops prometheus targets`` wrote from an Ansible inventory (``promtool check config``
+accepts the configuration): the target is up with the node's labels, the metrics are
+queryable, and a DBE on one GPU makes FleetopsGpuCritical fire, all seen through Prometheus's
+own HTTP API."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promtool_util import INSTALL
+from promtool_util import INSTALL, promtool
 
 from fleetops import checks, model
 from fleetops.agent import metrics
@@ -26,6 +30,7 @@ from fleetops.gpu import sim, xid
 pytestmark = [pytest.mark.promtool, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "fleetops.cli"]
 RULES = REPO / "prometheus" / "fleetops-rules.yml"
 ADDRESS = "127.0.0.1"
 
@@ -124,13 +129,28 @@ def test_prometheus_scrapes_the_agent_and_fires_on_a_dbe(
 ) -> None:
     endpoint, agent_port = served
     port = free_port()
+    inventory = tmp_path / "hosts.ini"  # the agent's port from the host var; the other node's from --port
+    inventory.write_text(
+        f"[gpu]\nn1 ansible_host={ADDRESS} fleetops_agent_metrics_port={agent_port}\n"
+        f"[spare]\nn2 ansible_host={ADDRESS}\n"
+    )
+    targets_file = tmp_path / "sd" / "fleetops.json"
+    targets_file.parent.mkdir()
+    dead_port = free_port()
+    made = subprocess.run([*CLI, "prometheus", "targets", "-i", str(inventory), "-o", str(targets_file),
+                           "--port", str(dead_port)],
+                          capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    assert made.returncode == 0, made.stderr
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files:\n  - {RULES}\n"
         "scrape_configs:\n  - job_name: fleetops-agent\n"
-        f"    static_configs:\n      - targets: ['{ADDRESS}:{agent_port}']\n"
+        f"    file_sd_configs:\n      - files: ['{targets_file.parent}/*.json']\n        refresh_interval: 1s\n"
     )
+    checked = subprocess.run([promtool(), "check", "config", str(config)], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     log = open(tmp_path / "prometheus.log", "w")
     proc = subprocess.Popen(
         [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
@@ -142,13 +162,20 @@ def test_prometheus_scrapes_the_agent_and_fires_on_a_dbe(
             t for t in api(port, "/api/v1/targets")["activeTargets"]
             if t["labels"]["job"] == "fleetops-agent" and t["health"] == "up"
         ], proc)
-        assert targets[0]["scrapeUrl"] == f"http://{ADDRESS}:{agent_port}/metrics"
+        assert [t["scrapeUrl"] for t in targets] == [f"http://{ADDRESS}:{agent_port}/metrics"]
+        assert {k: targets[0]["labels"][k] for k in ("node", "group", "groups")} == {
+            "node": "n1", "group": "gpu", "groups": ",gpu,"}
+        every = {t["labels"]["node"]: t["scrapeUrl"] for t in api(port, "/api/v1/targets")["activeTargets"]}
+        assert every == {"n1": f"http://{ADDRESS}:{agent_port}/metrics", "n2": f"http://{ADDRESS}:{dead_port}/metrics"}
         healthy = wait_for("fleetops_node_health", lambda: api(port, "/api/v1/query", query="fleetops_node_health")
                            ["result"], proc)
         assert healthy[0]["value"][1] == "0"
         gpus = api(port, "/api/v1/query", query="fleetops_node_gpus")["result"]
         assert gpus[0]["value"][1] == "8"
-        assert api(port, "/api/v1/alerts")["alerts"] == []
+        alerts = api(port, "/api/v1/alerts")["alerts"]
+        assert [a for a in alerts if a["labels"].get("node") == "n1"] == []
+        # n2 has no agent listening: the only alert there can be is the agent being down
+        assert {(a["labels"]["alertname"], a["labels"]["node"]) for a in alerts} <= {("FleetopsAgentDown", "n2")}
 
         faulty = sim_node(faults=("ecc-dbe@1",))
         endpoint.set(page(faulty))
