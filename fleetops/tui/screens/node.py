@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
 from fleetops.tui import data
@@ -216,8 +216,8 @@ class NodeScreen(Screen[None]):
         key = self.query_one("#node-gpus", FleetTable).cursor_key
         self.query_one("#node-gpu-detail", Static).update(gpu_detail(self.entry, key))
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "node-gpus":
+    def on_fleet_table_row_highlighted(self, event: FleetTable.RowHighlighted) -> None:
+        if event.table.id == "node-gpus":
             self._show_gpu()
 
     @work(thread=True, exclusive=True, group="history", exit_on_error=False)
