@@ -202,3 +202,29 @@ def test_live_node_without_daemon_says_so(fleets: tuple[str, str]) -> None:
         assert any("no fleetops-agent daemon on node001" in line for line in screen_lines(app))
 
     drive(app, body)
+
+
+@pytest.mark.root
+def test_live_charts_refresh_while_open_and_show_an_injected_heat(
+    fleets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = fleets[0]
+    monkeypatch.setattr(NodeScreen, "CHARTS_REFRESH_S", 0.5)
+    app = live_app(directory)
+    node = "node001"
+
+    async def body(pilot: Any) -> None:
+        await _open_charts(app, node)(pilot)
+        await wait_for(pilot, lambda: "last" in chart_label(app, "temp_gpu_c"), timeout=30, what="the live charts")
+        before = chart_label(app, "temp_gpu_c")
+        assert " max 9" not in before  # a cool GPU: no 90-something yet
+        try:
+            assert fleet.inject(directory, node, "thermal-slowdown", 0)
+            # no key pressed: the screen's own refresh brings the daemon's new samples
+            await wait_for(pilot, lambda: "max 9" in chart_label(app, "temp_gpu_c"), timeout=30, what="the heat charted")
+        finally:
+            fleet.clear(directory, node, "all")
+        label = chart_label(app, "temp_gpu_c")
+        assert "last 9" in label, label
+
+    drive(app, body)
