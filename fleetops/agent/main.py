@@ -13,7 +13,7 @@ wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` 
 ``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
 the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
 ``fleetops.set/v1``. Error lines' ``kind``: ``usage``, ``no-such-gpu``, ``refused``, ``failed``,
-``interrupted``, ``collect``, ``internal`` and the exception names listed in ``main``.
+``interrupted``, ``collect``, ``no-daemon`` (``history`` with no daemon answering), ``internal`` and the exception names listed in ``main``.
 
 Nothing heavy is imported here (no textual, rich, ansible, paramiko): this starts on every node
 every few seconds during an incident.
@@ -93,6 +93,13 @@ def build_parser() -> Any:
 
     p = sub.add_parser("watch", help="stream the daemon's snapshot, then its changes, as JSON lines until stdin closes")
     common(p)
+    p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
+
+    p = sub.add_parser("history", help="print the daemon's recent samples of one GPU: {field: [[t, v], ...]}")
+    common(p)
+    p.add_argument("--gpu", required=True, metavar="UUID", help="the GPU's UUID")
+    p.add_argument("--fields", help="comma-separated ring fields (default temp_gpu_c,temp_memory_c,power_draw_w,clock_sm_mhz)")
+    p.add_argument("--seconds", type=float, default=3600.0, help="how far back, seconds (default 3600)")
     p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
     p = sub.add_parser("topology", help="print the GPU topology; check it against an expected file")
@@ -224,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetops.agent import serve
 
         return serve.run(args)
+    if args.command == "history":
+        from fleetops.agent.serve import history_cli
+
+        return history_cli.run(args)
     if args.command == "watch":
         from fleetops.agent.serve import client
 

@@ -84,3 +84,28 @@ def clone_node(node: model.Node, hostname: str) -> model.Node:
     out = copy.deepcopy(node)
     out.hostname = hostname
     return out
+
+
+def gpu_history(
+    name: str, uuid: str, now: float = T0, seconds: float = 3600.0, interval_s: float = 20.0
+) -> dict[str, list[tuple[float, float | None]]]:
+    """A GPU's last hour as the daemon's ``history`` would give it, made up but fixed: a
+    warm-up, a plateau under load and a cool-down, different per GPU, so charts and their
+    labels can be drawn without a daemon and without depending on when they run."""
+    import math
+    import zlib
+
+    seed = zlib.crc32(f"{name}/{uuid}".encode()) % 1000 / 1000.0
+    n = int(seconds / interval_s)
+    out: dict[str, list[tuple[float, float | None]]] = {
+        "temp_gpu_c": [], "temp_memory_c": [], "power_draw_w": [], "clock_sm_mhz": [],
+    }  # fmt: skip
+    for i in range(n):
+        t = now - seconds + (i + 1) * interval_s
+        x = i / max(1, n - 1)
+        load = max(0.0, math.sin(math.pi * x * (1.0 + seed)))
+        out["temp_gpu_c"].append((t, round(36 + 40 * load + 2 * math.sin(i * 0.7 + seed * 6), 1)))
+        out["temp_memory_c"].append((t, round(38 + 35 * load, 1)))
+        out["power_draw_w"].append((t, round(77 + 560 * load, 1)))
+        out["clock_sm_mhz"].append((t, None if i % 17 == 5 else float(round(1980 - 300 * load * load))))
+    return out

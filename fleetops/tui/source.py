@@ -104,6 +104,36 @@ class SshSource:
             result = self.pool.run_one(name, [self.agent(name), "collect"], idempotent=True)
             return self._ingest(name, result)
 
+    def gpu_history(self, name: str, uuid: str) -> dict[str, list[tuple[float, float | None]]]:
+        """The daemon's last hour of one GPU's temperatures, power and SM clock, from
+        ``fleetops-agent history`` over the host's session. Raises ``HistoryError`` (its kind
+        ``no-daemon`` when the node runs no daemon) instead of returning empty series."""
+        import json as _json
+
+        from fleetops.agent.serve.history_cli import HistoryError
+        from fleetops.tui.widgets.charts import FIELDS
+
+        command = [self.agent(name), "history", "--gpu", uuid, "--fields", ",".join(FIELDS)]
+        deadline = time.monotonic() + 2 * self._connect_timeout
+        while True:  # the host's session may be busy with a poll for a moment
+            result = self.pool.run_one(name, command, idempotent=True)
+            if result.ok or result.exit_status is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if result.exit_status is None:
+            raise HistoryError(result.error_kind or "unreachable", f"{name}: {result.error or 'no answer'}")
+        if result.exit_status != 0:
+            try:
+                err = _json.loads(result.stderr.strip().splitlines()[-1])
+                raise HistoryError(str(err.get("kind") or "failed"), f"{name}: {err['error']}")
+            except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+                raise HistoryError("failed", f"{name}: history exited {result.exit_status}: {result.stderr.strip()[:200]}") from None
+        try:
+            doc = _json.loads(result.stdout)
+            return {f: [(float(t), None if v is None else float(v)) for t, v in doc.get(f, [])] for f in FIELDS}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise HistoryError("failed", f"{name}: history printed no JSON object: {exc}") from exc
+
     def _ingest(self, name: str, result: Any) -> data.NodeEntry:
         node_result, problem = audit.node_from_result(name, result)
         with self._lock:

@@ -78,3 +78,25 @@ def test_snapshot_readonly_with_filter_prompt(snap_compare: Any) -> None:
         await pilot.press(*"ecc")
 
     assert snap_compare(fed(readonly=True), terminal_size=SIZE, run_before=type_filter)
+
+
+def test_snapshot_node_charts(snap_compare: Any) -> None:
+    from .test_charts import HistorySource
+
+    app = fed_app(source=HistorySource(NAMES))
+    app.call_later(app.feed, ENTRIES)
+    gpu2 = ENTRIES[NAMES.index("node005")].gpus[2].uuid
+
+    async def open_charts(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.screen.table().select_key("node005")
+        await pilot.press("enter")
+        pilot.app.screen.query_one("#node-gpus", FleetTable).select_key(gpu2)
+        await pilot.press("5")
+        for _ in range(50):  # the history is fetched in a worker thread
+            await pilot.pause(0.05)
+            if "last" in str(pilot.app.screen.query_one("#chart-power_draw_w").render()):
+                break
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=open_charts)

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.suggester import SuggestFromList
-from textual.widgets import ContentSwitcher, DataTable, Footer, Input
+from textual.widgets import ContentSwitcher, Footer, Input
 
 from fleetops.tui import data
 from fleetops.tui.widgets.fleet_table import FleetTable
@@ -190,8 +190,8 @@ class FleetScreen(Screen[None]):
             event.stop()
             self.refresh_data(None)
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        self.state.sort_by(self.state.view, str(event.column_key.value))
+    def on_fleet_table_header_selected(self, event: FleetTable.HeaderSelected) -> None:
+        self.state.sort_by(self.state.view, event.column_key)
         self.refresh_data(None)
 
     # --- drill down and actions --------------------------------------------------------
@@ -201,7 +201,7 @@ class FleetScreen(Screen[None]):
         key = table.cursor_key
         return table.row(key) if key else None
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_fleet_table_row_selected(self, event: FleetTable.RowSelected) -> None:
         row = self.current_row()
         if row is None or not row.node:
             return

@@ -19,7 +19,7 @@ KEYS = (
     ("Esc", "clear the filter / close the prompt / back from a node"),
     ("f, ctrl+z", "faults only (unhealthy or unreachable nodes, faulty GPUs, warn/crit findings)"),
     ("Shift+letter", "sort by the column (again: reverse); clicking a header also sorts"),
-    ("Enter", "open the node of the row: GPUs, findings, XIDs, history (1-4 pick the tab there)"),
+    ("Enter", "open the node of the row: GPUs, findings, XIDs, history, charts (1-5 pick the tab there)"),
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain / resume the node in Slurm (asks first)"),

@@ -1,5 +1,6 @@
 """One node: its GPUs (every health field), its findings with the action each calls for, the
-selected GPU in full, its recent XIDs and its audit history from the store. Esc goes back."""
+selected GPU in full, charts of the selected GPU's last hour from the node's daemon, its recent
+XIDs and its audit history from the store. Esc goes back."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
 from fleetops.tui import data
+from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
@@ -154,7 +156,9 @@ class NodeScreen(Screen[None]):
         Binding("2", "tab('tab-gpu')", "GPU", show=False),
         Binding("3", "tab('tab-xids')", "XIDs", show=False),
         Binding("4", "tab('tab-history')", "History", show=False),
+        Binding("5", "tab('tab-charts')", "Charts", show=False),
     ]
+    CHARTS_REFRESH_S = 10.0
 
     def __init__(self, name: str, select_gpu: str | None = None) -> None:
         super().__init__()
@@ -162,6 +166,8 @@ class NodeScreen(Screen[None]):
         self.select_gpu = select_gpu
         self.stale = False
         self.ready = False  # set once mounted: data may arrive between push and mount
+        self.charts_for: str | None = None  # the GPU the charts show (or are being fetched for)
+        self.charts_live = False
 
     @property
     def state(self) -> data.FleetState:
@@ -184,6 +190,8 @@ class NodeScreen(Screen[None]):
                 yield FleetTable(data.DETAIL_XID_COLUMNS, id="node-xids", highlight_s=0)
             with TabPane("History", id="tab-history"):
                 yield FleetTable(HISTORY_COLUMNS, id="node-history", highlight_s=0)
+            with TabPane("Charts", id="tab-charts"), VerticalScroll():
+                yield GpuCharts(id="node-charts")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -195,6 +203,9 @@ class NodeScreen(Screen[None]):
             gpus.select_key(self.select_gpu)
         gpus.focus()
         self.load_history()
+        self.charts_live = True
+        self.load_charts()
+        self.set_interval(self.CHARTS_REFRESH_S, self.load_charts)
 
     def on_screen_resume(self) -> None:
         if self.stale:
@@ -215,9 +226,11 @@ class NodeScreen(Screen[None]):
     def _show_gpu(self) -> None:
         key = self.query_one("#node-gpus", FleetTable).cursor_key
         self.query_one("#node-gpu-detail", Static).update(gpu_detail(self.entry, key))
+        if self.charts_live and key != self.charts_for:
+            self.load_charts()
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "node-gpus":
+    def on_fleet_table_row_highlighted(self, event: FleetTable.RowHighlighted) -> None:
+        if event.table.id == "node-gpus":
             self._show_gpu()
 
     @work(thread=True, exclusive=True, group="history", exit_on_error=False)
@@ -231,6 +244,44 @@ class NodeScreen(Screen[None]):
             except sqlite3.Error as exc:
                 rows = [_note_row(f"cannot read history: {exc}")]
         self.app.call_from_thread(self.query_one("#node-history", FleetTable).apply, rows)
+
+    def load_charts(self) -> None:
+        """Ask for the selected GPU's history off the UI thread (SSH takes its time)."""
+        key = self.query_one("#node-gpus", FleetTable).cursor_key
+        self.charts_for = key
+        charts = self.query_one("#node-charts", GpuCharts)
+        source = getattr(self.app, "source", None)
+        if key is None:
+            charts.show_message("no GPU selected", style="dim")
+        elif source is None or not hasattr(source, "gpu_history"):
+            charts.show_message("no live source: charts come from the node's fleetops-agent daemon", style="dim")
+        else:
+            self._fetch_charts(source, key)
+
+    @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
+    def _fetch_charts(self, source: Any, uuid: str) -> None:
+        from fleetops.agent.serve.history_cli import HistoryError
+
+        gv = self.entry.gpu(uuid)
+        label = f"GPU {gv.index} {uuid}" if gv is not None else uuid
+        try:
+            history = source.gpu_history(self.node, uuid)
+        except HistoryError as exc:
+            if exc.kind == "no-daemon":
+                text = f"no fleetops-agent daemon on {self.node}: no history to chart (start it with fleetops-agent serve)"
+            else:
+                text = f"history of {label} unavailable: {exc}"
+            self.app.call_from_thread(self._charts_message, uuid, text)
+            return
+        self.app.call_from_thread(self._charts_show, uuid, f"{label}: daemon history", history)
+
+    def _charts_show(self, uuid: str, title: str, history: dict[str, list[tuple[float, float | None]]]) -> None:
+        if uuid == self.charts_for:
+            self.query_one("#node-charts", GpuCharts).show(title, history)
+
+    def _charts_message(self, uuid: str, text: str) -> None:
+        if uuid == self.charts_for:
+            self.query_one("#node-charts", GpuCharts).show_message(text)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return bool(self.app.allowed(action))  # type: ignore[attr-defined]  # False: unbound when read-only

@@ -1,24 +1,29 @@
-"""A DataTable that is updated in place: stable row keys, fixed widths, changed cells only.
+"""The fleet's tables on Textual's Line API: a ScrollView that draws only the lines on screen.
 
-``apply(rows)`` compares the new rows with what is on screen and touches only the difference:
-``update_cell`` for changed cells (lit for a moment so the eye finds them), ``add_row`` and
-``remove_row`` for rows that came or went, and a reorder when the order changed. It never
-``clear()``s on a refresh, and the cursor stays on the row it was on (by key), wherever that
-row moved. Only an operator action that removes most rows at once (a narrow filter) rebuilds
-the table, and even then the cursor goes back to its row if it survived.
+``apply(rows)`` compares the new rows with what is shown and keeps the difference: changed
+cells are lit for a moment so the eye finds them, and the cursor stays on the row it was on
+(by key), wherever that row moved. Nothing is measured per cell (every column has a fixed
+width, every row one line), and a row's line is kept until the row, its lit cells, the cursor
+or the width change, so a refresh of 5000 rows costs a dict comparison per row and a redraw of
+the visible lines only.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import ClassVar
 
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
-from textual.widgets import DataTable
-from textual.widgets.data_table import RowKey
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from fleetops.tui.data import Column, Row
 
@@ -36,8 +41,8 @@ STYLES: dict[str, Style] = {
     "stale": Style(color="yellow"),
 }
 CHANGED = Style(bgcolor="#4d4d00", bold=True)  # k9s' "modified" delta colour, darkened
-REBUILD_MIN_REMOVED = 64
-CELL_CACHE_SIZE = 8192  # removing more rows than this at once (and most of them) rebuilds
+PADDING = 1  # blank cells either side of a column's text
+LINE_CACHE_SIZE = 4096  # a screenful is a few dozen lines: plenty of room
 
 
 def cell(text: str, style: str, changed: bool = False) -> Text:
@@ -48,8 +53,89 @@ def cell(text: str, style: str, changed: bool = False) -> Text:
     return Text(text, style=st, no_wrap=True, overflow="ellipsis")
 
 
-class FleetTable(DataTable[Text]):
+def fit(text: str, width: int) -> str:
+    """``text`` in exactly ``width`` cells: padded, or cut with an ellipsis."""
+    if cell_len(text) <= width:
+        return set_cell_size(text, width)
+    return set_cell_size(text, max(0, width - 1)) + "…" if width > 0 else ""
+
+
+class FleetTable(ScrollView, can_focus=True):
     """Rows from ``fleetops.tui.data``; see the module docstring."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor_up", "Up", show=False),
+        Binding("down", "cursor_down", "Down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home", "first", "First", show=False),
+        Binding("end", "last", "Last", show=False),
+    ]
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "fleet-table--header",
+        "fleet-table--cursor",
+    }
+    DEFAULT_CSS = """
+    FleetTable {
+        background: $surface;
+        color: $foreground;
+        & > .fleet-table--header {
+            text-style: bold;
+            background: $panel;
+            color: $foreground;
+        }
+        & > .fleet-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .fleet-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+        }
+    }
+    """
+
+    class RowHighlighted(Message):
+        """The cursor is on another row (key None: the table is empty)."""
+
+        def __init__(self, table: FleetTable, key: str | None) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> FleetTable:
+            return self.table
+
+    class RowSelected(Message):
+        """Enter (or a click) on a row."""
+
+        def __init__(self, table: FleetTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> FleetTable:
+            return self.table
+
+    class HeaderSelected(Message):
+        """A click on a column's header: the fleet screen sorts by it."""
+
+        def __init__(self, table: FleetTable, column_key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.column_key = column_key
+
+        @property
+        def control(self) -> FleetTable:
+            return self.table
 
     def __init__(
         self,
@@ -60,27 +146,23 @@ class FleetTable(DataTable[Text]):
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=False)
+        super().__init__(id=id, classes=classes)
         self.spec = tuple(columns)
         self.highlight_s = highlight_s
         self.monotonic = monotonic
         self._shown: dict[str, Row] = {}
         self._order: list[str] = []
+        self._index: dict[str, int] = {}
         self._lit: dict[tuple[str, int], float] = {}  # (row key, column index) -> until
-        self._columns_added = False
+        self.cursor_row = 0
+        self._announced: str | None = None
         self.last_changed_cells = 0
-        self._cells_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-        self._lines_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-        self._strips_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-
-    def _ensure_columns(self) -> None:
-        if not self._columns_added:
-            for c in self.spec:
-                self.add_column(c.label, width=c.width, key=c.key)
-            self._columns_added = True
+        self._line_cache: dict[str, tuple[tuple[object, ...], Strip]] = {}
+        self._header_cache: tuple[tuple[object, ...], Strip] | None = None
+        self._width = sum(c.width + 2 * PADDING for c in self.spec)
+        self.virtual_size = Size(self._width, 1)
 
     def on_mount(self) -> None:
-        self._ensure_columns()
         self.set_interval(0.25, self.fade)
 
     # --- queries -----------------------------------------------------------------------
@@ -89,91 +171,69 @@ class FleetTable(DataTable[Text]):
     def keys(self) -> list[str]:
         return list(self._order)
 
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
     def row(self, key: str) -> Row | None:
         return self._shown.get(key)
 
     @property
     def cursor_key(self) -> str | None:
-        if not self._order or not 0 <= self.cursor_row < len(self._order):
+        if not 0 <= self.cursor_row < len(self._order):
             return None
         return self._order[self.cursor_row]
+
+    @property
+    def lit_cells(self) -> set[tuple[str, str]]:
+        return {(k, self.spec[i].key) for k, i in self._lit}
 
     # --- updating ----------------------------------------------------------------------
 
     def apply(self, rows: list[Row], highlight: bool = True) -> int:
         """Make the table show ``rows`` in this order; returns how many cells changed."""
-        self._ensure_columns()
         keep = self.cursor_key
         new = {r.key: r for r in rows}
-        order = list(new)
-        removed = [k for k in self._order if k not in new]
-        if len(removed) > REBUILD_MIN_REMOVED and len(removed) * 2 > len(self._order):
-            self._rebuild(rows, keep)
-            return 0
-        for key in removed:
-            self.remove_row(key)
-            del self._shown[key]
-        if removed:
-            gone = set(removed)
-            self._order = [k for k in self._order if k not in gone]
-            self._lit = {k: v for k, v in self._lit.items() if k[0] not in gone}
+        if len(self._lit) and len(new) < len(self._shown):
+            self._lit = {k: v for k, v in self._lit.items() if k[0] in new}
         changed = 0
         until = self.monotonic() + self.highlight_s
         for r in rows:
             old = self._shown.get(r.key)
-            if old is r:
+            if old is None or old is r or (old.cells == r.cells and old.styles == r.styles):
                 continue
-            if old is None:
-                self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles, strict=True)), key=r.key)
-                self._order.append(r.key)
-            elif old.cells != r.cells or old.styles != r.styles:
-                for i, col in enumerate(self.spec):
-                    text, style = r.cells[i], r.styles[i]
-                    if text == old.cells[i] and style == old.styles[i]:
-                        continue
-                    lit = highlight and text != old.cells[i] and not col.clock and not old.placeholder
-                    self.update_cell(r.key, col.key, cell(text, style, lit))
-                    if lit:
-                        self._lit[(r.key, i)] = until
-                    changed += 1
-            self._shown[r.key] = r
-        if self._order != order:
-            self._reorder(order)
-        self._restore_cursor(keep)
+            for i, col in enumerate(self.spec):
+                text = r.cells[i]
+                if text == old.cells[i] and r.styles[i] == old.styles[i]:
+                    continue
+                changed += 1
+                if highlight and text != old.cells[i] and not col.clock and not old.placeholder:
+                    self._lit[(r.key, i)] = until
+        order = list(new)
+        self._shown = new
+        if order != self._order:
+            self._order = order
+            self._index = {k: i for i, k in enumerate(order)}
+            for gone in [k for k in self._line_cache if k not in new]:
+                del self._line_cache[gone]
+        self.virtual_size = Size(self._width, len(order) + 1)
+        if keep is not None and keep in self._index:
+            self._set_cursor(self._index[keep], scroll=self._index[keep] != self.cursor_row)
+        else:
+            self._set_cursor(self.cursor_row)
         self.last_changed_cells = changed
+        self.refresh()
         return changed
 
-    def _reorder(self, order: list[str]) -> None:
-        # What DataTable.sort() does once it has the new order; sort() itself only sees cell
-        # values, and our order comes from the data side's sort values.
-        from textual._two_way_dict import TwoWayDict
-
-        self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(order)})
-        self._update_count += 1
-        self._order = order
-        self.refresh()
-
-    def _rebuild(self, rows: list[Row], keep: str | None) -> None:
-        self.clear()
-        self._shown = {r.key: r for r in rows}
-        self._order = [r.key for r in rows]
-        self._lit.clear()
-        for r in rows:
-            self.add_row(*(cell(t, s) for t, s in zip(r.cells, r.styles, strict=True)), key=r.key)
-        self._restore_cursor(keep)
-
-    def _restore_cursor(self, key: str | None) -> None:
-        if key is None or key not in self._shown:
-            return
-        index = self._order.index(key)
-        if index != self.cursor_row:
-            self.move_cursor(row=index, animate=False)
-
     def select_key(self, key: str) -> bool:
-        if key not in self._shown:
+        index = self._index.get(key)
+        if index is None:
             return False
-        self.move_cursor(row=self._order.index(key), animate=False)
+        self._set_cursor(index)
         return True
+
+    def move_cursor(self, row: int) -> None:
+        self._set_cursor(row)
 
     def fade(self) -> None:
         """Changed cells go back to their normal look once their moment is over."""
@@ -181,138 +241,123 @@ class FleetTable(DataTable[Text]):
             return
         now = self.monotonic()
         done = [k for k, until in self._lit.items() if until <= now]
-        for key, i in done:
-            del self._lit[(key, i)]
-            row = self._shown.get(key)
-            if row is not None:
-                self.update_cell(key, self.spec[i].key, cell(row.cells[i], row.styles[i]))
+        for k in done:
+            del self._lit[k]
+        if done:
+            self.refresh()
+
+    def _set_cursor(self, index: int, scroll: bool = True) -> None:
+        index = max(0, min(index, len(self._order) - 1)) if self._order else 0
+        if index != self.cursor_row:
+            self.cursor_row = index
+            self.refresh()
+        if scroll and self._order:
+            self._scroll_to_cursor()
+        key = self.cursor_key
+        if key != self._announced:
+            self._announced = key
+            self.post_message(self.RowHighlighted(self, key))
+
+    def _scroll_to_cursor(self) -> None:
+        rows_on_screen = max(1, self.scrollable_content_region.height - 1)
+        top = int(self.scroll_y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False, immediate=True, force=True)
+        elif self.cursor_row >= top + rows_on_screen:
+            self.scroll_to(y=self.cursor_row - rows_on_screen + 1, animate=False, immediate=True, force=True)
+
+    # --- keys and mouse ----------------------------------------------------------------
+
+    def _page(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def action_cursor_up(self) -> None:
+        self._set_cursor(self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self._set_cursor(self.cursor_row + 1)
+
+    def action_page_up(self) -> None:
+        self._set_cursor(self.cursor_row - self._page())
+
+    def action_page_down(self) -> None:
+        self._set_cursor(self.cursor_row + self._page())
+
+    def action_first(self) -> None:
+        self._set_cursor(0)
+
+    def action_last(self) -> None:
+        self._set_cursor(len(self._order) - 1)
+
+    def action_select_cursor(self) -> None:
+        key = self.cursor_key
+        if key is not None:
+            self.post_message(self.RowSelected(self, key))
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        if offset.y == 0:
+            x = offset.x + int(self.scroll_x)
+            for col in self.spec:
+                x -= col.width + 2 * PADDING
+                if x < 0:
+                    self.post_message(self.HeaderSelected(self, col.key))
+                    return
+            return
+        index = int(self.scroll_y) + offset.y - 1
+        if 0 <= index < len(self._order):
+            self._set_cursor(index, scroll=False)
+            self.action_select_cursor()
 
     # --- rendering ---------------------------------------------------------------------
 
-    def _render_cell(
-        self,
-        row_index: int,
-        column_index: int,
-        base_style: Style,
-        width: int,
-        cursor: bool = False,
-        hover: bool = False,
-    ) -> Any:
-        """DataTable keys its render caches on a counter that every ``update_cell`` bumps, so
-        one changed cell re-renders every visible cell. Here a data cell's rendering is kept
-        for as long as the cell holds the same value object (``apply`` puts a new one in
-        when, and only when, its text or style changes), at the same place and width, with
-        the same cursor, hover and focus state."""
-        if row_index < 0 or column_index < 0:
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        row_key = self._row_locations.get_key(row_index)
-        column_key = self._column_locations.get_key(column_index)
-        if row_key is None or column_key is None:
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        value = self._data[row_key][column_key]
-        key = (
-            row_key,
-            column_key,
-            row_index,
-            base_style,
-            width,
-            cursor,
-            hover,
-            self._show_hover_cursor,
-            self._pseudo_class_state,
-        )
-        hit = self._cells_cache.get(key)
-        if hit is not None and hit[0] is value:
-            return hit[1]
-        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        if len(self._cells_cache) >= CELL_CACHE_SIZE:
-            self._cells_cache.clear()  # a screenful is a few hundred cells: plenty of room
-        self._cells_cache[key] = (value, lines)
-        return lines
-
-    def _render_line_in_row(
-        self,
-        row_key: RowKey,
-        line_no: int,
-        base_style: Style,
-        cursor_location: Any,
-        hover_location: Any,
-    ) -> Any:
-        """The same idea one level up: a row's line is kept while its cells hold the same value
-        objects, it sits at the same index, and the cursor and hover are on it or not as
-        before (row cursor only)."""
-        row_index = self._row_locations.get(row_key)
-        if row_index is None or self.cursor_type != "row":
-            return super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
-        values = tuple(self._data[row_key].values())
-        key = (
-            row_key,
-            line_no,
-            row_index,
-            base_style,
-            cursor_location.row == row_index,
-            hover_location.row == row_index,
-            self.show_cursor,
-            self._show_hover_cursor,
-            self._pseudo_class_state,
-        )
-        hit = self._lines_cache.get(key)
-        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values, strict=True)):
-            return hit[1]
-        lines = super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
-        if len(self._lines_cache) >= CELL_CACHE_SIZE:
-            self._lines_cache.clear()
-        self._lines_cache[key] = (values, lines)
-        return lines
-
-    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Any:
-        """And one more level up: a whole screen line (the row's cells joined, cropped to the
-        scroll position) is kept on the same terms."""
-        try:
-            row_key, _ = self._get_offsets(y)
-        except LookupError:
-            return super()._render_line(y, x1, x2, base_style)
-        row_index = self._row_locations.get(row_key)
-        if row_index is None or self.cursor_type != "row" or self.fixed_columns:
-            return super()._render_line(y, x1, x2, base_style)
-        values = tuple(self._data[row_key].values())
-        key = (
-            y,
-            x1,
-            x2,
-            self.size.width,
-            row_key,
-            row_index,
-            base_style,
-            self.cursor_coordinate.row == row_index,
-            self.hover_coordinate.row == row_index,
-            self.show_cursor,
-            self._show_hover_cursor,
-            self._pseudo_class_state,
-        )
-        hit = self._strips_cache.get(key)
-        if hit is not None and len(hit[0]) == len(values) and all(a is b for a, b in zip(hit[0], values, strict=True)):
-            return hit[1]
-        strip = super()._render_line(y, x1, x2, base_style)
-        if len(self._strips_cache) >= CELL_CACHE_SIZE:
-            self._strips_cache.clear()
-        self._strips_cache[key] = (values, strip)
-        return strip
-
-    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
-        """DataTable measures every cell of every new row to size auto-width columns and
-        auto-height rows (7000 measurements for 1000 nodes). Here every column has a fixed
-        width and every row one line, so only the scrollable size needs setting."""
-        width = sum(column.get_render_width(self) for column in self.columns.values())
-        header = self.header_height if self.show_header else 0
-        self.virtual_size = Size(width, len(self.rows) + header)
-
     def notify_style_update(self) -> None:
-        self._cells_cache.clear()
-        self._lines_cache.clear()
-        self._strips_cache.clear()
+        self._line_cache.clear()
+        self._header_cache = None
         super().notify_style_update()
 
-    @property
-    def lit_cells(self) -> set[tuple[str, str]]:
-        return {(k, self.spec[i].key) for k, i in self._lit}
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        scroll_x = int(self.scroll_x)
+        base = self.rich_style
+        if y == 0:
+            return self._header(base).crop_extend(scroll_x, scroll_x + width, base)
+        index = int(self.scroll_y) + y - 1
+        if not 0 <= index < len(self._order):
+            return Strip.blank(width, base)
+        key = self._order[index]
+        return self._line(key, base, index == self.cursor_row).crop_extend(scroll_x, scroll_x + width, base)
+
+    def _header(self, base: Style) -> Strip:
+        style = base + self.get_component_rich_style("fleet-table--header")
+        stamp: tuple[object, ...] = (style,)
+        if self._header_cache is not None and self._header_cache[0] == stamp:
+            return self._header_cache[1]
+        pad = " " * PADDING
+        strip = Strip([Segment(pad + fit(c.label, c.width) + pad, style) for c in self.spec], self._width)
+        self._header_cache = (stamp, strip)
+        return strip
+
+    def _line(self, key: str, base: Style, cursor: bool) -> Strip:
+        row = self._shown[key]
+        lit = tuple(i for i in range(len(self.spec)) if (key, i) in self._lit) if self._lit else ()
+        stamp: tuple[object, ...] = (row, lit, cursor, base, self.has_focus)
+        hit = self._line_cache.get(key)
+        if hit is not None and hit[0][0] is row and hit[0][1:] == stamp[1:]:
+            return hit[1]
+        if cursor:
+            base = base + self.get_component_rich_style("fleet-table--cursor")
+        pad = " " * PADDING
+        segments = []
+        for i, col in enumerate(self.spec):
+            style = base + STYLES.get(row.styles[i], STYLES[""])
+            if i in lit:
+                style = style + CHANGED
+            segments.append(Segment(pad + fit(row.cells[i], col.width) + pad, style))
+        strip = Strip(segments, self._width)
+        if len(self._line_cache) >= LINE_CACHE_SIZE:
+            self._line_cache.clear()
+        self._line_cache[key] = (stamp, strip)
+        return strip
