@@ -61,6 +61,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                     "mig": {"mode": False},
                 },
                 "fleetops_audit_history": False,
+                # the hosts share the machine's network: each agent endpoint on its own address
+                "fleetops_agent_metrics_address": "{{ ansible_host }}:9401",
                 "nvidia_driver_verify_retries": 2,
                 "nvidia_driver_verify_delay": 3,
             },
