@@ -12,8 +12,10 @@ Reports say what they are in ``kind``, so a reader never guesses from their shap
 wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints
 ``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
 the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
-``fleetops.set/v1``. Error lines' ``kind``: ``usage``, ``no-such-gpu``, ``refused``, ``failed``,
-``interrupted``, ``collect``, ``no-daemon`` (``history`` with no daemon answering), ``internal`` and the exception names listed in ``main``.
+``fleetops.set/v1``; ``slurm-healthcheck`` prints ``fleetops.slurm-healthcheck/v1`` (in
+``kind``; exit 1 with the error line when it could not look or scontrol failed). Error lines' ``kind``:
+``usage``, ``no-such-gpu``, ``refused``, ``failed``, ``interrupted``, ``collect``, ``no-daemon``
+(``history`` with no daemon answering), ``internal`` and the exception names listed in ``main``.
 
 Nothing heavy is imported here (no textual, rich, ansible, paramiko): this starts on every node
 every few seconds during an incident.
@@ -153,6 +155,10 @@ def build_parser() -> Any:
     p.add_argument("--profiles", help="comma-separated profiles to create (default: the current layout)")
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
+
+    from fleetops.agent import slurm_healthcheck
+
+    slurm_healthcheck.add_parser(sub, common)
     return parser
 
 
@@ -235,6 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         from fleetops.agent.serve import history_cli
 
         return history_cli.run(args)
+    if args.command == "slurm-healthcheck":
+        from fleetops.agent import slurm_healthcheck as hc
+
+        try:
+            doc, code = hc.main_args(args)
+        except hc.HealthcheckError as exc:
+            return _fail(exc.kind, str(exc), EXIT_USAGE if exc.kind == "usage" else EXIT_FAIL)
+        _emit(doc, args.pretty)
+        if code != EXIT_OK:
+            import json
+
+            sys.stderr.write(json.dumps({"error": doc.get("message") or "scontrol failed", "kind": "failed"}) + "\n")
+        return code
     if args.command == "watch":
         from fleetops.agent.serve import client
 

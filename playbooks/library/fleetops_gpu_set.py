@@ -294,7 +294,7 @@ def main():
     want = doc.get("value")
     if module.params["verify"] and not module.check_mode and result["changed"]:
         try:
-            snapshot = run_agent(module, ["collect", "--json"] + backend_args(module))
+            snapshot = run_agent(module, ["collect", "--fresh", "--json"] + backend_args(module))
         except AgentError as exc:
             fail_from(module, exc, **result)
         _, enforced_field = VERIFY_FIELD[setting]
