@@ -35,7 +35,7 @@ RATES_PREVIOUS = "previous audit"
 
 # The checks that turn two counter readings into a rate; with a daemon's snapshot these come
 # from the daemon's findings (tests/unit/test_audit_sources.py holds them to the registry).
-RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate"})
+RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link"})
 # The thresholds those checks read: the daemon judges with the defaults of these.
 RATE_THRESHOLDS = (
     "ecc_sbe_growth_per_hour_warn",
@@ -44,6 +44,9 @@ RATE_THRESHOLDS = (
     "nvlink_crc_per_min_crit",
     "nvlink_replays_per_min_warn",
     "nvlink_recoveries_per_min_warn",
+    "nvlink_idle_window_s",
+    "nvlink_idle_max_kib",
+    "nvlink_idle_peer_min_kib",
     "rate_min_interval_s",
 )
 
