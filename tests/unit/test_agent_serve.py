@@ -52,8 +52,8 @@ def _ask(state: Path, request: str) -> dict[str, Any] | None:
     return _request(_sock(state), request)
 
 
-def _until(what: str, fn: Callable[[], Any]) -> Any:
-    end = time.monotonic() + DEADLINE_S
+def _until(what: str, fn: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
+    end = time.monotonic() + deadline_s
     last = None
     while time.monotonic() < end:
         last = fn()

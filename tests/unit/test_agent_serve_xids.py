@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_agent_serve import _ask, _until
 
 from fleetops.gpu import sim
 
@@ -41,29 +42,10 @@ def _scrape(port: int) -> dict[tuple[int, int], int]:
 
 
 def _socket_events(state: Path) -> list[dict[str, object]]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5.0)
-        s.connect(str(state.with_suffix("")) + ".agent/agent.sock")
-        s.sendall(b"snapshot\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    events: list[dict[str, object]] = json.loads(data)["daemon"]["xid_events"]
+    doc = _ask(state, "snapshot")
+    assert doc is not None, "the daemon's socket did not answer"
+    events: list[dict[str, object]] = doc["daemon"]["xid_events"]
     return events
-
-
-def _until(what: str, fn, deadline_s: float = 60.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def test_a_hundred_injected_xids_are_all_counted_and_none_twice(tmp_path: Path) -> None:

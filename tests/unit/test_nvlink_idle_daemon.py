@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_agent_serve import _ask, _until
 
 from fleetops.agent.serve import nvml_backend
 from fleetops.agent.serve.ring import LINK_FIELDS
@@ -99,38 +99,6 @@ def test_link_count_is_read_again_after_a_driver_reload(fake: tuple[Any, Path]) 
 
 
 # --- a real daemon on a simulated node ---------------------------------------------------------
-
-
-def _ask(state: Path, request: str) -> dict[str, Any] | None:
-    path = str(state.with_suffix("")) + ".agent/agent.sock"
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5.0)
-    try:
-        s.connect(path)
-        s.sendall(request.encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return None
-    finally:
-        s.close()
-    doc: dict[str, Any] = json.loads(data)
-    return doc
-
-
-def _until(what: str, fn: Any, deadline_s: float) -> Any:
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def _findings(state: Path, check: str) -> list[dict[str, Any]]:

@@ -74,19 +74,26 @@ def served_age(text: str) -> float | None:
     return float(age) if isinstance(age, (int, float)) and not isinstance(age, bool) else None
 
 
-def fetch_snapshot(path: str, max_age_s: float, timeout: float = 2.0) -> str | None:
-    """The daemon's snapshot line when it answers and is fresher than ``max_age_s``, else None."""
-    import _socket  # see the module's docstring: ``socket`` would double an answered collect
+class NotAnswering(OSError):
+    """Nothing accepted the connection on the socket (no daemon, or a dead one)."""
 
-    if not os.path.exists(path):
-        return None
+
+def ask(path: str, request: bytes, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S) -> bytes:
+    """Send one line request to the daemon and return its one-line answer (up to the newline or
+    the close). ``NotAnswering`` when the connect fails, another ``OSError`` when the answer does
+    not come. Uses ``_socket``: see the module's docstring."""
+    import _socket
+
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     chunks: list[bytes] = []
     try:
-        s.settimeout(CONNECT_TIMEOUT_S)
-        s.connect(path)
+        s.settimeout(connect_timeout)
+        try:
+            s.connect(path)
+        except OSError as exc:
+            raise NotAnswering(exc.errno, exc.strerror or str(exc)) from exc
         s.settimeout(timeout)
-        s.sendall(b"snapshot\n")
+        s.sendall(request)
         while True:
             data = s.recv(1 << 20)
             if not data:
@@ -94,11 +101,20 @@ def fetch_snapshot(path: str, max_age_s: float, timeout: float = 2.0) -> str | N
             chunks.append(data)
             if data.endswith(b"\n"):
                 break
-    except OSError:
-        return None
     finally:
         s.close()
-    text = b"".join(chunks).decode("utf-8", "replace").strip()
+    return b"".join(chunks)
+
+
+def fetch_snapshot(path: str, max_age_s: float, timeout: float = 2.0) -> str | None:
+    """The daemon's snapshot line when it answers and is fresher than ``max_age_s``, else None."""
+    if not os.path.exists(path):
+        return None
+    try:
+        answer = ask(path, b"snapshot\n", timeout)
+    except OSError:
+        return None
+    text = answer.decode("utf-8", "replace").strip()
     age = served_age(text)
     if age is None or age > max_age_s:
         return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
 from typing import Any
 
@@ -30,29 +29,14 @@ class HistoryError(Exception):
 
 
 def _ask(path: str, request: str) -> dict[str, Any]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(client.CONNECT_TIMEOUT_S * 5)
     try:
-        s.connect(path)
-    except OSError as exc:
-        s.close()
+        answer = client.ask(path, request.encode() + b"\n", REQUEST_TIMEOUT_S, client.CONNECT_TIMEOUT_S * 5)
+    except client.NotAnswering as exc:
         raise HistoryError("no-daemon", f"no fleetops-agent daemon answers on {path} ({exc.strerror or exc})") from exc
-    chunks: list[bytes] = []
-    with s:
-        s.settimeout(REQUEST_TIMEOUT_S)
-        try:
-            s.sendall(request.encode() + b"\n")
-            while True:
-                data = s.recv(1 << 20)
-                if not data:
-                    break
-                chunks.append(data)
-                if data.endswith(b"\n"):
-                    break
-        except OSError as exc:
-            raise HistoryError("no-daemon", f"the daemon on {path} did not answer {request!r}: {exc}") from exc
+    except OSError as exc:
+        raise HistoryError("no-daemon", f"the daemon on {path} did not answer {request!r}: {exc}") from exc
     try:
-        doc = json.loads(b"".join(chunks))
+        doc = json.loads(answer)
     except ValueError as exc:
         raise HistoryError("internal", f"the daemon on {path} sent no JSON for {request!r}") from exc
     if not isinstance(doc, dict):
