@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from fleetops.catalog import xid as _xid
+
 WRAPPER_KEY = "fleetops_baseline"
 
 SERVICE_PERSISTENCED = "nvidia-persistenced"
@@ -57,6 +59,7 @@ T_BOOL = "boolean"
 T_STR_LIST = "list of strings"
 T_MAP = "mapping"
 T_MAP_OF = "mapping of GPU model name to mapping"  # gpu_models: free keys, fixed sub-keys
+T_MAP_OF_XID = "mapping of XID code to mapping"  # xid_policy: codes as keys, fixed sub-keys
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,34 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "systemd units that must be active. Default: nvidia-persistenced, plus "
               "nvidia-fabricmanager when nvlinks_per_gpu is above 0.",
               [SERVICE_PERSISTENCED, SERVICE_FABRICMANAGER]),
+    SchemaKey("xid_policy", T_MAP_OF_XID, None,
+              "Per XID code: the severity and action its finding gets, and an escalation by count "
+              "within a time span on one GPU. Each key given overrides the XID catalog and the "
+              "shipped policy for that code (the XID runbook lists both); an escalate given here "
+              "replaces the shipped one.",
+              {31: {"escalate": {"count": 3, "within_s": 600, "severity": "crit",
+                                 "action": "drain_and_inspect"}},
+               63: {"severity": "warn"}}),
+    SchemaKey("xid_policy.*", T_MAP, None, "One XID code (a positive number; SXid codes are not covered).",
+              {"severity": "crit", "action": "reset_gpu"}),
+    SchemaKey("xid_policy.*.severity", T_STR, None, "Severity of the code's finding.", "crit",
+              choices=_xid.SEVERITIES),
+    SchemaKey("xid_policy.*.action", T_STR, None,
+              "What the finding tells the operator to do (an XID catalog action). reboot_node "
+              "findings hold until the node reboots, reset_gpu ones until the GPU is reset.",
+              "reset_gpu", choices=_xid.ACTIONS),
+    SchemaKey("xid_policy.*.escalate", T_MAP, None,
+              "count events of this code on one GPU within within_s seconds raise the finding to "
+              "severity/action.", {"count": 3, "within_s": 600, "severity": "crit"}),
+    SchemaKey("xid_policy.*.escalate.count", T_INT, None, "Events that escalate (required).", 3,
+              minimum=2, unit="events"),
+    SchemaKey("xid_policy.*.escalate.within_s", T_NUM, None, "The span they must fall within (required).",
+              600, minimum=1, unit="s"),
+    SchemaKey("xid_policy.*.escalate.severity", T_STR, None, "Severity once escalated (default crit).",
+              "crit", choices=_xid.SEVERITIES),
+    SchemaKey("xid_policy.*.escalate.action", T_STR, None,
+              "Action once escalated (default: the code's action).", "drain_and_inspect",
+              choices=_xid.ACTIONS),
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
@@ -225,6 +256,10 @@ SCHEMA: tuple[SchemaKey, ...] = (
     _threshold("xid_storm_count", T_INT, 10,
                "Events of one XID code on one GPU within the window at or above which it is a "
                "storm (at least warn).", unit="events"),
+    _threshold("xid_hold_hours", T_NUM, 168,
+               "A reset_gpu XID holds until a reset of its GPU is recorded (fleetops-agent reset) or "
+               "the node reboots; a reset made outside fleetops is not seen, so the hold ends after "
+               "this long.", unit="h"),
     _threshold("rate_min_interval_s", T_NUM, 10,
                "Shortest interval between two snapshots over which rates (PCIe replays, NVLink "
                "errors, ECC growth) are computed; closer snapshots report totals only.", unit="s"),
@@ -270,6 +305,7 @@ class Thresholds:
     power_limit_tolerance_w: float = 1.0
     xid_window_hours: float = 24.0
     xid_storm_count: int = 10
+    xid_hold_hours: float = 168.0
     rate_min_interval_s: float = 10.0
 
 
@@ -328,6 +364,7 @@ class Baseline:
     stray_process_allowlist: tuple[str, ...] | None = None
     services: tuple[str, ...] = (SERVICE_PERSISTENCED,)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    xid_policy: Mapping[int, _xid.XidPolicy] = field(default_factory=dict)
     source: str = "<defaults>"
     # The validated mapping as written (explicit keys only) and where each key came from:
     # what merge() layers. Not part of equality.
@@ -464,6 +501,8 @@ class _Validator:
         out: dict[str, Any] = {}
         for key, value in data.items():
             kline = _key_line(data, key)
+            if schema_parent == "xid_policy":
+                key = self.xid_code(key, shown_parent, kline)
             if not isinstance(key, str):
                 self.fail(_fmt_path(shown_parent, str(key)), f"keys are text, got {_type_name(key)}", kline)
             spec: SchemaKey | None
@@ -485,13 +524,20 @@ class _Validator:
             out[key] = self.value(value, spec, schema_path, shown, kline)
         return out
 
+    def xid_code(self, key: Any, shown_parent: str, line: int | None) -> str:
+        """An ``xid_policy`` key: YAML reads ``31:`` as a number, a quoted ``"31":`` as text."""
+        text = str(key).strip() if not isinstance(key, bool) else ""
+        if not re.fullmatch(r"[1-9][0-9]{0,4}", text):
+            self.fail(_fmt_path(shown_parent, str(key)), "expected an XID code (a positive number)", line)
+        return text
+
     def value(self, value: Any, spec: SchemaKey, schema_path: str, shown: str, line: int | None) -> Any:
         if value is None:
             if spec.nullable:
                 return None
             self.fail(shown, f"expected {spec.type}, got null (this key cannot be unset)", line)
         t = spec.type
-        if t in (T_MAP, T_MAP_OF) or schema_path.endswith("*"):
+        if t in (T_MAP, T_MAP_OF, T_MAP_OF_XID) or schema_path.endswith("*"):
             # gpu_models (free keys) and each of its models, mig, pcie, thresholds
             return self.mapping(value, schema_path, shown, _mapping_line(value) or line)
         if t == T_STR:
@@ -576,6 +622,7 @@ def _build(
     else:
         services = (SERVICE_PERSISTENCED,) + ((SERVICE_FABRICMANAGER,) if nvlinks else ())
     allow = raw.get("stray_process_allowlist")
+    policy = _xid_policy(raw.get("xid_policy") or {}, source, origins)
     return Baseline(
         driver_version=raw.get("driver_version"),
         cuda_driver_version=raw.get("cuda_driver_version"),
@@ -593,10 +640,34 @@ def _build(
         stray_process_allowlist=tuple(allow) if allow is not None else None,
         services=services,
         thresholds=thresholds,
+        xid_policy=policy,
         source=source,
         raw=_plain(raw),
         origins=dict(origins),
     )
+
+
+def _xid_policy(
+    raw: Mapping[str, Any], source: str, origins: Mapping[str, tuple[str, int | None]]
+) -> dict[int, _xid.XidPolicy]:
+    out: dict[int, _xid.XidPolicy] = {}
+    for code, spec in raw.items():
+        spec = spec or {}
+        esc = spec.get("escalate")
+        escalation = None
+        if esc:
+            missing = [k for k in ("count", "within_s") if esc.get(k) is None]
+            if missing:
+                path = f'xid_policy["{code}"].escalate'
+                src, line = origins.get(path, (source, None))
+                raise BaselineError(src, path, f"needs {' and '.join(missing)}", line)
+            base = _xid.lookup(int(code))
+            escalation = _xid.Escalation(
+                int(esc["count"]), float(esc["within_s"]), esc.get("severity") or "crit",
+                esc.get("action") or spec.get("action") or base.action,
+            )
+        out[int(code)] = _xid.XidPolicy(spec.get("severity"), spec.get("action"), escalation)
+    return out
 
 
 def from_mapping(data: Any, source: str) -> Baseline:
