@@ -144,6 +144,11 @@ class Gpu:
     cpu_affinity: str | None = None  # "0-55,112-167" list form
     numa_node: int | None = None
     recovery_action: str | None = None  # "none" | "gpu_reset" | "node_reboot" | "drain_p2p" | "drain_and_reset"
+    # Epoch seconds of the last successful reset of this GPU that fleetops recorded (the agent's
+    # reset journal; the simulator's resets): what ends an XID that holds until a reset. None:
+    # none recorded, which proves nothing (a reset made outside fleetops is not seen). Optional
+    # in fleetops.snapshot/v1.
+    last_reset_at: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
     @property

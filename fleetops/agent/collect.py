@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "nvml", "sim")
 SIM_STATE_ENV = "FLEETOPS_SIM_STATE"  # = gpu.sim.STATE_ENV, kept here so the NVML path never imports sim
+# = agent.reset.backends.DEFAULT_LOG / LOG_ENV, kept here so a collect does not import the reset machinery
+RESET_JOURNAL = "/var/log/fleetops/reset.jsonl"
+RESET_JOURNAL_ENV = "FLEETOPS_RESET_LOG"
+_JOURNAL_TAIL_BYTES = 1 << 20  # a reset is one line; the newest MiB holds years of them
 
 
 class CollectError(Exception):
@@ -47,6 +51,40 @@ def _xid_events(
         if event.timestamp is None and event.uptime_s is not None and boot is not None:
             event.timestamp = round(boot + event.uptime_s, 3)
     return events
+
+
+def reset_times(path: str | None = None) -> dict[str, float]:
+    """GPU UUID -> when its last successful reset (``result`` "reset") ended, from the reset
+    journal ``fleetops-agent reset`` appends to: the evidence that ends an XID holding until a
+    reset. A journal that is missing or unreadable proves no reset, so it yields nothing; a
+    line that is not a complete record is skipped."""
+    import json
+
+    path = path or os.environ.get(RESET_JOURNAL_ENV) or RESET_JOURNAL
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _JOURNAL_TAIL_BYTES))
+            data = fh.read()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the first line of a tail, or a torn write
+        if not isinstance(rec, dict) or rec.get("result") != "reset" or rec.get("dry_run"):
+            continue
+        gpu = rec.get("gpu")
+        uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
+        started, elapsed = rec.get("time"), rec.get("elapsed_s") or 0.0
+        if not isinstance(uuid, str) or not isinstance(started, (int, float)) or not isinstance(elapsed, (int, float)):
+            continue
+        ended = float(started) + float(elapsed)  # "time" is when the attempt began
+        out[uuid] = max(ended, out.get(uuid, ended))
+    return out
 
 
 def _sim_dict(state_path: str | None, now: float) -> dict[str, Any]:
@@ -118,5 +156,8 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
             node.unavailable["xids"] = reason
         gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
         node.xids = _xid_events(lines, "kernel", gpus, now, node.uptime_s)
+        resets = reset_times()
+        for gpu in node.gpus:
+            gpu.last_reset_at = resets.get(gpu.uuid)
     node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
     return node

@@ -616,7 +616,6 @@ def info_for(event: XidEvent) -> XidInfo:
     return info
 
 
-
 # --- policy: severity and action per code, escalation by count, how long an event holds ---------
 
 # How long an event's finding holds. "window": while it is within thresholds.xid_window_hours (or
@@ -666,21 +665,22 @@ DEFAULT_POLICY: dict[int, XidPolicy] = {
     63: XidPolicy(
         severity="warn",
         action="reset_gpu",
-        decision="Not fatal (one reference calls it fatal, others ignore it): the row remap "
-        "succeeded and takes effect at the next reset; warn and reset when idle. A failed remap is "
-        "XID 64 (crit), and the row-remap checks judge the counters.",
+        decision="Not fatal (two references call it fatal, one ignores it): the row remap "
+        "succeeded and takes effect at the next reset; warn, reset when idle, and hold until that "
+        "reset. A failed remap is XID 64 (crit), and the row-remap checks judge the counters.",
     ),
     68: XidPolicy(
         severity="warn",
         action="restart_app",
         escalate=Escalation(3, 3600.0, "crit", "reset_gpu"),
-        decision="Neither ignored nor fatal: a video-decoder fault fails the job using it (warn); "
-        "three within an hour on one GPU is crit (reset the GPU), an engine that keeps faulting.",
+        decision="Neither ignored (two references) nor fatal (one): a video-decoder fault fails the "
+        "job using it (warn); three within an hour on one GPU is crit (reset the GPU, held until "
+        "the reset), an engine that keeps faulting.",
     ),
     92: XidPolicy(
         severity="warn",
         action="none",
-        decision="Not fatal (one reference drains on it): corrected errors arriving fast are a "
+        decision="Not fatal (one reference drains on it, one ignores it): corrected errors arriving fast are a "
         "warning; the ECC checks judge the counters and their growth, and a DBE or remap failure "
         "that follows is crit on its own.",
     ),
@@ -689,8 +689,8 @@ DEFAULT_POLICY: dict[int, XidPolicy] = {
         action="reset_gpu",
         escalate=Escalation(2, 3600.0, "crit", "reset_gpu"),
         decision="A context-switch timeout alone is warn (reset the GPU if its work does not "
-        "recover; one reference calls it fatal, others ignore it); a second within an hour on one "
-        "GPU is crit, since repeated timeouts precede a GSP hang.",
+        "recover; one reference calls it fatal, two ignore it); a second within an hour on one "
+        "GPU is crit, since repeated timeouts can precede a GSP hang.",
     ),
 }
 
@@ -718,7 +718,22 @@ def judgement(info: XidInfo, override: XidPolicy | None = None) -> Judgement:
         escalate = layer.escalate if layer.escalate is not None else escalate
     if info.code == 154 and info.category != "nvswitch" and info.action != "none":
         severity, action = info.severity, info.action  # Xid 154 says itself what it wants
-    return Judgement(severity, action, escalate, _HOLD_FOR_ACTION.get(action, "window"))
+    return Judgement(severity, action, escalate, hold_for(action))
+
+
+def hold_for(action: str) -> str:
+    """How long a finding with this action holds (one of ``HOLDS``): what it asks for is the
+    evidence that ends it."""
+    return _HOLD_FOR_ACTION.get(action, "window")
+
+
+def span_text(seconds: float) -> str:
+    """An escalation's span as people write it: 600 -> "10 min", 3600 -> "1 h", 90 -> "90 s"."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
 
 
 def peak_count(times: list[float], within_s: float) -> int:
@@ -748,8 +763,10 @@ __all__ = [
     "XidPolicy",
     "info_for",
     "is_sxid",
+    "hold_for",
     "judgement",
     "lookup",
     "peak_count",
     "recovery_action",
+    "span_text",
 ]

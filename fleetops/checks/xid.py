@@ -3,6 +3,7 @@ driver's GPU recovery action."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
@@ -22,10 +23,14 @@ SPECS = (
     CheckSpec(
         "xid.recent", FAMILY, "XID events",
         reads="kernel log (journalctl -k / dmesg) NVRM: Xid and SXid lines",
-        threshold="events new since the previous snapshot or within thresholds.xid_window_hours (24 h); "
-        "severity and action from the XID catalog",
+        threshold="severity and action per code from the XID catalog, the shipped policy and the "
+        "baseline's xid_policy; escalated when a code repeats on one GPU (e.g. 3 x XID 31 within "
+        "10 min). An event counts while it is new since the previous snapshot or within "
+        "thresholds.xid_window_hours (24 h); a reboot_node one until the boot changes; a reset_gpu "
+        "one until a reset of its GPU is recorded after it (at most thresholds.xid_hold_hours "
+        "(168 h)); XID 154 until NVML reads recovery action none",
         severities=("info", "warn", "crit"),
-        action="As the XID catalog says for the worst code (restart the application, reset the GPU, reboot "
+        action="As the policy says for the worst code (restart the application, reset the GPU, reboot "
         "the node, drain and inspect).",
         not_a_fault="Application XIDs (13, 31, 43, 45, ...) say the job failed, not the GPU; the catalog "
         "rates them info/warn.",
@@ -56,29 +61,13 @@ _RECOVERY = {
 }
 
 
-def _catalog() -> Any:
-    return xid_catalog
+# An event stamped this long before the boot the snapshot reports belongs to an earlier boot
+# (the boot time is collected_at - uptime_s, which moves by the rounding of both).
+_BOOT_SLACK_S = 30.0
 
 
-def _info(catalog: Any, event: model.XidEvent) -> tuple[str, str, str]:
-    """(severity, action key, name) for an event."""
-    if catalog is None:
-        return "warn", "unknown", f"XID {event.code}"
-    info_for = getattr(catalog, "info_for", None)
-    try:
-        info = info_for(event) if info_for is not None else catalog.lookup(event.code)
-    except Exception:  # an unknown code must not break the audit  # noqa: BLE001
-        info = None
-    if info is None:
-        return "warn", "unknown", f"XID {event.code}"
-    sev = info.severity if info.severity in ("info", "warn", "crit") else "warn"
-    return sev, info.action, info.name
-
-
-def _action_text(catalog: Any, action: str, host: str, uuid: str | None) -> str:
-    text = None
-    if catalog is not None:
-        text = getattr(catalog, "ACTION_TEXT", {}).get(action)
+def _action_text(action: str, host: str, uuid: str | None) -> str:
+    text = xid_catalog.ACTION_TEXT.get(action)
     if text is None:
         text = "Look the code up in NVIDIA's XID catalog for the installed driver."
     cmd = CMD_RESET.format(node=host, gpu=uuid or "GPU-UUID")
@@ -88,9 +77,19 @@ def _action_text(catalog: Any, action: str, host: str, uuid: str | None) -> str:
     return text
 
 
-def _is_sxid(catalog: Any, event: model.XidEvent) -> bool:
-    fn = getattr(catalog, "is_sxid", None) if catalog is not None else None
-    return bool(fn(event)) if fn is not None else event.source.endswith(":sxid")
+def _boot_epoch(node: model.Node) -> float | None:
+    if node.uptime_s is None or not node.collected_at:
+        return None
+    return node.collected_at - node.uptime_s
+
+
+def _event_time(event: model.XidEvent, boot: float | None) -> float | None:
+    """The event's epoch seconds: its wall-clock stamp, else its uptime stamp on this boot."""
+    if event.timestamp is not None:
+        return event.timestamp
+    if event.uptime_s is not None and boot is not None:
+        return boot + event.uptime_s
+    return None
 
 
 def _age_s(node: model.Node, event: model.XidEvent) -> float | None:
@@ -127,6 +126,45 @@ def _gpu_for(ctx: Context, event: model.XidEvent) -> tuple[str, model.Gpu | dict
     return "", None, "the node"
 
 
+@dataclass
+class _Seen:
+    """One event of this boot, with what the policy says about it."""
+
+    event: model.XidEvent
+    judged: xid_catalog.Judgement
+    name: str
+    at: float | None  # epoch seconds, when known
+    age: float | None
+    new: bool
+
+
+class _Holds:
+    """Which events still count: the evidence that ends each kind of hold (``catalog.xid.HOLDS``)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.window_s = ctx.th.xid_window_hours * 3600.0
+        self.hold_s = max(ctx.th.xid_hold_hours * 3600.0, self.window_s)
+
+    def counts(self, seen: _Seen, hold: str, gpu: Any) -> bool:
+        if hold == "boot":
+            return True  # an event of an earlier boot never gets this far
+        if hold == "reset":
+            reset_at = gpu.last_reset_at if isinstance(gpu, model.Gpu) else None
+            if reset_at is not None and seen.at is not None and reset_at >= seen.at:
+                return False  # a reset of this GPU was recorded after the event
+            return seen.new or seen.age is None or seen.age <= self.hold_s
+        return seen.new or seen.age is None or seen.age <= self.window_s
+
+
+def _judge(ctx: Context, event: model.XidEvent, sxid: bool) -> tuple[xid_catalog.Judgement, str]:
+    info = xid_catalog.info_for(event)
+    policy = ctx.baseline.xid_policy if ctx.baseline is not None else {}
+    judged = xid_catalog.judgement(info, None if sxid else policy.get(event.code))
+    if judged.severity not in ("info", "warn", "crit"):
+        judged = xid_catalog.Judgement("warn", judged.action, judged.escalate, judged.hold)
+    return judged, info.name
+
+
 def run(ctx: Context) -> None:
     _recovery(ctx)
     node = ctx.node
@@ -135,51 +173,82 @@ def run(ctx: Context) -> None:
         if reason is not None:
             ctx.unreadable(FAMILY, "xids", reason, "node")
         return
-    catalog = _catalog()
-    window_s = ctx.th.xid_window_hours * 3600.0
+    boot = _boot_epoch(node)
     seen_before = {_identity(e) for e in ctx.previous.xids} if ctx.previous is not None else set()
+    # (group key) -> GPU, where, and (sxid, code) -> this boot's events of that code
     groups: dict[str, dict[str, Any]] = {}
     for event in node.xids:
-        age = _age_s(node, event)
-        new = ctx.previous is not None and _identity(event) not in seen_before
-        if not (new or age is None or age <= window_s):
-            continue
-        sxid = _is_sxid(catalog, event)
+        at = _event_time(event, boot)
+        if at is not None and boot is not None and at < boot - _BOOT_SLACK_S:
+            continue  # logged before this boot: the reboot ended it
+        sxid = xid_catalog.is_sxid(event)
         key, gpu, where = ("sxid", None, "NVSwitch") if sxid else _gpu_for(ctx, event)
-        sev, action, name = _info(catalog, event)
+        if (event.code == 154 and not sxid and isinstance(gpu, model.Gpu)
+                and gpu.recovery_action == "none"):
+            continue  # NVML reads no recovery action pending any more: the driver is satisfied
+        judged, name = _judge(ctx, event, sxid)
+        new = ctx.previous is not None and _identity(event) not in seen_before
         g = groups.setdefault(key, {"gpu": gpu, "where": where, "codes": {}})
-        c = g["codes"].setdefault((sxid, event.code), {
-            "code": event.code, "name": name, "severity": sev, "action": action, "count": 0, "new": 0,
-            "last_age_s": None, "sxid": sxid,
-        })
-        c["count"] += 1
-        c["new"] += int(new)
-        if _RANK[sev] > _RANK[c["severity"]]:  # info_for can differ per event (Xid 154)
-            c["severity"], c["action"], c["name"] = sev, action, name
-        if age is not None and (c["last_age_s"] is None or age < c["last_age_s"]):
-            c["last_age_s"] = round(age, 1)
-    # One finding per GPU (and one for the node): a finding's key is node|check|gpu.
-    merged: dict[str, dict[str, Any]] = {}
+        g["codes"].setdefault((sxid, event.code), []).append(
+            _Seen(event, judged, name, at, _age_s(node, event), new))
+    holds = _Holds(ctx)
+    merged: dict[str, dict[str, Any]] = {}  # one finding per GPU and one for the node: node|check|gpu
     for g in groups.values():
-        slot = _ref_key(g["gpu"])
-        if slot not in merged:
-            merged[slot] = g
+        codes = [c for (sxid, _), events in g["codes"].items()
+                 if (c := _code_entry(holds, g["gpu"], sxid, events)) is not None]
+        if not codes:
             continue
-        into = merged[slot]
+        slot = _ref_key(g["gpu"])
+        into = merged.get(slot)
+        if into is None:
+            merged[slot] = {"gpu": g["gpu"], "where": g["where"], "codes": {(c["sxid"], c["code"]): c for c in codes}}
+            continue
         into["where"] += f"; {g['where']}"
-        for code_key, c in g["codes"].items():
-            have = into["codes"].get(code_key)
+        for c in codes:
+            have = into["codes"].get((c["sxid"], c["code"]))
             if have is None:
-                into["codes"][code_key] = c
+                into["codes"][(c["sxid"], c["code"])] = c
                 continue
-            have["count"] += c["count"]
-            have["new"] += c["new"]
+            for k in ("count", "new", "in_window"):
+                have[k] += c[k]
             if _RANK[c["severity"]] > _RANK[have["severity"]]:
-                have["severity"], have["action"], have["name"] = c["severity"], c["action"], c["name"]
+                for k in ("severity", "action", "name", "hold", "escalated"):
+                    have[k] = c[k]
             ages = [a for a in (have["last_age_s"], c["last_age_s"]) if a is not None]
             have["last_age_s"] = min(ages) if ages else None
-    for g in merged.values():
-        _report(ctx, catalog, g["gpu"], g["where"], list(g["codes"].values()))
+    for m in merged.values():
+        _report(ctx, m["gpu"], m["where"], list(m["codes"].values()))
+
+
+def _code_entry(holds: _Holds, gpu: Any, sxid: bool, events: list[_Seen]) -> dict[str, Any] | None:
+    """One code's events on one GPU under the policy: the ones that still count, severity and
+    action (the worst event's; Xid 154 differs per event), and the escalation when it fires.
+    An escalation holds as its own action does: three XID 68 escalated to reset_gpu hold until
+    the reset, not only for the window."""
+    escalate = next((s.judged.escalate for s in events if s.judged.escalate is not None), None)
+    kept = [s for s in events if holds.counts(s, s.judged.hold, gpu)]
+    fired: dict[str, Any] | None = None
+    if escalate is not None:
+        esc_hold = xid_catalog.hold_for(escalate.action)
+        candidates = [s for s in events if holds.counts(s, esc_hold, gpu)]
+        peak = xid_catalog.peak_count([s.at for s in candidates if s.at is not None], escalate.within_s)
+        fired = {"peak": peak, "count": escalate.count, "within_s": escalate.within_s,
+                 "fired": peak >= escalate.count}
+        if fired["fired"]:
+            kept = candidates
+    if not kept:
+        return None
+    worst_seen = max(kept, key=lambda s: _RANK[s.judged.severity])
+    sev, action, hold = worst_seen.judged.severity, worst_seen.judged.action, worst_seen.judged.hold
+    if escalate is not None and fired is not None and fired["fired"] and _RANK[escalate.severity] >= _RANK[sev]:
+        sev, action, hold = escalate.severity, escalate.action, xid_catalog.hold_for(escalate.action)
+    ages = [s.age for s in kept if s.age is not None]
+    return {
+        "code": kept[0].event.code, "name": worst_seen.name, "severity": sev, "action": action,
+        "hold": hold, "count": len(kept), "new": sum(1 for s in kept if s.new),
+        "last_age_s": round(min(ages), 1) if ages else None, "sxid": sxid, "escalated": fired,
+        "in_window": sum(1 for s in kept if holds.counts(s, "window", gpu)),
+    }
 
 
 def _ref_key(gpu: model.Gpu | dict[str, Any] | None) -> str:
@@ -188,7 +257,12 @@ def _ref_key(gpu: model.Gpu | dict[str, Any] | None) -> str:
     return (gpu or {}).get("uuid") or ""
 
 
-def _report(ctx: Context, catalog: Any, gpu: Any, where: str, codes: list[dict[str, Any]]) -> None:
+def _escalation_text(c: dict[str, Any]) -> str:
+    e = c["escalated"]
+    return f"{e['peak']} x XID {c['code']} within {xid_catalog.span_text(e['within_s'])} (policy: {e['count']})"
+
+
+def _report(ctx: Context, gpu: Any, where: str, codes: list[dict[str, Any]]) -> None:
     codes.sort(key=lambda c: (-_RANK[c["severity"]], -c["count"], c["code"]))
     worst = codes[0]
     uuid = gpu.uuid if isinstance(gpu, model.Gpu) else (gpu or {}).get("uuid")
@@ -196,22 +270,28 @@ def _report(ctx: Context, catalog: Any, gpu: Any, where: str, codes: list[dict[s
     def label(c: dict[str, Any]) -> str:
         kind = "SXid" if c["sxid"] else "XID"
         extra = f", {c['new']} new" if c["new"] else ""
-        return f"{kind} {c['code']} {c['name']} x{c['count']}{extra}"
+        text = f"{kind} {c['code']} {c['name']} x{c['count']}{extra}"
+        if c["escalated"] is not None and c["escalated"]["fired"]:
+            text += f" ({_escalation_text(c)})"
+        return text
 
-    observed = [{k: c[k] for k in ("code", "name", "severity", "count", "new", "last_age_s", "sxid")} for c in codes]
-    action = _action_text(catalog, worst["action"], ctx.host, uuid)
+    keys = ("code", "name", "severity", "action", "hold", "count", "new", "last_age_s", "sxid", "escalated")
+    observed = [{k: c[k] for k in keys} for c in codes]
+    action = _action_text(worst["action"], ctx.host, uuid)
+    if worst["escalated"] is not None and worst["escalated"]["fired"]:
+        action = f"{_escalation_text(worst)}: {action}"
     ctx.add("xid.recent", worst["severity"],
             f"{where}: " + "; ".join(label(c) for c in codes),
             gpu=gpu, observed=observed, expected=[], action=action)
-    storms = [c for c in codes if c["count"] >= ctx.th.xid_storm_count]
+    storms = [c for c in codes if c["in_window"] >= ctx.th.xid_storm_count]
     if storms:
         sev = max((c["severity"] for c in storms), key=lambda s: _RANK[s])
         sev = sev if _RANK[sev] >= _RANK["warn"] else "warn"
         window = f"{ctx.th.xid_window_hours:g} h"
         ctx.add("xid.storm", sev,
-                f"{where}: XID storm: " + "; ".join(f"{c['count']} x XID {c['code']} ({c['name']})" for c in storms)
+                f"{where}: XID storm: " + "; ".join(f"{c['in_window']} x XID {c['code']} ({c['name']})" for c in storms)
                 + f" within {window} (storm at {ctx.th.xid_storm_count})",
-                gpu=gpu, observed={str(c["code"]): c["count"] for c in storms},
+                gpu=gpu, observed={str(c["code"]): c["in_window"] for c in storms},
                 expected=f"< {ctx.th.xid_storm_count} per code",
                 action="Find what repeats: one job crashing in a loop (stop it) or a failing GPU (drain it). "
                 + action)

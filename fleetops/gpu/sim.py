@@ -345,11 +345,14 @@ def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
 
 def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
     """Inject ``name`` into a state held in memory (a scenario being built, a test's node); False
-    if it was already there. ``inject`` does the same on a state file."""
+    if it was already there. An XID fault injected again logs its XID once more (each XID is an
+    event, and the policy escalates on repeats). ``inject`` does the same on a state file."""
     check_fault_name(name)
     index = _gpu_index(state, name, gpu)
     for fault in state["faults"]:
         if fault["name"] == name and fault.get("gpu") == index:
+            if name.startswith("xid:"):  # the fault is there already, but the GPU logs it again
+                _log_xid(state, index, int(name[4:]))
             return False
     now = time.time()
     record: dict[str, Any] = {"name": name, "gpu": index, "since": now}
@@ -605,12 +608,17 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         if fault["name"] in ("gpu-missing", "xid:79") and fault.get("gpu") is not None:
             lost.add(fault["gpu"])
 
+    reset_at: dict[int, float] = {}  # the GPU's last reset, as the agent's reset journal records it
+    for done in state.get("resets", []):
+        at = float(done.get("at") or 0.0)
+        reset_at[done["gpu"]] = max(at, reset_at.get(done["gpu"], at))
     gpus = []
     for raw in state["gpus"]:
         index = raw["index"]
         if index in lost:
             continue
         gpu = {k: v for k, v in raw.items() if k not in PRIVATE_GPU_KEYS}
+        gpu["last_reset_at"] = reset_at.get(index)
         links = _nvlinks(state, raw, now)
         if any(f["name"] == "nvlink-idle" for f in by_gpu.get(index, [])):
             gpu["utilization_gpu_pct"] = max(int(gpu.get("utilization_gpu_pct") or 0), IDLE_FAULT_LOAD_PCT)

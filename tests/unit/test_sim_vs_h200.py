@@ -102,6 +102,8 @@ EXCEPTED: dict[str, str] = {
     "temp_memory_max_c": "the capture states the HBM maximum only as a T.Limit margin "
     "(gpu_temp_max_mem_tlimit_threshold 0 C) with no HBM margin reading to anchor it, so not in "
     "degrees; the simulator says 95 C (HBM3e rating; read by thermal_power.memory_temperature)",
+    "last_reset_at": "not from NVML: when fleetops last reset the GPU (the agent's reset journal, the "
+    "simulator's resets); None in the capture and on a fresh simulated node (read by xid.recent)",
     "mig_instances": "MIG is disabled in the capture and the simulator: no instances to compare (both "
     "None; the simulator records 'MIG disabled')",
 }
