@@ -124,9 +124,19 @@ def _example_model() -> str:
     return str(next(iter(bl.SCHEMA_BY_PATH["gpu_models"].example)))
 
 
+def _parts(path: str) -> list[Any]:
+    """A schema path's keys, each ``*`` replaced by the first key of its parent's example (a GPU
+    model under ``gpu_models``, an XID code under ``xid_policy``)."""
+    from fleetops import baseline as bl
+
+    raw = path.split(".")
+    return [next(iter(bl.SCHEMA_BY_PATH[".".join(raw[:i])].example)) if p == "*" else p
+            for i, p in enumerate(raw)]
+
+
 def _nest(path: str, value: Any) -> dict[str, Any]:
-    """``{"a": {"b": value}}`` for ``a.b``; ``*`` stands for the example GPU model."""
-    parts = [(_example_model() if p == "*" else p) for p in path.split(".")]
+    """``{"a": {"b": value}}`` for ``a.b``; ``*`` stands for the example GPU model or XID code."""
+    parts = _parts(path)
     out: dict[str, Any] = {parts[-1]: value}
     for part in reversed(parts[:-1]):
         out = {part: out}
@@ -134,7 +144,7 @@ def _nest(path: str, value: Any) -> dict[str, Any]:
 
 
 def _set_path(target: dict[str, Any], path: str, value: Any) -> None:
-    parts = [(_example_model() if p == "*" else p) for p in path.split(".")]
+    parts = _parts(path)
     for part in parts[:-1]:
         target = target.setdefault(part, {})
     target[parts[-1]] = value
@@ -232,7 +242,9 @@ def baseline_page() -> str:
             lines.append(f"- Minimum: {key['minimum']:g}")
         if key["pattern"]:
             lines.append(f"- Must match: {_code(key['pattern'])}")
-        if "*" in key["path"]:
+        if key["path"].startswith("xid_policy.*"):
+            lines.append("- `*` is an XID code, e.g. `31`.")
+        elif "*" in key["path"]:
             lines.append(f"- `*` is a GPU model name as NVML reports it, e.g. `{_example_model()}`.")
         if not key["nullable"]:
             lines.append("- May not be `null`.")
@@ -537,6 +549,51 @@ def _planned(info: Any, sxid: bool = False) -> str:
     return plan.LABEL[plan.action_for(finding)]
 
 
+def _xid_policy_section() -> list[str]:
+    """The shipped policy and the holds, so that an operator reads each decision's reason next
+    to the code it changes."""
+    from fleetops.catalog import xid
+
+    lines = [
+        "## Policy: the codes the references disagree on",
+        "",
+        (
+            "Operators' references contradict each other on some codes (one ignores what another calls "
+            "fatal). fleetops decides each explicitly; a baseline's `xid_policy` overrides any code "
+            "(see the [baseline reference](baseline.md)). An escalation counts the code's events on one "
+            "GPU: that many within the span raise the finding."
+        ),
+        "",
+    ]
+    rows = []
+    for code, policy in sorted(xid.DEFAULT_POLICY.items()):
+        judged = xid.judgement(xid.lookup(code))
+        esc = judged.escalate
+        rows.append((
+            f"[{code}](#xid-{code})",
+            judged.severity,
+            _code(judged.action),
+            f"{esc.count} within {xid.span_text(esc.within_s)}: {esc.severity}, {_code(esc.action)}" if esc else "none",
+            policy.decision,
+        ))
+    lines += _table(("XID", "severity", "action", "escalation", "why"), rows)
+    lines += [
+        "",
+        "How long an event counts (evidence ends it, not time alone):",
+        "",
+        "- `reboot_node` codes (79, and XID 154 asking for a reboot): until the boot changes.",
+        "- `reset_gpu` codes: until a reset of that GPU is recorded after the event "
+        "(`fleetops-agent reset`'s journal; the simulator's resets), or at most "
+        "`thresholds.xid_hold_hours`, since a reset made outside fleetops is not seen.",
+        "- XID 154: until NVML reads the GPU's recovery action as none.",
+        "- Every other code: while within `thresholds.xid_window_hours`, or new since the previous "
+        "snapshot.",
+        "- An escalated finding holds as its escalated action does.",
+        "",
+    ]
+    return lines
+
+
 def xid_page() -> str:
     from fleetops import model
     from fleetops.catalog import xid
@@ -581,6 +638,9 @@ def xid_page() -> str:
         + ", ".join(str(c) for c in sorted(xid.NON_CRITICAL))
         + ". The GPU stays usable after them.",
         "",
+    ]
+    lines += _xid_policy_section()
+    lines += [
         "## Actions",
         "",
         "Each code maps to one action. What it means, and which fleetops command carries it out:",

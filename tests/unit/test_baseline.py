@@ -245,7 +245,7 @@ def test_merge_checks_warn_below_crit_across_layers():
 
 
 def _nest(path: str, value):
-    parts = path.replace("*", "NVIDIA H200").split(".")
+    parts = path.replace("*", "31" if path.startswith("xid_policy") else "NVIDIA H200").split(".")
     out = value
     for part in reversed(parts):
         out = {part: out}
@@ -263,7 +263,15 @@ def test_schema_describes_every_key_with_type_default_description_example():
 @pytest.mark.parametrize("key", SCHEMA, ids=lambda k: k.path)
 def test_every_schema_example_validates_at_its_own_path(key):
     given = _nest(key.path, key.example)
-    assert from_mapping(given, f"example of {key.path}").raw == given  # kept, at that path
+    if key.path.startswith("xid_policy.*.escalate."):  # an escalate needs count and within_s together
+        leaf = key.path.rsplit(".", 1)[1]
+        given = _nest("xid_policy.*.escalate", {"count": 3, "within_s": 600, leaf: key.example})
+    kept = given
+    if key.path.startswith("xid_policy"):  # XID codes are kept as text keys, as YAML may quote them
+        import json
+
+        kept = json.loads(json.dumps(given))
+    assert from_mapping(given, f"example of {key.path}").raw == kept  # kept, at that path
 
 
 def test_schema_top_level_keys_are_the_baseline_fields():
