@@ -192,6 +192,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=13)
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
+    import signal
+
+    # a timeout's SIGTERM still stops the fleet (the finally below)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     directory = tempfile.mkdtemp(prefix="fleetops-tui-bench-")
     t = time.monotonic()
     try:
