@@ -68,7 +68,9 @@ class FleetApp(App[None]):
         self.store = store
         self.highlight_s = highlight_s
         self.tick_s = tick_s
-        self.state = data.FleetState(clock=clock, stale_after=max(3 * interval, 10.0))
+        # a streaming source says when its data is stale (its daemons' data ages by design)
+        stale_after = getattr(source, "stale_after_s", None) or max(3 * interval, 10.0)
+        self.state = data.FleetState(clock=clock, stale_after=stale_after)
         self.state.set_hosts(names if names is not None else (source.names if source is not None else []))
         self._inbox: list[data.NodeEntry] = []
         self._inbox_lock = threading.Lock()

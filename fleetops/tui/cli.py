@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--interval",
         type=float,
-        help="seconds between collections of a node (default: 2, longer for big fleets: 6 ms per node)",
+        help="seconds between cold collections of a node without a daemon (default: 2, longer for big fleets: 6 ms per node)",
     )
     p.add_argument("--db", help="history database for the node screen (default: the audit's, when it exists)")
     p.add_argument(
@@ -43,6 +43,18 @@ def register(sub: Any) -> None:
         "--timeout", type=float, default=15.0, help="seconds for the agent to answer before a node is HUNG"
     )
     p.add_argument("--forks", type=int, default=64, help="nodes collected at the same time (default 64)")
+    p.add_argument(
+        "--max-connecting",
+        type=int,
+        default=48,
+        help="SSH connections opened at the same time for the nodes' daemon streams (default 48)",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=30.0,
+        help="seconds without news from a node's daemon before it is shown STALE (default 30)",
+    )
     p.add_argument(
         "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
     )
@@ -100,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("tui: give -i INVENTORY (or --sim for a simulated fleet)")
     if args.interval is not None and args.interval <= 0:
         raise UsageError("tui: --interval must be more than 0 seconds")
+    if args.max_connecting < 1:
+        raise UsageError("tui: --max-connecting must be at least 1")
+    if args.stale_after <= 0:
+        raise UsageError("tui: --stale-after must be more than 0 seconds")
     sim_dir = None
     restore = _exit_on_hangup()
     try:
@@ -133,7 +149,8 @@ def _exit_on_hangup() -> Any:
 
 def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -> int:
     from fleetops.tui.app import FleetApp
-    from fleetops.tui.source import SshSource, previous_snapshots, resolve_hosts
+    from fleetops.tui.source import previous_snapshots, resolve_hosts
+    from fleetops.tui.stream import StreamSource
 
     try:
         hosts, baselines = resolve_hosts(inventory, args.baseline, args.limit)
@@ -144,9 +161,11 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
                 f"{inventory}: no hosts" + (f" match --limit {args.limit}" if args.limit else "")
             )
         interval = args.interval if args.interval is not None else default_interval(len(hosts))
-        source = SshSource(
+        source = StreamSource(
             hosts,
             baselines,
+            max_connecting=args.max_connecting,
+            stale_after_s=args.stale_after,
             interval=interval,
             connect_timeout=args.connect_timeout,
             command_timeout=args.timeout,

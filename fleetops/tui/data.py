@@ -29,15 +29,19 @@ XID_WINDOW_S = 3600.0
 # Node status: whether the latest poll gave a snapshot. Anything but "ok" is a fault mark.
 STATUS_OK = "ok"
 STATUS_PENDING = "pending"  # not polled yet
+# Connected, but the node's stream has been silent past the source's limit: its last data is
+# shown with its age. Never unreachable: only a failed connect makes a node UNREACH.
+STATUS_STALE = "stale"
 STATUS_LABEL = {
     "ok": None,
     "pending": "WAITING",
+    "stale": "STALE",
     "unreachable": "UNREACH",
     "timeout": "HUNG",
     "error": "NODATA",
 }
 # Health ranks for sorting: an unreachable node sorts above a critical one.
-HEALTH_RANK = {**model.SEVERITY_RANK, "pending": -1, "unreach": 5}
+HEALTH_RANK = {**model.SEVERITY_RANK, "pending": -1, "stale": 4.5, "unreach": 5}
 FAULT_SEVERITIES = frozenset({"warn", "crit"})
 
 # Which cells of a GPU row a finding's check id points at, so the value at fault is coloured.
@@ -177,7 +181,7 @@ def fmt_finding(f: model.Finding) -> str:
 
 
 def health_label(health: str) -> str:
-    return {"unreach": "UNREACH", "pending": "WAITING"}.get(health, health.upper())
+    return {"unreach": "UNREACH", "pending": "WAITING", "stale": "STALE"}.get(health, health.upper())
 
 
 # --- rows -------------------------------------------------------------------------------
@@ -363,6 +367,8 @@ class NodeEntry:
     def display_health(self) -> str:
         if self.status == STATUS_PENDING and self.snapshot is None:
             return "pending"
+        if self.status == STATUS_STALE:
+            return "stale"
         if self.status != STATUS_OK:
             return "unreach"
         return self.health
@@ -756,6 +762,7 @@ class Totals:
     crit: int = 0
     unknown: int = 0
     unreachable: int = 0
+    stale: int = 0
     pending: int = 0
     gpus_ok: int = 0
     gpus: int = 0
@@ -824,6 +831,8 @@ class FleetState:
             h = e.display_health
             if h == "unreach":
                 t.unreachable += 1
+            elif h == "stale":
+                t.stale += 1
             elif h == "pending":
                 t.pending += 1
             elif h in ("warn", "crit", "unknown"):
@@ -856,6 +865,8 @@ class FleetState:
         return row
 
     def _seen_style(self, e: NodeEntry, age: float | None) -> str:
+        if e.status == STATUS_STALE:
+            return "stale"
         if e.status not in (STATUS_OK, STATUS_PENDING):
             return "unreach"
         if age is not None and self.stale_after is not None and age > self.stale_after:

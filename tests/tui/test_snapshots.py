@@ -6,6 +6,7 @@ and look at the SVGs in ``__snapshots__`` before committing them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from textual.widgets import Input
@@ -100,3 +101,28 @@ def test_snapshot_node_charts(snap_compare: Any) -> None:
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=open_charts)
+
+
+def test_snapshot_stale_versus_unreachable(snap_compare: Any) -> None:
+    """node002's stream is silent (STALE, its last data aged 40 s, yellow); node007 could not be
+    connected to (UNREACH, red); the header counts them apart."""
+    entries = list(ENTRIES)
+    i, j = NAMES.index("node002"), NAMES.index("node007")
+    entries[i] = data.mark_failed(
+        "node002",
+        data.STATUS_STALE,
+        model.Finding(
+            "transport.stale", "warn", "node002",
+            "no news from the daemon for 40s (over 30s): its stream is silent; showing its last data",
+        ),  # fmt: skip
+        replace(entries[i], seen_at=entries[i].seen_at - 40),  # type: ignore[operator]
+    )
+    entries[j] = data.mark_failed(
+        "node007",
+        "unreachable",
+        model.Finding("transport.unreachable", "crit", "node007", "unreachable: 127.0.10.7:22: connection refused"),
+        entries[j],
+    )
+    app = fed_app()
+    app.call_later(app.feed, entries)
+    assert snap_compare(app, terminal_size=SIZE, press=["_"])

@@ -12,7 +12,16 @@ from fleetops.tui import data
 from fleetops.tui.widgets.fleet_table import STYLES
 
 
-def summary_text(totals: data.Totals, *, where: str, interval: float, readonly: bool, live: bool) -> Text:
+def summary_text(
+    totals: data.Totals,
+    *,
+    where: str,
+    interval: float,
+    readonly: bool,
+    live: bool,
+    streaming: tuple[int, int] | None = None,
+) -> Text:
+    """``streaming``: (nodes streaming, nodes polled with a cold collect) for a streaming source."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(" fleetops ", style="bold reverse")
     if readonly:
@@ -28,6 +37,9 @@ def summary_text(totals: data.Totals, *, where: str, interval: float, readonly: 
     ):
         t.append(" ")
         t.append(f"{label} {count}", style=STYLES[style] if count else STYLES["dim"])
+    if totals.stale:  # only when there is one: a fleet whose streams all flow reads as before
+        t.append(" ")
+        t.append(f"stale {totals.stale}", style=STYLES["stale"])
     if totals.pending:
         t.append(f" waiting {totals.pending}", style=STYLES["dim"])
     t.append("   GPUs ok ", style="bold")
@@ -35,7 +47,12 @@ def summary_text(totals: data.Totals, *, where: str, interval: float, readonly: 
     t.append(f"{totals.gpus_ok}/{totals.gpus}", style=STYLES[gpu_style])
     t.append("   XIDs/1h ", style="bold")
     t.append(str(totals.xids_1h), style=STYLES["warn" if totals.xids_1h else "dim"])
-    t.append(f"   {'every ' + format(interval, 'g') + 's' if live else 'static'}", style=STYLES["dim"])
+    if streaming is not None:
+        t.append(f"   streaming {streaming[0]}", style=STYLES["dim"])
+        if streaming[1]:
+            t.append(f", polled every {format(interval, 'g')}s {streaming[1]}", style=STYLES["dim"])
+    else:
+        t.append(f"   {'every ' + format(interval, 'g') + 's' if live else 'static'}", style=STYLES["dim"])
     if where:
         t.append(f"   {where}", style=STYLES["dim"])
     return t
@@ -50,5 +67,6 @@ class SummaryBar(Static):
                 interval=getattr(app, "interval", 0.0),
                 readonly=getattr(app, "readonly", False),
                 live=getattr(app, "source", None) is not None,
+                streaming=getattr(getattr(app, "source", None), "stream_counts", lambda: None)(),
             )
         )

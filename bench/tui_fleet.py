@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""``fleetops tui`` against a simulated fleet over real SSH, every node with its daemon.
+
+    python3 bench/tui_fleet.py                         # 1000 nodes, 120 s
+    python3 bench/tui_fleet.py --nodes 50 --duration 40 --injects 2
+
+Starts ``fleetops sim up --daemon`` (a real sshd per loopback address, one resident agent
+serving every node), then the real app headless (``App.run_test``) on a ``StreamSource``: one
+``watch`` stream per node over SSH. Measured in the app's data layer (``app.state``, what the
+screen draws from):
+
+- shown: seconds from starting the app until every node has data (target <= 15 s);
+- false UNREACH: nodes ever marked unreachable over the run, every node being up (target 0);
+- inject: seconds from ``fleet.inject`` (what ``fleetops sim inject`` calls) of an ECC DBE on a
+  random node and GPU to that node's entry turning crit; beside it, from the daemon line that
+  carried it (its ``at``) to the entry, which is the stream's own share (target <= 3 s);
+- CPU: this process's user+system time per wall second over the steady part of the run (after
+  the injections), in % of one core (target <= 50 %);
+- memory per session: PSS and RSS of the sshd session processes and relays, divided by the
+  streams open (the listeners' sshd are not counted: they are there without the TUI).
+
+The machine is shared: figures are upper bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fleetops.sim import fleet
+from fleetops.tui import data
+from fleetops.tui.app import FleetApp
+from fleetops.tui.source import resolve_hosts
+from fleetops.tui.stream import StreamSource
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _kb(path: str, field: str) -> int:
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _under_fleet_sshd(pid: int, directory: str) -> bool:
+    """Whether a session sshd descends (within two levels) from one of this fleet's listeners,
+    whose command line names its config in ``directory``."""
+    for _ in range(3):
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace") if os.path.exists(f"/proc/{pid}/stat") else ""
+        try:
+            pid = int(stat.rpartition(")")[2].split()[1])
+        except (IndexError, ValueError):
+            return False
+        try:
+            if os.fsencode(directory) in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            return False
+    return False
+
+
+def session_memory(directory: str) -> dict[str, Any]:
+    """PSS/RSS (kB) of the processes a stream adds on the node side: sshd session processes
+    (``sshd: root...``) and relays (perl, socat, fleetops-agent watch) of this fleet."""
+    out: dict[str, dict[str, int]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        cmd = argv[0].decode(errors="replace")
+        if cmd.startswith("sshd: root"):
+            if not _under_fleet_sshd(int(pid), directory):
+                continue
+            kind = "sshd-session"
+        elif os.fsencode(directory) not in env:
+            continue
+        elif cmd.endswith("perl") or cmd == "perl":
+            kind = "relay-perl"
+        elif cmd.endswith("socat"):
+            kind = "relay-socat"
+        elif b"watch" in argv:
+            kind = "relay-agent-watch"
+        else:
+            continue
+        row = out.setdefault(kind, {"count": 0, "pss_kb": 0, "rss_kb": 0})
+        row["count"] += 1
+        row["pss_kb"] += _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+        row["rss_kb"] += _kb(f"/proc/{pid}/status", "VmRSS:")
+    return out
+
+
+async def measure(app: FleetApp, source: StreamSource, directory: str, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    names = list(source.hosts)
+    result: dict[str, Any] = {"nodes": len(names)}
+    async with app.run_test(size=(160, 45)) as pilot:
+        started = time.monotonic()
+        run_end = started + args.duration
+        counts = []
+        while True:
+            shown = sum(1 for e in app.state.entries.values() if e.snapshot is not None)
+            elapsed = time.monotonic() - started
+            if not counts or elapsed - counts[-1][0] >= 1.0:
+                counts.append((round(elapsed, 1), shown))
+            if shown == len(names):
+                result["all_shown_s"] = round(elapsed, 2)
+                break
+            if elapsed > args.duration:
+                result["all_shown_s"] = None
+                break
+            await pilot.pause(0.05)
+        result["shown_over_time"] = counts[:: max(1, len(counts) // 20)]
+        injects = []
+        for _ in range(args.injects):
+            name = rng.choice(names)
+            gpu = rng.randrange(8)
+            seen_version = app.state.entries[name].version
+            t_inject = time.time()
+            fleet.inject(directory, name, "ecc-dbe", gpu)
+            t0 = time.monotonic()
+            while app.state.entries[name].health != "crit" and time.monotonic() - t0 < 60:
+                await pilot.pause(0.02)
+            t_seen = time.time()
+            entry = app.state.entries[name]
+            snap = entry.snapshot
+            daemon = (snap.daemon or {}) if snap is not None else {}
+            collected = daemon.get("collected_at") if isinstance(daemon, dict) else None
+            injects.append({
+                "node": name, "gpu": gpu, "inject_to_app_s": round(t_seen - t_inject, 3),
+                "crit": entry.health == "crit", "versions": entry.version - seen_version,
+                "daemon_snapshot_after_inject_s": round(float(collected) - t_inject, 3) if collected else None,
+                "daemon_snapshot_to_app_s": round(t_seen - float(collected), 3) if collected else None,
+            })  # fmt: skip
+            fleet.clear(directory, name, "all")
+        result["injects"] = injects
+        # steady state: no more injections, every node streaming
+        await pilot.pause(2.0)
+        cpu0, wall0 = _cpu(), time.monotonic()
+        lines0 = source.line_count
+        while time.monotonic() < max(run_end, wall0 + 20):
+            await pilot.pause(0.5)
+        cpu1, wall1 = _cpu(), time.monotonic()
+        result["steady_window_s"] = round(wall1 - wall0, 1)
+        result["steady_cpu_pct_of_core"] = round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1)
+        result["steady_lines_per_s"] = round((source.line_count - lines0) / (wall1 - wall0), 1)
+        result["run_s"] = round(wall1 - started, 1)
+        result["false_unreach_nodes"] = sorted(n for n, k in source.unreachable_marks.items() if k)
+        result["unreach_now"] = sorted(n for n, e in app.state.entries.items() if e.display_health == "unreach")
+        result["stale_now"] = sorted(n for n, e in app.state.entries.items() if e.status == data.STATUS_STALE)
+        result["streaming, polled"] = source.stream_counts()
+        mem = session_memory(directory)
+        streams = max(1, source.stream_counts()[0])
+        result["node_side_memory"] = mem
+        result["per_session_pss_kb"] = round(sum(r["pss_kb"] for r in mem.values()) / streams, 1)
+        result["per_session_rss_kb"] = round(sum(r["rss_kb"] for r in mem.values()) / streams, 1)
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--duration", type=float, default=120.0, help="seconds the app runs (default 120)")
+    p.add_argument("--injects", type=int, default=5)
+    p.add_argument("--first-address", default=os.environ.get("FLEETOPS_BENCH_TUI_ADDRESS", "127.54.60.1"))
+    p.add_argument("--port", type=int, default=2222)
+    p.add_argument("--max-connecting", type=int, default=48)
+    p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--json", help="write the figures here too")
+    args = p.parse_args()
+    import signal
+
+    # a timeout's SIGTERM still stops the fleet (the finally below)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    directory = tempfile.mkdtemp(prefix="fleetops-tui-bench-")
+    t = time.monotonic()
+    try:
+        fleet.up(args.nodes, directory, first_address=args.first_address, port=args.port, daemon=True)
+        up_s = time.monotonic() - t
+        time.sleep(3.0)  # the daemon's first snapshots
+        hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
+        source = StreamSource(hosts, baselines, max_connecting=args.max_connecting, connect_timeout=10.0)
+        app = FleetApp(source, interval=source.interval)
+        result = asyncio.run(measure(app, source, directory, args))
+        result["fleet_up_s"] = round(up_s, 1)
+        result["load_avg"] = os.getloadavg()
+    finally:
+        fleet.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
