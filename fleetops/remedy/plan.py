@@ -3,7 +3,8 @@
 Actions, from the least to the most drastic: ``none``, ``restart_app``, ``drain``,
 ``reset_gpu``, ``drain_and_inspect``, ``reboot_node``. Each finding (warn or crit; info and ok
 need nothing; unknown ones are listed as "cannot plan") is mapped to an action by its check id,
-and for XID findings by the XID catalog's action for the worst code (``fleetops.catalog.xid``);
+and for XID findings by the action the check judged per code (the XID policy, escalation
+included), else the XID catalog's (``fleetops.catalog.xid``);
 a check this table does not know is mapped from its action text. Per GPU the most drastic action
 wins. Per node, a reboot supersedes the GPU resets on that node (a reboot resets every GPU).
 
@@ -117,7 +118,9 @@ def _xid_action(finding: model.Finding) -> str:
         elif code == 154 and ":" in name:
             act = FROM_RECOVERY.get(name.rsplit(":", 1)[1].strip(), "reset_gpu")
         else:
-            act = FROM_XID_ACTION.get(catalog.lookup(code).action, "drain_and_inspect")
+            # the check's judgement (the baseline's xid_policy and escalation) when it gives one
+            key = entry.get("action") if isinstance(entry.get("action"), str) else catalog.lookup(code).action
+            act = FROM_XID_ACTION.get(str(key), "drain_and_inspect")
         if RANK[act] > RANK[best]:
             best = act
     return best if observed else from_text(finding.action)

@@ -91,6 +91,14 @@ def test_xid_findings_follow_the_xid_catalog():
     assert plan.action_for(finding("xid.recovery_action", observed="drain_p2p")) == "reset_gpu"
 
 
+def test_xid_findings_follow_the_checks_judged_action_over_the_catalog():
+    # three XID 31 within 10 min escalate to drain_and_inspect; the catalog alone says restart_app
+    escalated = {"code": 31, "name": "x", "severity": "crit", "count": 3, "sxid": False, "action": "drain_and_inspect"}
+    assert plan.action_for(finding("xid.recent", "crit", observed=[escalated])) == "drain_and_inspect"
+    plain = {k: v for k, v in escalated.items() if k != "action"} | {"severity": "warn"}
+    assert plan.action_for(finding("xid.recent", "warn", observed=[plain])) == "restart_app"
+
+
 def test_unknown_checks_fall_back_to_their_action_text():
     assert plan.action_for(finding("new.check", action="Drain the node and reboot it.")) == "reboot_node"
     assert plan.action_for(finding("new.check", action="Reset it: fleetops reset n g")) == "reset_gpu"
