@@ -1,12 +1,21 @@
 """The desired state of a group of GPU nodes, and the thresholds the checks use.
 
 A baseline is YAML: a standalone file, or the ``fleetops_baseline`` variable of an Ansible
-inventory's ``group_vars``. Each host gets that variable as Ansible resolves it, and Ansible
-replaces a dict variable rather than merging it: a child group's ``fleetops_baseline`` replaces
-its parent's whole mapping, so a key the child leaves out is not checked on its hosts. Nothing
-layers group baselines key by key today; ``merge`` does that for two baselines, but the audit
-does not call it on inventory groups. Every key is optional: a key that is absent (or ``null``)
-is not checked. ``thresholds`` are the exception: each has a default.
+inventory's ``group_vars``/``host_vars``. Every key is optional: a key that is absent (or
+``null``) is not checked. ``thresholds`` are the exception: each has a default.
+
+Layering: in an inventory, group baselines layer from parent to child. The host's levels are
+``all``, then its groups in Ansible's order (depth first, then ``ansible_group_priority``, then
+name: a parent before its children), then the host itself; at each level the inventory file's
+inline vars come before its ``group_vars``/``host_vars`` files. ``layer`` merges them in that
+order: keys a later level sets win, mappings (``thresholds``, ``mig``, ``pcie``, ``gpu_models``
+and each model) merge key by key, lists (``services``, ``stray_process_allowlist``) replace,
+and an explicit ``null`` unsets the key for that level's hosts. Each layer is validated on its
+own (errors name its file and line); rules that relate two keys (warn below crit) are checked
+on the merged result and blame the most specific level. The result remembers which level set
+each key (``Baseline.level_of``), which ``fleetops baseline show`` prints. Ansible itself
+replaces a dict variable, so a playbook that reads ``fleetops_baseline`` sees only the most
+specific level's mapping: the roles get the layered one from ``fleetops`` (see the docs).
 
 ``SCHEMA`` describes every key (path, type, default, description, example). The validator is
 driven by it, and the docs generator reads it, so the two cannot drift. Errors are
@@ -14,7 +23,8 @@ driven by it, and the docs generator reads it, so the two cannot drift. Errors a
 and the line of the key.
 
 Public API: ``load_file(path)``, ``from_mapping(data, source)``, ``merge(base, override)``,
-``Baseline``, ``Thresholds``, ``SCHEMA``, ``schema_dicts()``, ``BaselineError``.
+``layer(layers)``, ``Baseline``, ``Thresholds``, ``SCHEMA``, ``schema_dicts()``,
+``json_schema()``, ``flatten(baseline)``, ``BaselineError``.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -238,6 +248,61 @@ def schema_dicts() -> list[dict[str, Any]]:
     return [k.to_dict() for k in SCHEMA]
 
 
+_JSON_TYPES = {T_STR: "string", T_INT: "integer", T_NUM: "number", T_BOOL: "boolean"}
+JSON_SCHEMA_ID = "https://fleetops.invalid/schema/baseline.json"
+
+
+def _json_key(key: SchemaKey) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": key.description}
+    children = _children(key.path)
+    if key.type in (T_MAP, T_MAP_OF) or children:
+        out["type"] = "object"
+        if "*" in children:
+            out["additionalProperties"] = _json_key(children["*"])
+        else:
+            out["properties"] = {name: _json_key(child) for name, child in children.items()}
+            out["additionalProperties"] = False
+    elif key.type == T_STR_LIST:
+        out["type"] = "array"
+        out["items"] = {"type": "string", "minLength": 1, "pattern": r"\S"}
+    elif key.type in _JSON_TYPES:
+        out["type"] = _JSON_TYPES[key.type]
+    # any other type a key brings is described but not constrained here: the validator is the rule
+    if key.minimum is not None:
+        out["minimum"] = key.minimum
+    if key.choices is not None:
+        out["enum"] = list(key.choices)
+    if key.pattern is not None:
+        out["pattern"] = "^(?:" + key.pattern.lstrip("^").rstrip("$") + ")$"
+    if key.unit:
+        out["description"] += f" ({key.unit})"
+    if key.default is not None:
+        out["default"] = list(key.default) if isinstance(key.default, tuple) else key.default
+    if key.example is not None:
+        out["examples"] = [key.example]
+    if key.nullable and "type" in out:
+        out["type"] = [out["type"], "null"]
+        if "enum" in out:
+            out["enum"].append(None)
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of a baseline mapping, generated from ``SCHEMA``, for editors
+    (YAML language servers) and the docs. It states types, ranges, choices and the known keys;
+    ``from_mapping`` stays the rule (it also orders warn below crit and names file and line)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": JSON_SCHEMA_ID,
+        "title": "fleetops baseline",
+        "description": "The value of fleetops_baseline (group_vars/host_vars), or a standalone baseline file. "
+        "Every key is optional; absent or null is not checked.",
+        "type": "object",
+        "properties": {k.name: _json_key(k) for k in SCHEMA if k.parent == ""},
+        "additionalProperties": False,
+    }
+
+
 def _children(parent: str) -> dict[str, SchemaKey]:
     return {k.name: k for k in SCHEMA if k.parent == parent}
 
@@ -333,6 +398,11 @@ class Baseline:
     # what merge() layers. Not part of equality.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     origins: Mapping[str, tuple[str, int | None]] = field(default_factory=dict, compare=False, repr=False)
+    # Key path -> the inventory level that set it ("group gpu_h200"), for layered baselines.
+    levels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def level_of(self, path: str) -> str | None:
+        return self.levels.get(path)
 
     def model(self, name: str | None) -> GpuModelBaseline | None:
         if name is None:
@@ -549,6 +619,7 @@ def _build(
     source: str,
     origins: Mapping[str, tuple[str, int | None]],
     recent: Mapping[str, Any] | None = None,
+    levels: Mapping[str, str] | None = None,
 ) -> Baseline:
     """``recent``: the origins of the last layer merged, blamed first for a conflict."""
     th_raw = raw.get("thresholds") or {}
@@ -596,6 +667,7 @@ def _build(
         source=source,
         raw=_plain(raw),
         origins=dict(origins),
+        levels=dict(levels or {}),
     )
 
 
@@ -658,7 +730,50 @@ def merge(base: Baseline, override: Baseline) -> Baseline:
     raw = _deep_merge(_plain(base.raw), _plain(override.raw))
     origins = {**base.origins, **override.origins}
     sources = [s for s in (base.source, override.source) if s and s != "<defaults>"]
-    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=override.origins)
+    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=override.origins,
+                  levels={**base.levels, **override.levels})
+
+
+def layer(layers: Sequence[tuple[str, str, Any]]) -> Baseline:
+    """Merge baselines given as ``(level, source, mapping)`` from the least to the most specific
+    (an inventory's ``all``, its groups parent to child, the host): see the module docstring.
+    ``source`` is the file each came from, for errors; ``level`` is remembered per key. No
+    layers is a baseline with nothing pinned."""
+    raw: dict[str, Any] = {}
+    origins: dict[str, tuple[str, int | None]] = {}
+    levels: dict[str, str] = {}
+    recent: dict[str, tuple[str, int | None]] = {}
+    for level, source, data in layers:
+        if isinstance(data, dict) and WRAPPER_KEY in data:
+            data = data[WRAPPER_KEY]
+        if data is None:
+            data = {}
+        validator = _Validator(source)
+        one = validator.mapping(data, "", "", _mapping_line(data))
+        raw = _deep_merge(raw, one)
+        origins.update(validator.origins)
+        levels.update({path: level for path in validator.origins})
+        recent = validator.origins
+    sources = list(dict.fromkeys(source for _, source, _ in layers))
+    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=recent, levels=levels)
+
+
+def flatten(b: Baseline) -> list[tuple[str, Any]]:
+    """The keys a baseline sets explicitly, as ``(path, value)`` in document order: leaves, and
+    mappings set to ``null`` or left empty. Paths are those errors and ``origin`` use
+    (``gpu_models["NVIDIA H200"].power_limit_w``)."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, sub in value.items():
+                walk(_fmt_path(prefix, str(key)), sub)
+        else:
+            out.append((prefix, value))
+
+    for key, value in b.raw.items():
+        walk(_fmt_path("", key), value)
+    return out
 
 
 def _plain(obj: Any) -> Any:
@@ -680,7 +795,10 @@ __all__ = [
     "PcieBaseline",
     "SchemaKey",
     "Thresholds",
+    "flatten",
     "from_mapping",
+    "json_schema",
+    "layer",
     "load_file",
     "merge",
     "schema_dicts",
