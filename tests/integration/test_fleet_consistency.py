@@ -94,3 +94,46 @@ def test_ecc_off_and_exclusive_compute_mode_are_found_against_the_fleet(clean16)
         ("config.compute_mode", "node015", 7, "warn", "Default"),
         ("config.ecc_mode", "node011", 1, "warn", True),
     ]
+
+
+def _two_level_inventory(d: str) -> str:
+    """The simulated fleet regrouped as all -> gpu -> h200: the parent pins the settings, the child
+    only a threshold (so Ansible alone would hand every host the child's mapping and nothing else)."""
+    import yaml
+
+    with open(os.path.join(d, "inventory.yml")) as fh:
+        hosts = yaml.safe_load(fh)["all"]["children"]["sim"]["hosts"]
+    root = os.path.join(d, "layered")
+    os.makedirs(os.path.join(root, "group_vars"), exist_ok=True)
+    with open(os.path.join(root, "hosts.yml"), "w") as fh:
+        yaml.safe_dump({"all": {"children": {"gpu": {"children": {"h200": {"hosts": hosts}}}}}}, fh)
+    with open(os.path.join(root, "group_vars", "gpu.yml"), "w") as fh:
+        fh.write("fleetops_baseline:\n  persistence_mode: true\n  gpu_models:\n    NVIDIA H200:\n"
+                 "      power_limit_w: 700\n")
+    with open(os.path.join(root, "group_vars", "h200.yml"), "w") as fh:
+        fh.write("fleetops_baseline:\n  thresholds:\n    xid_window_hours: 12\n")
+    return os.path.join(root, "hosts.yml")
+
+
+def test_an_audit_of_a_two_level_inventory_uses_the_layered_baseline(clean16):
+    from fleetops.sim import fleet
+
+    inv = _two_level_inventory(clean16)
+    fleet.inject(clean16, "node002", "power-cap-drift", 1)
+    fleet.inject(clean16, "node005", "persistence-off", 3)
+    args = [*CLI, "audit", "-i", inv, "--format", "json", "-q", "--no-history", "--connect-timeout", "2",
+            "--timeout", "20"]
+    proc = subprocess.run(args, check=False, capture_output=True, text=True, timeout=180)
+    doc = json.loads(proc.stdout)
+    bad = {(f["check"], f["node"], f["gpu"]["index"]): f for f in doc["findings"] if f["severity"] != "ok"}
+    assert sorted(bad) == [("config.persistence_mode", "node005", 3), ("thermal_power.power_limit", "node002", 1)]
+    # judged by the parent group's keys (per node, against the baseline), not by the fleet's vote
+    assert bad[("thermal_power.power_limit", "node002", 1)]["message"].endswith("power limit 500 W, baseline 700 W "
+                                                                                 "for NVIDIA H200")
+    assert "baseline on" in bad[("config.persistence_mode", "node005", 3)]["message"]
+    assert not any("fleet NVIDIA H200" in f["message"] for f in bad.values())
+    show = subprocess.run([*CLI, "baseline", "show", "-i", inv, "node002", "--json"], check=False,
+                          capture_output=True, text=True, timeout=60)
+    keys = {k["path"]: k for k in json.loads(show.stdout)["keys"]}
+    assert keys['gpu_models["NVIDIA H200"].power_limit_w']["level"] == "group gpu"
+    assert keys["thresholds.xid_window_hours"]["level"] == "group h200"
