@@ -65,6 +65,7 @@ T_INT = "integer"
 T_NUM = "number"
 T_BOOL = "boolean"
 T_STR_LIST = "list of strings"
+T_INT_LIST = "list of integers"
 T_MAP = "mapping"
 T_MAP_OF = "mapping of GPU model name to mapping"  # gpu_models: free keys, fixed sub-keys
 
@@ -176,6 +177,20 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "systemd units that must be active. Default: nvidia-persistenced, plus "
               "nvidia-fabricmanager when nvlinks_per_gpu is above 0.",
               [SERVICE_PERSISTENCED, SERVICE_FABRICMANAGER]),
+    # --- the driver's branch and flavour (versions.driver_branch, versions.driver_flavour) ---
+    SchemaKey("driver", T_MAP, None,
+              "Which NVIDIA drivers the nodes may run: the allowed branches and the package flavour.",
+              {"branches": [535, 550, 570, 580], "flavour": "datacenter"}),
+    SchemaKey("driver.branches", T_INT_LIST, None,
+              "Driver branches allowed (the major number of the loaded driver: 580.159.04 is branch "
+              "580). Use the data center branches NVIDIA supports for the GPUs (production and "
+              "long-term support branches).", [535, 550, 570, 580]),
+    SchemaKey("driver.flavour", T_STR, None,
+              "datacenter: the installed driver packages must be a data center flavour (Ubuntu's "
+              "-server packages, or packages from NVIDIA's repository such as cuda-drivers and "
+              "nvidia-open); a consumer package (Ubuntu's nvidia-driver-<branch> without -server, "
+              "RPM Fusion's akmod-nvidia) is reported. any: not checked.", "datacenter",
+              choices=("datacenter", "any")),
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
@@ -265,6 +280,10 @@ def _json_key(key: SchemaKey) -> dict[str, Any]:
     elif key.type == T_STR_LIST:
         out["type"] = "array"
         out["items"] = {"type": "string", "minLength": 1, "pattern": r"\S"}
+    elif key.type == T_INT_LIST:
+        out["type"] = "array"
+        out["items"] = {"type": "integer", "minimum": 1}
+        out["minItems"] = 1
     elif key.type in _JSON_TYPES:
         out["type"] = _JSON_TYPES[key.type]
     # any other type a key brings is described but not constrained here: the validator is the rule
@@ -368,6 +387,12 @@ class MigBaseline:
 
 
 @dataclass(frozen=True)
+class DriverBaseline:
+    branches: tuple[int, ...] | None = None
+    flavour: str | None = None  # "datacenter" | "any"
+
+
+@dataclass(frozen=True)
 class PcieBaseline:
     gen: int | None = None
     width: int | None = None
@@ -392,6 +417,7 @@ class Baseline:
     expected_topology: str | None = None
     stray_process_allowlist: tuple[str, ...] | None = None
     services: tuple[str, ...] = (SERVICE_PERSISTENCED,)
+    driver: DriverBaseline = field(default_factory=DriverBaseline)
     thresholds: Thresholds = field(default_factory=Thresholds)
     source: str = "<defaults>"
     # The validated mapping as written (explicit keys only) and where each key came from:
@@ -583,6 +609,15 @@ class _Validator:
             if not isinstance(value, bool):
                 self.fail(shown, f"expected true or false, got {_type_name(value)}{_template_hint(value)}", line)
             value = bool(value)
+        elif t == T_INT_LIST:
+            if not isinstance(value, (list, tuple)) or not value:
+                self.fail(shown, f"expected a non-empty list of integers, got {_type_name(value)}", line)
+            numbers = []
+            for i, item in enumerate(value):
+                if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+                    self.fail(f"{shown}[{i}]", f"expected a positive integer, got {_type_name(item)}", line)
+                numbers.append(int(item))
+            return numbers
         elif t == T_STR_LIST:
             if not isinstance(value, (list, tuple)):
                 self.fail(shown, f"expected a list of strings, got {_type_name(value)}", line)
@@ -647,6 +682,10 @@ def _build(
     else:
         services = (SERVICE_PERSISTENCED,) + ((SERVICE_FABRICMANAGER,) if nvlinks else ())
     allow = raw.get("stray_process_allowlist")
+    driver_raw = raw.get("driver") or {}
+    branches = driver_raw.get("branches")
+    driver = DriverBaseline(branches=tuple(branches) if branches is not None else None,
+                            flavour=driver_raw.get("flavour"))
     return Baseline(
         driver_version=raw.get("driver_version"),
         cuda_driver_version=raw.get("cuda_driver_version"),
@@ -663,6 +702,7 @@ def _build(
         expected_topology=raw.get("expected_topology"),
         stray_process_allowlist=tuple(allow) if allow is not None else None,
         services=services,
+        driver=driver,
         thresholds=thresholds,
         source=source,
         raw=_plain(raw),
@@ -790,6 +830,7 @@ __all__ = [
     "SCHEMA_BY_PATH",
     "Baseline",
     "BaselineError",
+    "DriverBaseline",
     "GpuModelBaseline",
     "MigBaseline",
     "PcieBaseline",
