@@ -1,12 +1,21 @@
 """The desired state of a group of GPU nodes, and the thresholds the checks use.
 
 A baseline is YAML: a standalone file, or the ``fleetops_baseline`` variable of an Ansible
-inventory's ``group_vars``. Each host gets that variable as Ansible resolves it, and Ansible
-replaces a dict variable rather than merging it: a child group's ``fleetops_baseline`` replaces
-its parent's whole mapping, so a key the child leaves out is not checked on its hosts. Nothing
-layers group baselines key by key today; ``merge`` does that for two baselines, but the audit
-does not call it on inventory groups. Every key is optional: a key that is absent (or ``null``)
-is not checked. ``thresholds`` are the exception: each has a default.
+inventory's ``group_vars``/``host_vars``. Every key is optional: a key that is absent (or
+``null``) is not checked. ``thresholds`` are the exception: each has a default.
+
+Layering: in an inventory, group baselines layer from parent to child. The host's levels are
+``all``, then its groups in Ansible's order (depth first, then ``ansible_group_priority``, then
+name: a parent before its children), then the host itself; at each level the inventory file's
+inline vars come before its ``group_vars``/``host_vars`` files. ``layer`` merges them in that
+order: keys a later level sets win, mappings (``thresholds``, ``mig``, ``pcie``, ``gpu_models``
+and each model) merge key by key, lists (``services``, ``stray_process_allowlist``) replace,
+and an explicit ``null`` unsets the key for that level's hosts. Each layer is validated on its
+own (errors name its file and line); rules that relate two keys (warn below crit) are checked
+on the merged result and blame the most specific level. The result remembers which level set
+each key (``Baseline.level_of``), which ``fleetops baseline show`` prints. Ansible itself
+replaces a dict variable, so a playbook that reads ``fleetops_baseline`` sees only the most
+specific level's mapping: the roles get the layered one from ``fleetops`` (see the docs).
 
 ``SCHEMA`` describes every key (path, type, default, description, example). The validator is
 driven by it, and the docs generator reads it, so the two cannot drift. Errors are
@@ -14,7 +23,8 @@ driven by it, and the docs generator reads it, so the two cannot drift. Errors a
 and the line of the key.
 
 Public API: ``load_file(path)``, ``from_mapping(data, source)``, ``merge(base, override)``,
-``Baseline``, ``Thresholds``, ``SCHEMA``, ``schema_dicts()``, ``BaselineError``.
+``layer(layers)``, ``Baseline``, ``Thresholds``, ``SCHEMA``, ``schema_dicts()``,
+``json_schema()``, ``flatten(baseline)``, ``BaselineError``.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -57,6 +67,7 @@ T_INT = "integer"
 T_NUM = "number"
 T_BOOL = "boolean"
 T_STR_LIST = "list of strings"
+T_INT_LIST = "list of integers"
 T_MAP = "mapping"
 T_MAP_OF = "mapping of GPU model name to mapping"  # gpu_models: free keys, fixed sub-keys
 T_MAP_OF_XID = "mapping of XID code to mapping"  # xid_policy: codes as keys, fixed sub-keys
@@ -197,6 +208,20 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("xid_policy.*.escalate.action", T_STR, None,
               "Action once escalated (default: the code's action).", "drain_and_inspect",
               choices=_xid.ACTIONS),
+    # --- the driver's branch and flavour (versions.driver_branch, versions.driver_flavour) ---
+    SchemaKey("driver", T_MAP, None,
+              "Which NVIDIA drivers the nodes may run: the allowed branches and the package flavour.",
+              {"branches": [535, 550, 570, 580], "flavour": "datacenter"}),
+    SchemaKey("driver.branches", T_INT_LIST, None,
+              "Driver branches allowed (the major number of the loaded driver: 580.159.04 is branch "
+              "580). Use the data center branches NVIDIA supports for the GPUs (production and "
+              "long-term support branches).", [535, 550, 570, 580]),
+    SchemaKey("driver.flavour", T_STR, None,
+              "datacenter: the installed driver packages must be a data center flavour (Ubuntu's "
+              "-server packages, or packages from NVIDIA's repository such as cuda-drivers and "
+              "nvidia-open); a consumer package (Ubuntu's nvidia-driver-<branch> without -server, "
+              "RPM Fusion's akmod-nvidia) is reported. any: not checked.", "datacenter",
+              choices=("datacenter", "any")),
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
@@ -273,6 +298,76 @@ def schema_dicts() -> list[dict[str, Any]]:
     return [k.to_dict() for k in SCHEMA]
 
 
+_JSON_TYPES = {T_STR: "string", T_INT: "integer", T_NUM: "number", T_BOOL: "boolean"}
+JSON_SCHEMA_ID = "https://fleetops.invalid/schema/baseline.json"
+
+
+def _json_keys(value: Any) -> Any:
+    """An example as JSON has it: mapping keys (XID codes) as text."""
+    if isinstance(value, dict):
+        return {str(k): _json_keys(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_keys(v) for v in value]
+    return value
+
+
+def _json_key(key: SchemaKey) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": key.description}
+    children = _children(key.path)
+    if key.type in (T_MAP, T_MAP_OF, T_MAP_OF_XID) or children:
+        out["type"] = "object"
+        if key.type == T_MAP_OF_XID:  # keys are XID codes; JSON (and YAML tooling) sees them as text
+            out["propertyNames"] = {"pattern": "^[1-9][0-9]*$"}
+        if "*" in children:
+            out["additionalProperties"] = _json_key(children["*"])
+        else:
+            out["properties"] = {name: _json_key(child) for name, child in children.items()}
+            out["additionalProperties"] = False
+    elif key.type == T_STR_LIST:
+        out["type"] = "array"
+        out["items"] = {"type": "string", "minLength": 1, "pattern": r"\S"}
+    elif key.type == T_INT_LIST:
+        out["type"] = "array"
+        out["items"] = {"type": "integer", "minimum": 1}
+        out["minItems"] = 1
+    elif key.type in _JSON_TYPES:
+        out["type"] = _JSON_TYPES[key.type]
+    # any other type a key brings is described but not constrained here: the validator is the rule
+    if key.minimum is not None:
+        out["minimum"] = key.minimum
+    if key.choices is not None:
+        out["enum"] = list(key.choices)
+    if key.pattern is not None:
+        out["pattern"] = "^(?:" + key.pattern.lstrip("^").rstrip("$") + ")$"
+    if key.unit:
+        out["description"] += f" ({key.unit})"
+    if key.default is not None:
+        out["default"] = list(key.default) if isinstance(key.default, tuple) else key.default
+    if key.example is not None:
+        out["examples"] = [_json_keys(key.example)]
+    if key.nullable and "type" in out:
+        out["type"] = [out["type"], "null"]
+        if "enum" in out:
+            out["enum"].append(None)
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of a baseline mapping, generated from ``SCHEMA``, for editors
+    (YAML language servers) and the docs. It states types, ranges, choices and the known keys;
+    ``from_mapping`` stays the rule (it also orders warn below crit and names file and line)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": JSON_SCHEMA_ID,
+        "title": "fleetops baseline",
+        "description": "The value of fleetops_baseline (group_vars/host_vars), or a standalone baseline file. "
+        "Every key is optional; absent or null is not checked.",
+        "type": "object",
+        "properties": {k.name: _json_key(k) for k in SCHEMA if k.parent == ""},
+        "additionalProperties": False,
+    }
+
+
 def _children(parent: str) -> dict[str, SchemaKey]:
     return {k.name: k for k in SCHEMA if k.parent == parent}
 
@@ -339,6 +434,12 @@ class MigBaseline:
 
 
 @dataclass(frozen=True)
+class DriverBaseline:
+    branches: tuple[int, ...] | None = None
+    flavour: str | None = None  # "datacenter" | "any"
+
+
+@dataclass(frozen=True)
 class PcieBaseline:
     gen: int | None = None
     width: int | None = None
@@ -363,6 +464,7 @@ class Baseline:
     expected_topology: str | None = None
     stray_process_allowlist: tuple[str, ...] | None = None
     services: tuple[str, ...] = (SERVICE_PERSISTENCED,)
+    driver: DriverBaseline = field(default_factory=DriverBaseline)
     thresholds: Thresholds = field(default_factory=Thresholds)
     xid_policy: Mapping[int, _xid.XidPolicy] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -370,6 +472,11 @@ class Baseline:
     # what merge() layers. Not part of equality.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     origins: Mapping[str, tuple[str, int | None]] = field(default_factory=dict, compare=False, repr=False)
+    # Key path -> the inventory level that set it ("group gpu_h200"), for layered baselines.
+    levels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def level_of(self, path: str) -> str | None:
+        return self.levels.get(path)
 
     def model(self, name: str | None) -> GpuModelBaseline | None:
         if name is None:
@@ -559,6 +666,15 @@ class _Validator:
             if not isinstance(value, bool):
                 self.fail(shown, f"expected true or false, got {_type_name(value)}{_template_hint(value)}", line)
             value = bool(value)
+        elif t == T_INT_LIST:
+            if not isinstance(value, (list, tuple)) or not value:
+                self.fail(shown, f"expected a non-empty list of integers, got {_type_name(value)}", line)
+            numbers = []
+            for i, item in enumerate(value):
+                if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+                    self.fail(f"{shown}[{i}]", f"expected a positive integer, got {_type_name(item)}", line)
+                numbers.append(int(item))
+            return numbers
         elif t == T_STR_LIST:
             if not isinstance(value, (list, tuple)):
                 self.fail(shown, f"expected a list of strings, got {_type_name(value)}", line)
@@ -595,6 +711,7 @@ def _build(
     source: str,
     origins: Mapping[str, tuple[str, int | None]],
     recent: Mapping[str, Any] | None = None,
+    levels: Mapping[str, str] | None = None,
 ) -> Baseline:
     """``recent``: the origins of the last layer merged, blamed first for a conflict."""
     th_raw = raw.get("thresholds") or {}
@@ -623,6 +740,10 @@ def _build(
         services = (SERVICE_PERSISTENCED,) + ((SERVICE_FABRICMANAGER,) if nvlinks else ())
     allow = raw.get("stray_process_allowlist")
     policy = _xid_policy(raw.get("xid_policy") or {}, source, origins)
+    driver_raw = raw.get("driver") or {}
+    branches = driver_raw.get("branches")
+    driver = DriverBaseline(branches=tuple(branches) if branches is not None else None,
+                            flavour=driver_raw.get("flavour"))
     return Baseline(
         driver_version=raw.get("driver_version"),
         cuda_driver_version=raw.get("cuda_driver_version"),
@@ -639,11 +760,13 @@ def _build(
         expected_topology=raw.get("expected_topology"),
         stray_process_allowlist=tuple(allow) if allow is not None else None,
         services=services,
+        driver=driver,
         thresholds=thresholds,
         xid_policy=policy,
         source=source,
         raw=_plain(raw),
         origins=dict(origins),
+        levels=dict(levels or {}),
     )
 
 
@@ -729,7 +852,50 @@ def merge(base: Baseline, override: Baseline) -> Baseline:
     raw = _deep_merge(_plain(base.raw), _plain(override.raw))
     origins = {**base.origins, **override.origins}
     sources = [s for s in (base.source, override.source) if s and s != "<defaults>"]
-    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=override.origins)
+    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=override.origins,
+                  levels={**base.levels, **override.levels})
+
+
+def layer(layers: Sequence[tuple[str, str, Any]]) -> Baseline:
+    """Merge baselines given as ``(level, source, mapping)`` from the least to the most specific
+    (an inventory's ``all``, its groups parent to child, the host): see the module docstring.
+    ``source`` is the file each came from, for errors; ``level`` is remembered per key. No
+    layers is a baseline with nothing pinned."""
+    raw: dict[str, Any] = {}
+    origins: dict[str, tuple[str, int | None]] = {}
+    levels: dict[str, str] = {}
+    recent: dict[str, tuple[str, int | None]] = {}
+    for level, source, data in layers:
+        if isinstance(data, dict) and WRAPPER_KEY in data:
+            data = data[WRAPPER_KEY]
+        if data is None:
+            data = {}
+        validator = _Validator(source)
+        one = validator.mapping(data, "", "", _mapping_line(data))
+        raw = _deep_merge(raw, one)
+        origins.update(validator.origins)
+        levels.update({path: level for path in validator.origins})
+        recent = validator.origins
+    sources = list(dict.fromkeys(source for _, source, _ in layers))
+    return _build(raw, " + ".join(sources) or "<defaults>", origins, recent=recent, levels=levels)
+
+
+def flatten(b: Baseline) -> list[tuple[str, Any]]:
+    """The keys a baseline sets explicitly, as ``(path, value)`` in document order: leaves, and
+    mappings set to ``null`` or left empty. Paths are those errors and ``origin`` use
+    (``gpu_models["NVIDIA H200"].power_limit_w``)."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, sub in value.items():
+                walk(_fmt_path(prefix, str(key)), sub)
+        else:
+            out.append((prefix, value))
+
+    for key, value in b.raw.items():
+        walk(_fmt_path("", key), value)
+    return out
 
 
 def _plain(obj: Any) -> Any:
@@ -746,12 +912,16 @@ __all__ = [
     "SCHEMA_BY_PATH",
     "Baseline",
     "BaselineError",
+    "DriverBaseline",
     "GpuModelBaseline",
     "MigBaseline",
     "PcieBaseline",
     "SchemaKey",
     "Thresholds",
+    "flatten",
     "from_mapping",
+    "json_schema",
+    "layer",
     "load_file",
     "merge",
     "schema_dicts",

@@ -242,6 +242,70 @@ def cmd_sim(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown sim command {args.sim_command!r}")
 
 
+# --- baseline ----------------------------------------------------------------------------
+
+
+def _show_value(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    import contextlib
+    import difflib
+
+    if args.baseline_command == "schema":
+        from fleetops import baseline as bl
+
+        text = json.dumps(bl.json_schema(), indent=2) + "\n"
+        if args.output:
+            import tempfile
+
+            folder = os.path.dirname(os.path.abspath(args.output))
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".schema-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                os.replace(tmp, args.output)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        else:
+            sys.stdout.write(text)
+        return 0
+    from fleetops.fleet import inventory
+    from fleetops.ops.baseline import explain
+
+    hosts = {h.name: h for h in inventory.load(args.inventory)}
+    if args.host not in hosts:
+        close = difflib.get_close_matches(args.host, list(hosts), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"{args.inventory}: no host {args.host!r} in the inventory{hint}")
+    doc = explain(hosts[args.host], args.inventory)
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    if not doc["keys"]:
+        print(f"{args.host}: no level of {args.inventory} sets fleetops_baseline: nothing is pinned "
+              "(settings are compared with the fleet's majority)")
+        return 0
+    print(f"{args.host}: effective baseline, layered from " + " < ".join(la["level"] for la in doc["layers"]))
+    width = max(len(k["path"]) for k in doc["keys"])
+    vwidth = min(40, max(len(_show_value(k["value"])) for k in doc["keys"]))
+    lwidth = max(len(k["level"]) for k in doc["keys"])
+    here = os.getcwd() + os.sep
+    for k in doc["keys"]:
+        source = k["source"]
+        if source.startswith(here):  # files under the working folder, as the user typed them
+            source = source[len(here):]
+        where = source + (f":{k['line']}" if k["line"] is not None else "")
+        print(f"  {k['path']:<{width}}  {_show_value(k['value']):<{vwidth}}  {k['level']:<{lwidth}}  ({where})")
+    if doc["ansible_differs"]:
+        print(f"note: playbooks read fleetops_baseline as Ansible resolves it (a child group's mapping "
+              f"replaces its parent's): they see other values for {', '.join(doc['ansible_differs'])}")
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------
 
 
@@ -305,6 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
     q.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
     q.set_defaults(func=cmd_prometheus)
+
+    p = sub.add_parser("baseline", help="the desired state: a host's effective (layered) baseline, the JSON Schema")
+    bsub = p.add_subparsers(dest="baseline_command", required=True, parser_class=_Parser)
+    q = bsub.add_parser("show", help="a host's effective baseline, key by key, with the group each key came from")
+    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    q.add_argument("host", help="inventory host name")
+    q.add_argument("--json", action="store_true", help="as JSON: keys with value, level, file and line")
+    q = bsub.add_parser("schema", help="the baseline's JSON Schema (for editors and validators)")
+    q.add_argument("-o", "--output", help="write it to this file (atomically) instead of stdout")
+    p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("sim", help="a simulated fleet: real sshd on loopback with simulated GPUs")
     ssub = p.add_subparsers(dest="sim_command", required=True, parser_class=_Parser)

@@ -185,6 +185,8 @@ class Node:
     nvml_version: str | None = None
     services: dict[str, str | None] = field(default_factory=dict)  # unit -> "active" | "inactive" | ...
     packages: dict[str, str] = field(default_factory=dict)  # installed NVIDIA packages -> version
+    # driver packages -> who built them: dpkg's Maintainer, rpm's Vendor (the driver's flavour)
+    package_origins: dict[str, str] = field(default_factory=dict)
     gpu_count: int | None = None  # what the driver enumerates (a lost GPU is not counted)
     gpus: list[Gpu] = field(default_factory=list)
     topology: Topology | None = None

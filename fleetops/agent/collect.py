@@ -148,7 +148,7 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
         node.services, reason = hostinfo.service_states()
         if reason:
             node.unavailable["services"] = reason
-        node.packages, reason = hostinfo.nvidia_packages()
+        node.packages, node.package_origins, reason = hostinfo.nvidia_packages_with_origins()
         if reason:
             node.unavailable["packages"] = reason
         lines, reason = xid.read_kernel_log()

@@ -11,7 +11,16 @@ import platform
 import subprocess
 
 SERVICES = ("nvidia-fabricmanager", "nvidia-persistenced")
-PACKAGE_PREFIXES = ("nvidia-", "cuda-", "libnvidia-", "datacenter-gpu-manager")
+PACKAGE_PREFIXES = (
+    "nvidia-", "cuda-", "libnvidia-", "datacenter-gpu-manager",
+    # RPM-based drivers: NVIDIA's repository (kmod-nvidia-open-dkms) and RPM Fusion's consumer ones
+    "kmod-nvidia", "akmod-nvidia", "xorg-x11-drv-nvidia",
+)
+# Packages whose origin is recorded: the kernel driver's, which say which flavour is installed.
+DRIVER_PACKAGE_PREFIXES = (
+    "nvidia-driver", "nvidia-headless", "nvidia-open", "nvidia-kernel", "cuda-drivers", "kmod-nvidia",
+    "akmod-nvidia", "xorg-x11-drv-nvidia", "linux-modules-nvidia",
+)
 
 
 def kernel() -> str:
@@ -54,43 +63,71 @@ def service_states(units: tuple[str, ...] = SERVICES) -> tuple[dict[str, str | N
 
 
 def nvidia_packages() -> tuple[dict[str, str], str | None]:
-    """Installed NVIDIA/CUDA packages from dpkg's status file (no subprocess), else rpm."""
-    status = "/var/lib/dpkg/status"
+    """Installed NVIDIA/CUDA packages (name -> version); see ``nvidia_packages_with_origins``."""
+    found, _, reason = nvidia_packages_with_origins()
+    return found, reason
+
+
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def nvidia_packages_with_origins(status: str = DPKG_STATUS) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """Installed NVIDIA/CUDA packages (name -> version), who built each driver package (dpkg's
+    Maintainer, rpm's Vendor: Ubuntu's archive, NVIDIA's repository, RPM Fusion), and why none
+    could be read. dpkg's status file is read directly (no subprocess); without it, one ``rpm``
+    query (an argument list). Neither present: empty, with the reason."""
     if os.path.exists(status):
-        found: dict[str, str] = {}
-        try:
-            with open(status, encoding="utf-8", errors="replace") as fh:
-                name = version = None
-                installed = False
-                for line in fh:
-                    if line.startswith("Package: "):
-                        name, version, installed = line[9:].strip(), None, False
-                    elif line.startswith("Status: "):
-                        installed = line.rstrip().endswith(" installed")
-                    elif line.startswith("Version: "):
-                        version = line[9:].strip()
-                    elif line == "\n":
-                        if name and version and installed and name.startswith(PACKAGE_PREFIXES):
-                            found[name] = version
-                        name = version = None
-                if name and version and installed and name.startswith(PACKAGE_PREFIXES):
-                    found[name] = version
-        except OSError as exc:
-            return {}, f"{status}: {exc.strerror}"
-        return found, None
+        return dpkg_status_packages(status)
     try:
         proc = subprocess.run(
-            ["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\\n"],
+            ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{VENDOR}\\n"],
             capture_output=True,
             text=True,
             timeout=5.0,
             check=False,
         )
     except (FileNotFoundError, subprocess.TimeoutExpired):
-        return {}, "no dpkg status file and no rpm"
-    found = {}
+        return {}, {}, "no dpkg status file and no rpm"
+    found: dict[str, str] = {}
+    origins: dict[str, str] = {}
     for line in proc.stdout.splitlines():
-        name, _, version = line.partition(" ")
+        name, _, rest = line.partition("\t")
+        version, _, vendor = rest.partition("\t")
         if name.startswith(PACKAGE_PREFIXES):
             found[name] = version
-    return found, None
+            if name.startswith(DRIVER_PACKAGE_PREFIXES) and vendor and vendor != "(none)":
+                origins[name] = vendor
+    return found, origins, None
+
+
+def dpkg_status_packages(status: str) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """``nvidia_packages_with_origins`` from one dpkg status file."""
+    found: dict[str, str] = {}
+    origins: dict[str, str] = {}
+
+    def keep(name: str | None, version: str | None, installed: bool, maintainer: str | None) -> None:
+        if name and version and installed and name.startswith(PACKAGE_PREFIXES):
+            found[name] = version
+            if maintainer and name.startswith(DRIVER_PACKAGE_PREFIXES):
+                origins[name] = maintainer
+
+    try:
+        with open(status, encoding="utf-8", errors="replace") as fh:
+            name = version = maintainer = None
+            installed = False
+            for line in fh:
+                if line.startswith("Package: "):
+                    name, version, maintainer, installed = line[9:].strip(), None, None, False
+                elif line.startswith("Status: "):
+                    installed = line.rstrip().endswith(" installed")
+                elif line.startswith("Version: "):
+                    version = line[9:].strip()
+                elif line.startswith("Maintainer: "):
+                    maintainer = line[12:].strip()
+                elif line == "\n":
+                    keep(name, version, installed, maintainer)
+                    name = version = maintainer = None
+            keep(name, version, installed, maintainer)
+    except OSError as exc:
+        return {}, {}, f"{status}: {exc.strerror}"
+    return found, origins, None

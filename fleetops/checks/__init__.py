@@ -36,6 +36,7 @@ assert tuple(_MODULES) == FAMILIES
 _FLEET_RUNNERS: tuple[Callable[[list[model.Node], Baseline | None], list[model.Finding]], ...] = (
     versions.run_fleet,
     thermal_power.run_fleet,
+    config.run_fleet,
     topology.run_fleet,
 )
 
@@ -79,9 +80,11 @@ def run_node_checks(
 
 def run_fleet_checks(nodes: list[model.Node], baseline: Baseline | None = None) -> list[model.Finding]:
     """Drift across nodes against the fleet majority: driver, CUDA and Fabric Manager per node;
-    VBIOS, InfoROM and power limit per GPU model; NUMA placement per model and bus id. Values
-    the baseline pins are left to the per-node checks. Each finding names one minority node
-    (and GPU) and lists all minority nodes in its message."""
+    VBIOS and InfoROM per GPU model; the settings (power limit, persistence, ECC, compute and
+    MIG mode) per GPU model, where only a strict majority of at least three GPUs judges (a tie
+    reports nothing); NUMA placement per model and bus id. Values the baseline pins are left to
+    the per-node checks. Each finding names one minority node (and GPU) and lists all minority
+    nodes in its message."""
     out: list[model.Finding] = []
     for runner in _FLEET_RUNNERS:
         out.extend(runner(list(nodes), baseline))

@@ -303,3 +303,63 @@ def _names(nodes: Iterable[str], limit: int = 10) -> str:
     if len(nodes) <= limit:
         return ", ".join(nodes)
     return ", ".join(nodes[:limit]) + f" (+{len(nodes) - limit} more)"
+
+
+# --- per-model settings majority -------------------------------------------------------
+
+# Fewer GPUs of a model than this never make a majority: two GPUs that disagree say nothing
+# about which one is right.
+SETTING_MIN_VOTERS = 3
+
+
+def setting_majority(items: Sequence[Item]) -> tuple[Any, collections.Counter[Any]] | None:
+    """The value a strict majority (more than half) of ``items`` holds, with the counts of
+    every value; ``None`` when there is nothing to report: fewer than ``SETTING_MIN_VOTERS``
+    readable values, every value the same, or no value held by more than half (a tie)."""
+    values = [i.value for i in items if i.value is not None]
+    counts = collections.Counter(values)
+    if len(values) < SETTING_MIN_VOTERS or len(counts) < 2:
+        return None
+    value, top = counts.most_common(1)[0]
+    if top * 2 <= len(values):
+        return None
+    return value, counts
+
+
+def setting_drift(
+    check: str,
+    what: str,
+    model_name: str,
+    items: Sequence[Item],
+    action: Callable[[Item, Any], str],
+    fmt: Callable[[Any], str] = str,
+    observed: Callable[[Item], Any] | None = None,
+    severity: str = "warn",
+) -> list[model.Finding]:
+    """One finding per GPU of ``model_name`` whose setting differs from the strict majority of
+    that model's GPUs across the fleet. The message names the GPU and counts every value
+    ("persistence_mode off on n3 GPU 2 (...) GPU-...; fleet NVIDIA H200: on 127, off 1"). Ties,
+    fleets too small to vote and unanimous fleets give nothing (see ``setting_majority``)."""
+    found = setting_majority(items)
+    if found is None:
+        return []
+    majority, counts = found
+    tally = ", ".join(f"{fmt(v)} {c}" for v, c in sorted(counts.items(), key=lambda vc: (-vc[1], str(vc[0]))))
+    minority_nodes = sorted({i.node for i in items if i.value is not None and i.value != majority})
+    out: list[model.Finding] = []
+    for i in items:
+        if i.value is None or i.value == majority:
+            continue
+        gpu = i.gpu
+        where = f"{i.node} {gpu_label(gpu)} {gpu.uuid}" if gpu is not None else i.node
+        out.append(
+            model.Finding(
+                check=check, severity=severity, node=i.node,
+                gpu=model.gpu_ref(gpu) if gpu is not None else None,
+                observed=observed(i) if observed is not None else i.value, expected=majority,
+                message=f"{what} {fmt(i.value)} on {where}; fleet {model_name}: {tally} "
+                f"(minority nodes: {_names(minority_nodes)})",
+                action=action(i, majority),
+            )
+        )
+    return out

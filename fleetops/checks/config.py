@@ -1,22 +1,31 @@
 """Configuration: persistence, ECC and compute mode, MIG, stray processes, services, GPU count,
-GPUs that vanished since the previous snapshot, and the NVLink fabric state."""
+GPUs that vanished since the previous snapshot, and the NVLink fabric state.
+
+Persistence, ECC, compute and MIG mode are judged against the baseline where it sets them, and
+otherwise against the majority of the same GPU model across the fleet (``run_fleet``): a fleet
+that agrees on a setting is its own baseline for the one GPU that does not."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Callable
+from typing import Any
 
 from fleetops import model
-from fleetops.baseline import SERVICE_FABRICMANAGER
+from fleetops.baseline import SERVICE_FABRICMANAGER, Baseline
 from fleetops.checks.base import (
     CMD_APPLY_MIG,
     CMD_APPLY_PERSISTENCE,
     DEMAND_BASELINE,
+    SETTING_MIN_VOTERS,
     CheckSpec,
     Context,
+    Item,
     gpu_label,
     reset_action,
     reset_cmd,
+    setting_drift,
 )
 
 FAMILY = "config"
@@ -26,42 +35,58 @@ LOST_GPU_ACTION = (
     "is still missing, open a hardware case."
 )
 
+FLEET_RULE = (
+    "; without it, the strict majority of the same GPU model's GPUs across the fleet (no finding "
+    f"on a tie, without a value held by more than half, or with fewer than {SETTING_MIN_VOTERS} "
+    "GPUs of the model)"
+)
+
 SPECS = (
     CheckSpec(
         "config.persistence_mode", FAMILY, "Persistence mode",
         reads="nvmlDeviceGetPersistenceMode",
-        threshold="equal to persistence_mode",
+        threshold="equal to persistence_mode" + FLEET_RULE,
         severities=("warn",),
         action=f"Set persistence mode (nvidia-persistenced): {CMD_APPLY_PERSISTENCE}.",
-        requires="persistence_mode",
+        scope="node+fleet",
+        requires="persistence_mode (node check)",
         applies=lambda n, b: b is not None and b.persistence_mode is not None,
+        fleet_applies=lambda b: b is None or b.persistence_mode is None,
     ),
     CheckSpec(
         "config.ecc_mode", FAMILY, "ECC mode",
         reads="nvmlDeviceGetEccMode (current, pending)",
-        threshold="current ECC mode equal to ecc_mode (the message says when the change only waits for a reset)",
+        threshold="current ECC mode equal to ecc_mode (the message says when the change only waits for a reset)"
+        + FLEET_RULE,
         severities=("warn",),
         action="Set ECC mode (nvidia-smi -e) and reset the GPU to apply it: fleetops reset NODE GPU-UUID.",
-        requires="ecc_mode",
+        scope="node+fleet",
+        requires="ecc_mode (node check)",
         applies=lambda n, b: b is not None and b.ecc_mode is not None,
+        fleet_applies=lambda b: b is None or b.ecc_mode is None,
     ),
     CheckSpec(
         "config.compute_mode", FAMILY, "Compute mode",
         reads="nvmlDeviceGetComputeMode",
-        threshold="equal to compute_mode",
+        threshold="equal to compute_mode" + FLEET_RULE,
         severities=("warn",),
-        action="Set the compute mode (nvidia-smi -c) as the baseline says.",
-        requires="compute_mode",
+        action="Set the compute mode (nvidia-smi -c) as the baseline (or the fleet) says.",
+        scope="node+fleet",
+        requires="compute_mode (node check)",
         applies=lambda n, b: b is not None and b.compute_mode is not None,
+        fleet_applies=lambda b: b is None or b.compute_mode is None,
     ),
     CheckSpec(
         "config.mig_mode", FAMILY, "MIG mode",
         reads="nvmlDeviceGetMigMode (current, pending)",
-        threshold="current MIG mode equal to mig.mode (the message says when the change only waits for a reset)",
+        threshold="current MIG mode equal to mig.mode (the message says when the change only waits for a reset)"
+        + FLEET_RULE,
         severities=("warn",),
-        action=f"Set MIG mode as the baseline says: {CMD_APPLY_MIG}.",
-        requires="mig.mode",
+        action=f"Set MIG mode as the baseline (or the fleet) says: {CMD_APPLY_MIG}.",
+        scope="node+fleet",
+        requires="mig.mode (node check)",
         applies=lambda n, b: b is not None and b.mig.mode is not None,
+        fleet_applies=lambda b: b is None or b.mig.mode is None,
     ),
     CheckSpec(
         "config.mig_profile", FAMILY, "MIG instance profiles",
@@ -315,3 +340,77 @@ def _fabric(ctx: Context, gpu: model.Gpu) -> None:
             + ("" if sev == "warn" else ": CUDA will not start on this GPU"),
             gpu=gpu, observed={"state": state, "status": status},
             expected={"state": "completed", "status": "success"}, action=action)
+
+
+# --- fleet -----------------------------------------------------------------------------
+
+
+def _on_off(value: Any) -> str:
+    return "on" if value else "off"
+
+
+def _enabled(value: Any) -> str:
+    return "enabled" if value else "disabled"
+
+
+def _per_model(nodes: list[model.Node], attr: str) -> dict[str, list[Item]]:
+    groups: dict[str, list[Item]] = {}
+    for n in nodes:
+        for g in n.gpus:
+            if g.name is not None:
+                groups.setdefault(g.name, []).append(Item(n.hostname, getattr(g, attr), g))
+    return groups
+
+
+def _persistence_action(i: Item, want: Any) -> str:
+    return f"Set persistence mode {_on_off(want)} on {i.node}: {CMD_APPLY_PERSISTENCE}."
+
+
+def _ecc_action(i: Item, want: Any) -> str:
+    assert i.gpu is not None
+    if i.gpu.ecc_mode_pending == want:
+        return reset_action(i.node, i.gpu.uuid, "to apply the pending ECC mode")
+    return (f"Set ECC {_on_off(want)} on {i.node} (nvidia-smi -i {i.gpu.bus_id} -e {int(bool(want))}), then "
+            f"reset the GPU to apply it: {reset_cmd(i.node, i.gpu.uuid)}; or pin ecc_mode in the baseline.")
+
+
+def _compute_action(i: Item, want: Any) -> str:
+    assert i.gpu is not None
+    return (f"Set the compute mode on {i.node}: nvidia-smi -i {i.gpu.bus_id} -c {want}; or pin compute_mode "
+            "in the baseline.")
+
+
+def _mig_action(i: Item, want: Any) -> str:
+    assert i.gpu is not None
+    if i.gpu.mig_mode_pending == want:
+        return reset_action(i.node, i.gpu.uuid, "to apply the pending MIG mode")
+    return f"Set MIG mode {_enabled(want)} on {i.node}: {CMD_APPLY_MIG} (or pin mig.mode in the baseline)."
+
+
+def _current_pending(pending: str) -> Callable[[Item], Any]:
+    def observed(i: Item) -> Any:
+        return {"current": i.value, "pending": getattr(i.gpu, pending, None)}
+
+    return observed
+
+
+def run_fleet(nodes: list[model.Node], b: Baseline | None) -> list[model.Finding]:
+    """Settings the baseline leaves open, voted per GPU model across ``nodes``."""
+    rules: list[tuple[str, str, str, bool, Callable[[Item, Any], str], Callable[[Any], str],
+                      Callable[[Item], Any] | None]] = [
+        ("config.persistence_mode", "persistence_mode", "persistence_mode",
+         b is not None and b.persistence_mode is not None, _persistence_action, _on_off, None),
+        ("config.ecc_mode", "ecc_mode_current", "ECC mode",
+         b is not None and b.ecc_mode is not None, _ecc_action, _on_off, _current_pending("ecc_mode_pending")),
+        ("config.compute_mode", "compute_mode", "compute mode",
+         b is not None and b.compute_mode is not None, _compute_action, str, None),
+        ("config.mig_mode", "mig_mode_current", "MIG mode",
+         b is not None and b.mig.mode is not None, _mig_action, _enabled, _current_pending("mig_mode_pending")),
+    ]
+    out: list[model.Finding] = []
+    for check, attr, what, pinned, action, fmt, observed in rules:
+        if pinned:
+            continue  # the baseline wins: checked per node
+        for model_name, items in _per_model(nodes, attr).items():
+            out += setting_drift(check, what, model_name, items, action, fmt=fmt, observed=observed)
+    return out

@@ -13,7 +13,7 @@ from fleetops.checks.base import (
     Context,
     Item,
     gpu_label,
-    majority_drift,
+    setting_drift,
 )
 
 FAMILY = "thermal_power"
@@ -60,7 +60,8 @@ SPECS = (
         "thermal_power.power_limit", FAMILY, "Power limit per GPU model",
         reads="nvmlDeviceGetPowerManagementLimit",
         threshold="gpu_models.<model>.power_limit_w, else power_limit_w, within "
-        "thresholds.power_limit_tolerance_w (1 W); without either, the majority of that model's GPUs",
+        "thresholds.power_limit_tolerance_w (1 W); without either, the strict majority of that model's GPUs "
+        "across the fleet (no finding on a tie or with fewer than 3 GPUs of the model)",
         severities=("warn",),
         action=POWER_ACTION,
         scope="node+fleet", requires="gpu_models.<model>.power_limit_w or power_limit_w (node check)",
@@ -170,7 +171,7 @@ def run_fleet(nodes: list[model.Node], b: Baseline | None) -> list[model.Finding
     for model_name, items in groups.items():
         if b is not None and b.power_limit_for(model_name) is not None:
             continue  # pinned: checked per node
-        out += majority_drift("thermal_power.power_limit", "power limit", f"{model_name} GPUs", items,
-                              POWER_ACTION + " (pin power_limit_w in the baseline first)",
-                              fmt=lambda v: f"{v:g} W")
+        out += setting_drift("thermal_power.power_limit", "power limit", model_name, items,
+                             lambda i, want: POWER_ACTION + " (pin power_limit_w in the baseline first)",
+                             fmt=lambda v: f"{v:g} W")
     return out

@@ -1,5 +1,7 @@
 """Versions: driver, CUDA, VBIOS and InfoROM per GPU model, Fabric Manager; per node against
-the baseline, and across the fleet against the majority for what the baseline does not pin."""
+the baseline, and across the fleet against the majority for what the baseline does not pin.
+The driver's branch and flavour: a data center branch the baseline allows, installed from a
+data center package (Ubuntu's ``-server`` packages, NVIDIA's repository), never a consumer one."""
 
 from __future__ import annotations
 
@@ -29,6 +31,29 @@ _UPSTREAM_RE = re.compile(r"^(?:\d+:)?(\d+(?:\.\d+)+)")
 _DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d+(?:\.\d+)?$")
 
 DRIVER_ACTION = f"Bring the node to the baseline driver: {CMD_ROLLOUT_DRIVER}."
+
+# Driver flavour, from the installed packages' names and origins.
+DATACENTER = "datacenter"
+CONSUMER = "consumer"
+# Ubuntu's data center (ERD/LTSB) drivers: nvidia-driver-580-server, -server-open, the headless
+# and prebuilt-module variants (linux-modules-nvidia-580-server-6.8.0-49-generic).
+_UBUNTU_SERVER_RE = re.compile(
+    r"^(?:nvidia-driver|nvidia-headless(?:-no-dkms)?|linux-modules-nvidia)-\d+-server(?:-open)?(?:-.+)?$"
+)
+# Ubuntu-shaped names that both Ubuntu's archive (consumer) and NVIDIA's repository ship.
+_BRANCH_PACKAGE_RE = re.compile(r"^(?:nvidia-driver|nvidia-headless(?:-no-dkms)?)-\d+(?:-open)?$")
+# Only NVIDIA's repository ships these (CUDA repository meta packages, RHEL kmods).
+_NVIDIA_REPO_RE = re.compile(
+    r"^(?:cuda-drivers(?:-\d+)?|nvidia-open(?:-\d+)?|kmod-nvidia-(?:open|latest)-dkms|nvidia-driver-cuda)$"
+)
+# The kernel driver's packages: only these say which flavour is installed (the agent records
+# the origin of the same names).
+_DRIVER_PACKAGE_PREFIXES = (
+    "nvidia-driver", "nvidia-headless", "nvidia-open", "nvidia-kernel", "cuda-drivers", "kmod-nvidia",
+    "akmod-nvidia", "xorg-x11-drv-nvidia", "linux-modules-nvidia",
+)
+# RPM Fusion's consumer (GeForce) driver.
+_CONSUMER_RPM_RE = re.compile(r"^(?:akmod-nvidia|xorg-x11-drv-nvidia)(?:-.+)?$")
 FIRMWARE_ACTION = f"Update the GPU firmware to the baseline: {CMD_ROLLOUT_FIRMWARE}."
 
 
@@ -59,6 +84,49 @@ def driver_package_versions(node: model.Node) -> dict[str, str]:
         if upstream is not None and _DRIVER_VERSION_RE.match(upstream):
             out[name] = upstream
     return out
+
+
+def driver_branch(version: str | None) -> int | None:
+    """``580.159.04`` -> 580: the branch is the major number of the version NVML reports."""
+    if not version:
+        return None
+    head = version.strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def package_flavour(name: str, origin: str | None) -> tuple[str | None, str] | None:
+    """(flavour, why) for one driver package, ``(None, why)`` when its name could be either and
+    its origin is unknown, ``None`` for packages that say nothing about the flavour."""
+    if not name.startswith(_DRIVER_PACKAGE_PREFIXES) or name.startswith("nvidia-kernel-common"):
+        return None
+    if origin and "nvidia" in origin.lower():
+        return DATACENTER, f"{name} from NVIDIA's repository ({origin})"
+    if _UBUNTU_SERVER_RE.match(name):
+        return DATACENTER, f"{name} is Ubuntu's -server (data center) package"
+    if _NVIDIA_REPO_RE.match(name):
+        return DATACENTER, f"{name} comes only from NVIDIA's repository"
+    if _CONSUMER_RPM_RE.match(name):
+        return CONSUMER, f"{name} is RPM Fusion's consumer driver"
+    if _BRANCH_PACKAGE_RE.match(name):
+        if origin:
+            return CONSUMER, f"{name} without -server is Ubuntu's consumer package ({origin})"
+        return None, f"{name} may be Ubuntu's consumer package or NVIDIA's; its origin was not collected"
+    return None
+
+
+def driver_flavour(node: model.Node) -> tuple[str | None, list[str]]:
+    """The installed driver's flavour and the evidence: consumer when any driver package is a
+    consumer one, datacenter when one is and none is consumer, else None (unknown)."""
+    verdicts = []
+    for name in sorted(node.packages):
+        found = package_flavour(name, node.package_origins.get(name))
+        if found is not None:
+            verdicts.append(found)
+    for flavour in (CONSUMER, DATACENTER):
+        why = [w for f, w in verdicts if f == flavour]
+        if why:
+            return flavour, why
+    return None, [w for _, w in verdicts] or ["no driver package installed (a .run install?)"]
 
 
 def _pinned(b: Baseline | None, attr: str) -> bool:
@@ -133,6 +201,30 @@ SPECS = (
         applies=lambda n, b: bool(driver_package_versions(n)),
     ),
     CheckSpec(
+        "versions.driver_branch", FAMILY, "Driver branch allowed",
+        reads="nvmlSystemGetDriverVersion: the branch is its major number (580.159.04 is branch 580, "
+        "as on the real H200)",
+        threshold="the loaded driver's branch is one of driver.branches",
+        severities=("warn",),
+        action=f"Move the node to an allowed data center branch: {CMD_ROLLOUT_DRIVER}.",
+        requires="driver.branches",
+        applies=lambda n, b: b is not None and b.driver.branches is not None,
+    ),
+    CheckSpec(
+        "versions.driver_flavour", FAMILY, "Data center driver package",
+        reads="installed driver packages: names, and dpkg's Maintainer or rpm's Vendor",
+        threshold="with driver.flavour datacenter: no consumer driver package (Ubuntu's nvidia-driver-<branch> "
+        "without -server, RPM Fusion's akmod-nvidia), and one data center package (Ubuntu's -server "
+        "packages, NVIDIA's repository: cuda-drivers, nvidia-open, packages it built)",
+        severities=("warn",),
+        action="Replace the consumer driver with the data center flavour of the same branch (Ubuntu: "
+        f"nvidia-driver-<branch>-server; or NVIDIA's repository): {CMD_ROLLOUT_DRIVER}.",
+        not_a_fault="A package name both Ubuntu and NVIDIA ship, without its origin, or a driver installed "
+        "from NVIDIA's .run file, is unknown, not consumer.",
+        requires="driver.flavour: datacenter",
+        applies=lambda n, b: b is not None and b.driver.flavour == DATACENTER,
+    ),
+    CheckSpec(
         "versions.gpu_model", FAMILY, "GPU model known to the baseline",
         reads="nvmlDeviceGetName",
         threshold="every GPU's model is a key of gpu_models (when gpu_models is set)",
@@ -152,6 +244,8 @@ def run(ctx: Context) -> None:
         _node_value(ctx, "versions.cuda", "CUDA", "cuda_driver_version", b.cuda_driver_version, DRIVER_ACTION)
         _gpu_versions(ctx, b)
         _fabric_manager_vs_baseline(ctx, b)
+        _driver_branch(ctx, b)
+        _driver_flavour(ctx, b)
     _fabric_manager_match(ctx, driver)
     _driver_package(ctx, driver)
 
@@ -221,6 +315,46 @@ def _fabric_manager_vs_baseline(ctx: Context, b: Baseline) -> None:
                 f"Fabric Manager {have} is not the baseline's {wanted} ({source})",
                 observed=have, expected=wanted,
                 action=f"Install Fabric Manager {wanted}, held together with the driver: {CMD_ROLLOUT_DRIVER}.")
+
+
+def _driver_branch(ctx: Context, b: Baseline) -> None:
+    allowed = b.driver.branches
+    if allowed is None:
+        return
+    driver = ctx.get(FAMILY, ctx.node, "driver_version", DEMAND_BASELINE)
+    if driver is None:
+        return
+    branch = driver_branch(driver)
+    if branch is None:
+        ctx.unreadable(FAMILY, "driver_branch", f"driver version {driver!r} has no branch number", "node")
+        return
+    if branch in allowed:
+        return
+    listed = ", ".join(str(a) for a in allowed)
+    ctx.add("versions.driver_branch", "warn",
+            f"driver {driver} is branch {branch}, not one of the baseline's data center branches {listed}",
+            observed=branch, expected=list(allowed),
+            action=f"Move the node to an allowed branch ({listed}): {CMD_ROLLOUT_DRIVER}.")
+
+
+def _driver_flavour(ctx: Context, b: Baseline) -> None:
+    if b.driver.flavour != DATACENTER or not _packages_readable(ctx, DEMAND_BASELINE):
+        return
+    flavour, why = driver_flavour(ctx.node)
+    if flavour == DATACENTER:
+        return
+    if flavour is None:
+        ctx.unreadable(FAMILY, "driver_flavour", "; ".join(why), "node")
+        return
+    branch = driver_branch(ctx.node.driver_version)
+    server = f"nvidia-driver-{branch}-server" if branch is not None else "nvidia-driver-<branch>-server"
+    ctx.add("versions.driver_flavour", "warn",
+            f"consumer driver installed: {'; '.join(why)}; the baseline asks for a data center driver",
+            observed={"flavour": flavour, "packages": sorted(n for n in ctx.node.packages
+                                                              if package_flavour(n, None) is not None)},
+            expected=DATACENTER,
+            action=f"Replace it with the data center flavour of the branch ({server} on Ubuntu, or NVIDIA's "
+            f"repository), then reboot: {CMD_ROLLOUT_DRIVER}.")
 
 
 def _fabric_manager_match(ctx: Context, driver: str | None) -> None:

@@ -198,19 +198,21 @@ def baseline_page() -> str:
         "",
         "- `fleetops audit -i INVENTORY --baseline FILE`: one YAML file for every host of the run.",
         (
-            f"- Without `--baseline`: the host's `{bl.WRAPPER_KEY}` variable, usually set in the "
-            "inventory's `group_vars/GROUP.yml`. Ansible's variable precedence decides which group's "
-            "value a host gets, and a child group's mapping replaces its parent's as a whole (Ansible "
-            "merges no dictionaries by default), so repeat every key a child group needs, as "
-            "`inventory/production/group_vars/` does."
+            f"- Without `--baseline`: every `{bl.WRAPPER_KEY}` the host's inventory levels set "
+            "(`group_vars/all.yml`, then its groups from parent to child, then `host_vars/HOST.yml`), "
+            "layered: keys a child level sets win, mappings (`thresholds`, `mig`, `pcie`, `gpu_models`) "
+            "merge key by key, lists replace, and `null` unsets a key. `fleetops baseline show -i "
+            "INVENTORY HOST` prints the result and the group (file:line) of every key; see "
+            "[baseline layers](../runbooks/baseline-layers.md), which also says what playbooks see."
         ),
         (
             f"- A file may also wrap the keys in `{bl.WRAPPER_KEY}:`, so a `group_vars` file works "
             "with `--baseline` too."
         ),
         (
-            "- Without either, nothing is pinned: versions, firmware and power limits are compared with "
-            "the fleet's majority, and only the health checks run."
+            "- Without either, nothing is pinned: versions, firmware and the settings (power limit, "
+            "persistence, ECC, compute and MIG mode) are compared with the fleet's majority per GPU "
+            "model, and the health checks run."
         ),
         "",
         (
@@ -218,6 +220,12 @@ def baseline_page() -> str:
             "exception, each has a default. A baseline that does not validate stops the audit (exit 4) "
             "with the file, the line and the key path, e.g. "
             "`baseline.yml:12: thresholds.pcie_replays_per_min: ...`."
+        ),
+        "",
+        (
+            "`fleetops baseline schema` prints the same definition as a JSON Schema (draft 2020-12) "
+            "for editors and validators, e.g. `# yaml-language-server: $schema=baseline.schema.json` "
+            "at the top of a standalone baseline file."
         ),
         "",
         "## Keys",

@@ -60,6 +60,11 @@ DEFAULT_NODE: dict[str, Any] = {
         "nvidia-fabricmanager-580": "580.159.04-1",
         "cuda-toolkit-13-0": "13.0.2-1",
     },
+    # Who built each driver package (dpkg's Maintainer): the driver's flavour. A scenario's
+    # ``node: {packages: ..., package_origins: ...}`` sets another (a consumer nvidia-driver-580).
+    "package_origins": {
+        "nvidia-driver-580-server": "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>",
+    },
 }
 
 DEFAULT_GPU: dict[str, Any] = {
@@ -678,6 +683,8 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         "nvml_version": node.get("nvml_version"),
         "services": dict(node.get("services", {})),
         "packages": dict(node.get("packages", {})),
+        "package_origins": {k: v for k, v in (node.get("package_origins") or {}).items()
+                            if k in (node.get("packages") or {})},
         "gpu_count": len(gpus),
         "gpus": gpus,
         "topology": {

@@ -74,7 +74,7 @@ class NvmlBackend:
         self.reinits = 0
         self.state_path = state_path or ""
         self._hostname = socket.gethostname()
-        self._packages: tuple[dict[str, str], str | None] | None = None
+        self._packages: tuple[dict[str, str], dict[str, str], str | None] | None = None
 
     # NVML lifecycle ----------------------------------------------------------------------
 
@@ -199,8 +199,9 @@ class NvmlBackend:
         for g in node.gpus:
             self.lost.pop(g.uuid, None)  # enumerated again (a reset, a driver reload)
         if self._packages is None:
-            self._packages = hostinfo.nvidia_packages()
-        node.packages, reason = self._packages
+            self._packages = hostinfo.nvidia_packages_with_origins()
+        packages, origins, reason = self._packages
+        node.packages, node.package_origins = dict(packages), dict(origins)
         if reason:
             node.unavailable["packages"] = reason
         return node
