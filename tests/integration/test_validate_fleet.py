@@ -51,7 +51,8 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
     inv, expected = fleet32
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "fleetops.cli", "validate", "-i", inv, "--format", "json"],
+        proc = subprocess.run([sys.executable, "-m", "fleetops.cli", "validate", "-i", inv, "--format", "json",
+                               "--no-history"],
                               capture_output=True, text=True, env=env, timeout=300, check=False)
         assert proc.returncode == EXIT_CRIT, proc.stderr
         doc = json.loads(proc.stdout)
@@ -63,3 +64,55 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
         # is under the 48 GB/s floor.
         status = {expected[g["gpu"]]: g["status"] for g in doc["gpus"] if g["gpu"] in expected}
         assert status == {"slow-hbm": "warn", "slow-gemm": "warn", "slow-pcie": "crit"}
+
+
+def _fleetops(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "fleetops.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def test_validate_results_are_stored_and_history_shows_them(fleet32: tuple[str, dict[str, str]],
+                                                            tmp_path: Path) -> None:
+    inv, expected = fleet32
+    db = str(tmp_path / "history.db")
+    proc = _fleetops("validate", "-i", inv, "--format", "json", "--db", db, "--limit", "node001,node002,node003,node004,node005,node020")
+    assert proc.returncode == EXIT_CRIT, proc.stderr
+    run_id = json.loads(proc.stdout)["history_run"]
+    assert isinstance(run_id, int)
+
+    hist = _fleetops("history", "--kind", "validate", "--db", db, "--format", "json")
+    assert hist.returncode == 0, hist.stderr
+    runs = json.loads(hist.stdout)
+    assert [r["id"] for r in runs] == [run_id]
+    run = runs[0]
+    assert (run["level"], run["status"], run["exit_code"]) == ("quick", "crit", EXIT_CRIT)
+    assert run["summary"]["gpus_by_status"] == {"ok": 46, "warn": 1, "crit": 1, "unknown": 0}
+    gpus = run["gpus"]
+    assert len(gpus) == 6 * 8
+    assert {g["node"] for g in gpus} == {"node001", "node002", "node003", "node004", "node005", "node020"}
+    by_status = {g["gpu_uuid"]: g["status"] for g in gpus if g["status"] != "ok"}
+    assert by_status == {u: {"slow-hbm": "warn", "slow-pcie": "crit"}[f] for u, f in expected.items()
+                         if f != "slow-gemm"}
+    for g in gpus:
+        # provenance and expiry travel with every stored result: a quick result lasts 7 days
+        assert g["result"]["provenance"]["backend"] == "sim"
+        assert g["expires"] == pytest.approx(g["started_at"] + 7 * 86400)
+        assert g["bus_id"] and g["gpu_index"] in range(8) and g["model"] == "H200 SXM"
+        assert set(g["result"]["tests"]) >= {"hbm_triad_gbps", "h2d_gbps"}
+    crit = next(g for g in gpus if g["status"] == "crit")
+    assert (crit["node"], crit["gpu_index"]) == ("node020", 0)
+    assert {f["metric"] for f in crit["result"]["findings"]} == {"h2d_gbps", "d2h_gbps"}
+
+    # the node filter keeps only that node's GPUs, and the text form names the failed GPU
+    one = json.loads(_fleetops("history", "--kind", "validate", "--db", db, "--format", "json", "node003").stdout)
+    assert {g["node"] for g in one[0]["gpus"]} == {"node003"}
+    text = _fleetops("history", "--kind", "validate", "--db", db)
+    assert text.returncode == 0, text.stderr
+    crit_lines = [line for line in text.stdout.splitlines() if line.strip().startswith("[crit]")]
+    assert len(crit_lines) == 1
+    assert f"node020 GPU0 {crit['gpu_uuid']} measured" in crit_lines[0]
+    assert "h2d_gbps:" in crit_lines[0] and "expires" in crit_lines[0]
+    # an audit history left alone: no audits recorded by validate
+    audits = _fleetops("history", "--db", db, "--format", "json")
+    assert json.loads(audits.stdout) == []
