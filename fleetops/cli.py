@@ -47,6 +47,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
     store = None if args.no_history else Store(args.db, keep_s=keep_s)
     previous = store.previous_snapshots([h.name for h in hosts]) if store else {}
+    validations = _validations_for(hosts, baselines, store, args.db)
     if store and store.unreadable:
         for name, why in sorted(store.unreadable.items()):
             sys.stderr.write(f"fleetops: {name}: the last recorded snapshot cannot be read ({why}); "
@@ -86,6 +87,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             inventory=os.path.abspath(args.inventory),
             max_age_s=args.max_age,
             fresh=args.fresh,
+            validations=validations,
         )
     finally:
         if bar_ctx is not None:
@@ -96,6 +98,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
         store.close()
     _write_report(result, code, args.format, args.output)
     return code
+
+
+def _validations_for(hosts: list[Any], baselines: dict[str, Any], store: Any, db: str | None) -> dict[str, Any] | None:
+    """The latest stored validations of the hosts whose baseline requires one. With
+    --no-history the database is still read (only this audit goes unrecorded); where there is
+    none, nothing was ever validated, which the checks report as missing."""
+    from fleetops.fleet.store import Store, default_path
+
+    names = [h.name for h in hosts if getattr(getattr(baselines.get(h.name), "validation", None), "require", None)]
+    if not names:
+        return None
+    if store is not None:
+        return dict(store.validations_for_audit(names))
+    path = db or default_path()
+    if not os.path.exists(path):
+        return {}
+    with Store(path, keep_s=None) as reader:
+        return dict(reader.validations_for_audit(names))
 
 
 def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:

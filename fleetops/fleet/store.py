@@ -493,6 +493,12 @@ class Store:
             out[node] = per_gpu
         return out
 
+    def validations_for_audit(self, nodes: list[str]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+        """``latest_validations`` as plain mappings, the form the checks read."""
+        return {node: {uuid: {level: row.to_dict() for level, row in by_level.items()}
+                       for uuid, by_level in per_gpu.items()}
+                for node, per_gpu in self.latest_validations(nodes).items()}
+
     def node_history(self, node: str, limit: int = 20) -> list[tuple[int, float, bool, str | None]]:
         rows = self.db.execute(
             """SELECT s.audit_id, a.started_at, s.reachable, s.error FROM snapshots s JOIN audits a ON a.id = s.audit_id
