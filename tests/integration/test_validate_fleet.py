@@ -116,3 +116,49 @@ def test_validate_results_are_stored_and_history_shows_them(fleet32: tuple[str, 
     # an audit history left alone: no audits recorded by validate
     audits = _fleetops("history", "--db", db, "--format", "json")
     assert json.loads(audits.stdout) == []
+
+
+def test_audit_reports_missing_expired_and_failed_validations(fleet32: tuple[str, dict[str, str]],
+                                                              tmp_path: Path) -> None:
+    import sqlite3
+
+    inv, expected = fleet32
+    db = str(tmp_path / "history.db")
+    validated = "node001,node002,node003,node020"
+    proc = _fleetops("validate", "-i", inv, "--format", "json", "--db", db, "--limit", validated)
+    assert proc.returncode == EXIT_CRIT, proc.stderr
+    # node001's results are made 10 days old (past the quick level's 7-day expiry)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE validations SET started_at = started_at - 864000, expires = expires - 864000 "
+                "WHERE node = 'node001'")
+    con.commit()
+    con.close()
+    baseline = tmp_path / "baseline.yml"
+    baseline.write_text("validation:\n  require: quick\n", encoding="utf-8")
+
+    def validation_findings(base: Path | None) -> dict[tuple[str, int], tuple[str, str, dict[str, object]]]:
+        argv = ["audit", "-i", inv, "--db", db, "--format", "json", "--limit", validated + ",node004", "--fresh"]
+        if base is not None:
+            argv += ["--baseline", str(base)]
+        run = _fleetops(*argv)
+        assert run.returncode in (0, 1, 2), run.stderr
+        doc = json.loads(run.stdout)
+        return {(f["node"], f["gpu"]["index"]): (f["check"], f["severity"], f) for f in doc["findings"]
+                if f["check"].startswith("validation.")}
+
+    found = validation_findings(baseline)
+    uuid_of = {fault: uuid for uuid, fault in expected.items()}
+    got = {k: v[:2] for k, v in found.items()}
+    assert got == {
+        **{("node001", i): ("validation.expired", "warn") for i in range(8)},
+        **{("node004", i): ("validation.missing", "warn") for i in range(8)},
+        ("node003", 1): ("validation.failed", "warn"),
+        ("node020", 0): ("validation.failed", "crit"),
+    }
+    crit = found[("node020", 0)][2]
+    assert crit["gpu"]["uuid"] == uuid_of["slow-pcie"]
+    assert "measured" in crit["message"] and "expires" in crit["message"] and "h2d_gbps" in crit["message"]
+    assert found[("node003", 1)][2]["gpu"]["uuid"] == uuid_of["slow-hbm"]
+    assert "expired" in found[("node001", 0)][2]["message"]
+    # the same fleet without a requirement: no validation findings at all
+    assert validation_findings(None) == {}
