@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from fleetops.catalog import xid as _xid
+from fleetops.validation import floors as _floors  # plain data, cheap for the agent's cold path
 
 WRAPPER_KEY = "fleetops_baseline"
 
@@ -117,6 +118,17 @@ def _threshold(name: str, type_: str, default: Any, description: str, unit: str 
         f"thresholds.{name}", type_, default, description, example=default, nullable=False, minimum=0, unit=unit
     )
 
+
+# Floor metrics a baseline may override: the ones floors.floors_for applies per model.
+
+VALIDATION_FLOOR_METRICS: tuple[str, ...] = (*_floors.PER_GPU_METRICS, "p2p_gbps")
+_FLOOR_UNITS = {"gbps": "GB/s", "tflops": "TFLOP/s"}
+_VALIDATION_FLOOR_KEYS = tuple(
+    SchemaKey(f"validation.floors.*.{m}", T_NUM, None,
+              f"Floor for {m} (replaces the shipped one for this model).",
+              _floors.SHIPPED["H200 SXM"].metric(m), minimum=0, unit=_FLOOR_UNITS.get(m.rsplit("_", 1)[-1]))
+    for m in VALIDATION_FLOOR_METRICS
+)
 
 _VERSION_HINT = "Quote it so YAML keeps it as text."
 
@@ -222,6 +234,26 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "nvidia-open); a consumer package (Ubuntu's nvidia-driver-<branch> without -server, "
               "RPM Fusion's akmod-nvidia) is reported. any: not checked.", "datacenter",
               choices=("datacenter", "any")),
+    # --- validation (fleetops validate): floors overrides and what the audit requires ---
+    SchemaKey("validation", T_MAP, None,
+              "Performance validation (fleetops validate): floor overrides per GPU model, and "
+              "whether the audit requires a current validation of every GPU.",
+              {"require": "quick", "max_age_days": 7, "floors": {"NVIDIA H200": {"hbm_triad_gbps": 3500}}}),
+    SchemaKey("validation.require", T_STR, None,
+              "Level of validation every GPU must have passed and not outlived: 'quick' (a full "
+              "one counts too) or 'full'. Absent: the audit does not ask for one.", "quick",
+              choices=("quick", "full")),
+    SchemaKey("validation.max_age_days", T_NUM, None,
+              "Age (days) after which a validation no longer counts. Absent: the result's own "
+              "expiry (7 days for quick, 30 for full).", 7, minimum=0.001, unit="d"),
+    SchemaKey("validation.floors", T_MAP_OF, None,
+              "Per GPU model (the name NVML reports, or a shipped floor model such as 'H200 SXM'): "
+              "figures below which a GPU fails, replacing the shipped floors metric by metric. "
+              "Models without shipped floors and unknown metrics are errors.",
+              {"NVIDIA H200": {"hbm_triad_gbps": 3500}}),
+    SchemaKey("validation.floors.*", T_MAP, None,
+              "One GPU model's floors, keyed by metric name.", {"hbm_triad_gbps": 3500}),
+    *_VALIDATION_FLOOR_KEYS,
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
@@ -446,6 +478,25 @@ class PcieBaseline:
 
 
 @dataclass(frozen=True)
+class ValidationBaseline:
+    """``validation:``: ``floors`` maps a shipped floor model ('H200 SXM') to metric -> floor,
+    the shape ``fleetops.validation.judge`` takes as overrides."""
+
+    require: str | None = None
+    max_age_days: float | None = None
+    floors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+def _validation(raw: Mapping[str, Any] | None) -> ValidationBaseline:
+    raw = raw or {}
+    floors: dict[str, dict[str, float]] = {}
+    for name, metrics in (raw.get("floors") or {}).items():
+        key = name if name in _floors.SHIPPED else (_floors.model_key(name) or name)
+        floors.setdefault(key, {}).update({m: float(v) for m, v in (metrics or {}).items() if v is not None})
+    return ValidationBaseline(require=raw.get("require"), max_age_days=raw.get("max_age_days"), floors=floors)
+
+
+@dataclass(frozen=True)
 class Baseline:
     """Desired state. ``None`` means "not checked". Build with ``from_mapping``/``load_file``."""
 
@@ -467,6 +518,7 @@ class Baseline:
     driver: DriverBaseline = field(default_factory=DriverBaseline)
     thresholds: Thresholds = field(default_factory=Thresholds)
     xid_policy: Mapping[int, _xid.XidPolicy] = field(default_factory=dict)
+    validation: ValidationBaseline = field(default_factory=ValidationBaseline)
     source: str = "<defaults>"
     # The validated mapping as written (explicit keys only) and where each key came from:
     # what merge() layers. Not part of equality.
@@ -617,6 +669,10 @@ class _Validator:
                 spec = children["*"]
                 shown = _fmt_path(shown_parent, key)
                 schema_path = f"{schema_parent}.*" if schema_parent else "*"
+                free_key_problem = _FREE_KEY_CHECKS.get(schema_parent)
+                problem = free_key_problem(key) if free_key_problem else None
+                if problem:
+                    self.fail(shown, problem, kline)
             else:
                 spec = children.get(key)
                 shown = _fmt_path(shown_parent, key)
@@ -693,6 +749,21 @@ class _Validator:
         return value
 
 
+def _floor_model_problem(name: str) -> str | None:
+    """A ``validation.floors`` key must name a model with shipped floors: an override for a
+    model fleetops has no floors for would silently judge nothing."""
+    if name in _floors.SHIPPED or _floors.model_key(name) is not None:
+        return None
+    close = difflib.get_close_matches(name, list(_floors.SHIPPED), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"no shipped floors for GPU model {name!r}{hint}; models with floors: "
+            f"{', '.join(_floors.SHIPPED)} (or their NVML names, e.g. 'NVIDIA H200')")
+
+
+# Free-key mappings whose keys are checked: schema parent -> problem with a key, or None.
+_FREE_KEY_CHECKS: Mapping[str, Any] = MappingProxyType({"validation.floors": _floor_model_problem})
+
+
 def _template_hint(value: Any) -> str:
     if isinstance(value, str) and "{{" in value:
         return " (Jinja templates are not rendered in fleetops_baseline)"
@@ -763,6 +834,7 @@ def _build(
         driver=driver,
         thresholds=thresholds,
         xid_policy=policy,
+        validation=_validation(raw.get("validation")),
         source=source,
         raw=_plain(raw),
         origins=dict(origins),
@@ -919,6 +991,7 @@ __all__ = [
     "SchemaKey",
     "Thresholds",
     "flatten",
+    "ValidationBaseline",
     "from_mapping",
     "json_schema",
     "layer",

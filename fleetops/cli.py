@@ -47,6 +47,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     baselines = resolve_baselines(hosts, args.baseline, args.inventory)
     store = None if args.no_history else Store(args.db, keep_s=keep_s)
     previous = store.previous_snapshots([h.name for h in hosts]) if store else {}
+    validations = _validations_for(hosts, baselines, store, args.db)
     if store and store.unreadable:
         for name, why in sorted(store.unreadable.items()):
             sys.stderr.write(f"fleetops: {name}: the last recorded snapshot cannot be read ({why}); "
@@ -86,6 +87,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             inventory=os.path.abspath(args.inventory),
             max_age_s=args.max_age,
             fresh=args.fresh,
+            validations=validations,
         )
     finally:
         if bar_ctx is not None:
@@ -96,6 +98,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
         store.close()
     _write_report(result, code, args.format, args.output)
     return code
+
+
+def _validations_for(hosts: list[Any], baselines: dict[str, Any], store: Any, db: str | None) -> dict[str, Any] | None:
+    """The latest stored validations of the hosts whose baseline requires one. With
+    --no-history the database is still read (only this audit goes unrecorded); where there is
+    none, nothing was ever validated, which the checks report as missing."""
+    from fleetops.fleet.store import Store, default_path
+
+    names = [h.name for h in hosts if getattr(getattr(baselines.get(h.name), "validation", None), "require", None)]
+    if not names:
+        return None
+    if store is not None:
+        return dict(store.validations_for_audit(names))
+    path = db or default_path()
+    if not os.path.exists(path):
+        return {}
+    with Store(path, keep_s=None) as reader:
+        return dict(reader.validations_for_audit(names))
 
 
 def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
@@ -141,6 +161,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     since = parse_since(args.since) if args.since else None
     import time as _t
 
+    if args.kind == "validate":
+        return _validate_history(args, since)
     with Store(args.db) as store:
         rows = store.audits(args.node, since, args.last)
         if args.format == "json":
@@ -177,6 +199,47 @@ def cmd_history(args: argparse.Namespace) -> int:
                 for f in diff[label]:
                     gpu = f" GPU{f.gpu['index']} {f.gpu['uuid']}" if f.gpu else ""
                     print(f"    {sign} [{f.severity}] {f.node}{gpu} {f.check}: {f.message}")
+    return 0
+
+
+def _validate_history(args: argparse.Namespace, since: float | None) -> int:
+    """``fleetops history --kind validate``: past ``fleetops validate`` runs, each GPU's verdict,
+    when it was measured and when the result expires."""
+    import time as _t
+
+    from fleetops.fleet.store import Store
+
+    def stamp(t: float | None) -> str:
+        return _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(t)) if t else "-"
+
+    with Store(args.db) as store:
+        runs = store.validate_runs(args.node, since, args.last)
+        if args.format == "json":
+            doc = [{"id": r.id, "started_at": r.started_at, "duration_s": r.duration_s, "inventory": r.inventory,
+                    "level": r.level, "status": r.status, "exit_code": r.exit_code, "summary": r.summary,
+                    "gpus": [v.to_dict() for v in store.validations(r.id, args.node)]} for r in runs]
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            return 0
+        if not runs:
+            print("no validations recorded" + (f" for {args.node}" if args.node else "") + f" in {store.path}")
+            return 0
+        for r in runs:
+            rows = store.validations(r.id, args.node)
+            counts = {s: sum(1 for v in rows if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
+            unreachable = r.summary.get("unreachable") or {}
+            if args.node:
+                unreachable = {k: v for k, v in unreachable.items() if k == args.node}
+            print(f"#{r.id} {stamp(r.started_at)}  {r.status.upper():7} {r.level} {len(rows)} GPUs: "
+                  + ", ".join(f"{n} {s}" for s, n in counts.items())
+                  + f", {len(unreachable)} unreachable, exit {r.exit_code}")
+            for v in rows:
+                if v.status == "ok" and not args.verbose:
+                    continue
+                why = "; ".join(f"{f['metric']}: {f['reason']}" for f in v.result.get("findings") or [])
+                print(f"    [{v.status}] {v.node} GPU{v.gpu_index} {v.gpu_uuid} measured {stamp(v.started_at)}, "
+                      f"expires {stamp(v.expires)}" + (f"  {why}" if why else ""))
+            for host, why in unreachable.items():
+                print(f"    [unknown] {host} {why}")
     return 0
 
 
@@ -350,13 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings")
-    p.add_argument("node", nargs="?", help="only audits that included this node, and only its findings")
+    p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings; "
+                       "or past validations (--kind validate)")
+    p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs)")
+    p.add_argument("--kind", choices=("audit", "validate"), default="audit",
+                   help="audit: fleetops audit runs (default); validate: fleetops validate runs and each GPU's "
+                   "verdict and expiry")
     p.add_argument("--since", help="2h, 7d, or an ISO date")
-    p.add_argument("--last", type=int, default=20, help="how many audits (default 20)")
+    p.add_argument("--last", type=int, default=20, help="how many audits or validate runs (default 20)")
     p.add_argument("--db", help="history database")
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("-v", "--verbose", action="store_true", help="also list persisting findings")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also list persisting findings (with --kind validate: every GPU, not only those not ok)")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("prometheus", help="Prometheus integration: scrape targets from the inventory")

@@ -146,6 +146,10 @@ def build_parser() -> Any:
     p.add_argument("--gpu", default="all", help="all, a UUID, an index or a bus id")
     p.add_argument("--noise", type=float, default=0.02, help="sim backend: relative noise (default 0.02)")
     p.add_argument("--seed", type=int, default=None, help="sim backend: noise seed")
+    p.add_argument("--judge", action="store_true",
+                   help="judge the results against the floors alone (no fleet to compare with, as in a "
+                   "rollout); exit 1 when a GPU is below its floor or has no steady figure")
+    p.add_argument("--floors", help="with --judge: floor overrides as JSON, the baseline's validation.floors")
     common(p)
 
     p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
@@ -297,11 +301,17 @@ def main(argv: list[str] | None = None) -> int:
             return _verdict(doc, code, args.pretty)
         if args.command == "validate":
             from fleetops.agent.validate.run import ValidateError, validate
+            from fleetops.validation.gate import GateError, judge_node, parse_floors
 
             try:
+                overrides = parse_floors(args.floors) if args.judge else None
                 doc = validate(args.level, args.gpu, args.backend, args.state, args.noise, args.seed)
-            except ValidateError as exc:
-                return _fail(exc.kind, str(exc), EXIT_USAGE)
+            except (ValidateError, GateError) as exc:
+                return _fail(getattr(exc, "kind", "usage"), str(exc), EXIT_USAGE)
+            if args.judge:
+                doc = judge_node(doc, overrides)
+                _emit(doc, args.pretty)
+                return EXIT_OK if doc["gate"]["passed"] else EXIT_FAIL
             _emit(doc, args.pretty)
             return EXIT_OK
         if args.command == "mig":

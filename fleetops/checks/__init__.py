@@ -8,7 +8,8 @@ Entry points:
   list passing checks too (JUnit).
 - ``REGISTRY``: every check (``CheckSpec``) by id, in family order; ``registry_dicts()`` for docs.
 
-Families (one module each): versions, memory, pcie, nvlink, thermal_power, xid, config, topology.
+Families (one module each): versions, memory, pcie, nvlink, thermal_power, xid, config, topology,
+validation.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.baseline import Baseline
-from fleetops.checks import config, memory, nvlink, pcie, thermal_power, topology, versions, xid
+from fleetops.checks import config, memory, nvlink, pcie, thermal_power, topology, validation, versions, xid
 from fleetops.checks.base import FAMILIES, CheckSpec, Context, unreadable_spec
 
 _MODULES = {
@@ -30,6 +31,7 @@ _MODULES = {
     "xid": xid,
     "config": config,
     "topology": topology,
+    "validation": validation,
 }
 assert tuple(_MODULES) == FAMILIES
 
@@ -62,14 +64,19 @@ def registry_dicts() -> list[dict[str, Any]]:
 
 
 def run_node_checks(
-    node: model.Node, baseline: Baseline | None = None, previous: model.Node | None = None
+    node: model.Node,
+    baseline: Baseline | None = None,
+    previous: model.Node | None = None,
+    validations: Mapping[str, Any] | None = None,
 ) -> list[model.Finding]:
     """Findings for one node: faults (warn/crit), notes (info) and values that could not be
     read (at most one ``unknown`` per family). Checks that pass produce nothing.
 
     ``previous`` is the same node's earlier snapshot: it turns counters into rates (using
-    ``collected_at``), marks XIDs as new, and names GPUs that disappeared."""
-    ctx = Context(node, baseline, previous)
+    ``collected_at``), marks XIDs as new, and names GPUs that disappeared. ``validations``
+    (GPU UUID -> level -> the latest stored ``fleetops validate`` result) feeds the validation
+    checks; without it they say nothing."""
+    ctx = Context(node, baseline, previous, validations)
     for family, module in _MODULES.items():
         try:
             module.run(ctx)

@@ -13,14 +13,14 @@ Rules the helpers enforce:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetops import model
 from fleetops.baseline import DEFAULT_THRESHOLDS, Baseline, Thresholds
 
-FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology")
+FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology", "validation")
 
 # fleetops commands named in actions (one place to rename them).
 CMD_RESET = "fleetops reset {node} {gpu}"
@@ -113,8 +113,16 @@ DEMAND_BASELINE = "baseline"  # the baseline asks for it: unknown whenever absen
 
 
 class Context:
-    def __init__(self, node: model.Node, baseline: Baseline | None, previous: model.Node | None) -> None:
+    def __init__(
+        self,
+        node: model.Node,
+        baseline: Baseline | None,
+        previous: model.Node | None,
+        validations: Mapping[str, Any] | None = None,
+    ) -> None:
         self.node = node
+        # GPU UUID -> level -> latest stored validation (a dict); None: the caller has no history
+        self.validations = validations
         self.host = node.hostname
         self.baseline = baseline
         self.previous = previous

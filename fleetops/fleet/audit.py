@@ -222,7 +222,12 @@ def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
     return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
 
 
-def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node | None) -> list[model.Finding]:
+def node_findings(
+    node_result: NodeResult,
+    baseline: Any,
+    previous: model.Node | None,
+    validations: dict[str, Any] | None = None,
+) -> list[model.Finding]:
     """The checks for one node that answered, and where its snapshot and rates came from
     (recorded on ``node_result``).
 
@@ -235,7 +240,7 @@ def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node |
     snap = node_result.snapshot
     assert snap is not None
     daemon = snap.daemon if isinstance(snap.daemon, dict) else None
-    found = checks.run_node_checks(snap, baseline, previous)
+    found = checks.run_node_checks(snap, baseline, previous, validations)
     if daemon is None:
         node_result.source, node_result.age_s = SOURCE_COLLECT, 0.0
         node_result.rates = RATES_PREVIOUS if previous is not None else None
@@ -272,8 +277,13 @@ def run(
     inventory: str | None = None,
     max_age_s: float = DEFAULT_MAX_AGE_S,
     fresh: bool = False,
+    validations: dict[str, dict[str, Any]] | None = None,
 ) -> AuditResult:
     """Audit ``hosts`` (``fleet.inventory.Host``); ``baselines`` maps host name -> Baseline|None.
+
+    ``validations`` (node -> GPU UUID -> level -> latest stored ``fleetops validate`` result, as
+    ``Store.validations_for_audit`` gives it) lets the validation checks judge nodes whose
+    baseline requires one; None (no history) leaves them silent.
 
     ``max_age_s`` is the oldest daemon snapshot a node may answer with; ``fresh`` makes every
     node collect now, daemon or not (its rate checks then need the previous audit)."""
@@ -320,7 +330,8 @@ def run(
         snap = node_result.snapshot
         assert snap is not None
         base = baselines.get(host.name)
-        findings.extend(node_findings(node_result, base, previous.get(host.name)))
+        node_validations = validations.get(host.name, {}) if validations is not None else None
+        findings.extend(node_findings(node_result, base, previous.get(host.name), node_validations))
         checks_run[host.name] = checks.checks_run(snap, base)
     # fleet-wide checks, per distinct baseline (groups may carry different ones)
     groups: dict[int, tuple[Any, list[model.Node]]] = {}

@@ -25,12 +25,13 @@ from typing import Any
 from fleetops import model
 
 # Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
-# 2 stores snapshots compressed with their schema id beside them and vacuums incrementally.
-LAYOUT_VERSION = 2
+# 2 stores snapshots compressed with their schema id beside them and vacuums incrementally;
+# 3 adds the validation runs (``fleetops validate``) and each GPU's result.
+LAYOUT_VERSION = 3
 DEFAULT_KEEP_S = 30 * 86400.0
 _ZLIB_LEVEL = 6  # level 9 saves under 1 % more on snapshots and costs a third more time
 
-TABLES = """
+_AUDIT_TABLES = """
 CREATE TABLE IF NOT EXISTS audits (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     started_at REAL NOT NULL,
@@ -62,6 +63,35 @@ CREATE TABLE IF NOT EXISTS findings (
 CREATE INDEX IF NOT EXISTS findings_audit ON findings(audit_id);
 CREATE INDEX IF NOT EXISTS findings_node ON findings(node, audit_id);
 """
+VALIDATION_TABLES = """
+CREATE TABLE IF NOT EXISTS validate_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at REAL NOT NULL,
+    duration_s REAL NOT NULL,
+    inventory TEXT,
+    level TEXT NOT NULL,
+    status TEXT NOT NULL,
+    exit_code INTEGER NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS validate_runs_started ON validate_runs(started_at);
+CREATE TABLE IF NOT EXISTS validations (
+    run_id INTEGER NOT NULL REFERENCES validate_runs(id) ON DELETE CASCADE,
+    node TEXT NOT NULL,
+    gpu_uuid TEXT NOT NULL,
+    bus_id TEXT,
+    gpu_index INTEGER,
+    model TEXT,
+    level TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL,
+    expires REAL,
+    result TEXT NOT NULL,
+    PRIMARY KEY (run_id, node, gpu_uuid)
+);
+CREATE INDEX IF NOT EXISTS validations_node ON validations(node, gpu_uuid, run_id);
+"""
+TABLES = _AUDIT_TABLES + VALIDATION_TABLES
 
 
 def default_path() -> str:
@@ -123,8 +153,15 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS audits_started ON audits(started_at)")
 
 
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
+    """Add the validation tables (nothing earlier to convert)."""
+    for statement in VALIDATION_TABLES.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
 # from layout N to N+1; each runs inside one transaction
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_1_to_2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 
 @dataclass
@@ -136,6 +173,46 @@ class AuditRow:
     worst: str
     exit_code: int
     summary: dict[str, Any]
+
+
+@dataclass
+class ValidateRunRow:
+    id: int
+    started_at: float
+    duration_s: float
+    inventory: str | None
+    level: str
+    status: str
+    exit_code: int
+    summary: dict[str, Any]
+
+
+@dataclass
+class ValidationRow:
+    """One GPU's judged result of one ``fleetops validate`` run. ``result`` holds the figures,
+    provenance, telemetry and the judge's findings as the run saw them."""
+
+    run_id: int
+    node: str
+    gpu_uuid: str
+    bus_id: str | None
+    gpu_index: int | None
+    model: str | None
+    level: str
+    status: str
+    started_at: float | None
+    expires: float | None
+    result: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_VALIDATION_COLUMNS = "run_id, node, gpu_uuid, bus_id, gpu_index, model, level, status, started_at, expires, result"
+
+
+def _validation_row(r: Any) -> ValidationRow:
+    return ValidationRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]))
 
 
 class Store:
@@ -242,16 +319,49 @@ class Store:
         self.prune(now=time.time(), spare=audit_id)
         return audit_id
 
-    def prune(self, now: float | None = None, spare: int | None = None) -> int:
+    def record_validation(self, run: dict[str, Any], gpus: list[dict[str, Any]]) -> int:
+        """Write one ``fleetops validate`` run and each GPU's judged result in one transaction;
+        returns the run id. ``run``: started_at, duration_s, inventory, level, status,
+        exit_code, summary. Each GPU: node, uuid, bus_id, index, model, level, status,
+        started_at, expires, result."""
+        with self._transaction():
+            cur = self.db.execute(
+                "INSERT INTO validate_runs (started_at, duration_s, inventory, level, status, exit_code, summary)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (run["started_at"], run["duration_s"], run.get("inventory"), run["level"], run["status"],
+                 run["exit_code"], json.dumps(run.get("summary") or {})),
+            )
+            run_id = int(cur.lastrowid or 0)
+            self.db.executemany(
+                f"INSERT INTO validations ({_VALIDATION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (run_id, g["node"], g["uuid"], g.get("bus_id"), g.get("index"), g.get("model"), g["level"],
+                     g["status"], g.get("started_at"), g.get("expires"), json.dumps(g.get("result") or {}))
+                    for g in gpus
+                ],
+            )
+        self.prune(now=time.time(), spare_run=run_id)
+        return run_id
+
+    def prune(self, now: float | None = None, spare: int | None = None, spare_run: int | None = None) -> int:
         """Delete audits older than the retention window (with their snapshots and findings) and
-        hand the freed pages back to the file system; returns how many audits went. The audit
-        ``spare`` (the one just written) is kept whatever its start time."""
+        hand the freed pages back to the file system; returns how many audits and validation
+        runs went. The audit ``spare`` and the run ``spare_run`` (the one just written) are kept
+        whatever their start time."""
         if self.keep_s is None:
             return 0
         cutoff = (time.time() if now is None else now) - self.keep_s
         with self._transaction():
             cur = self.db.execute("DELETE FROM audits WHERE started_at < ? AND id != ?", (cutoff, spare or -1))
             gone = cur.rowcount
+            # A run that holds some GPU's latest validation stays: the audit then reports that
+            # validation as expired, with its date, rather than as missing.
+            cur = self.db.execute(
+                "DELETE FROM validate_runs WHERE started_at < ? AND id != ? AND id NOT IN "
+                "(SELECT MAX(run_id) FROM validations GROUP BY node, gpu_uuid)",
+                (cutoff, spare_run or -1),
+            )
+            gone += cur.rowcount
         if gone:
             # executescript steps the pragma to the end (execute() frees only its first page)
             self.db.executescript("PRAGMA incremental_vacuum;")
@@ -337,6 +447,57 @@ class Store:
             "resolved": [f for f in before if f.key not in now_keys and f.node in both],
             "persisting": [f for f in now if f.key in before_keys],
         }
+
+    def validate_runs(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[ValidateRunRow]:
+        sql = "SELECT id, started_at, duration_s, inventory, level, status, exit_code, summary FROM validate_runs"
+        where: list[str] = []
+        args: list[str | float | int] = []
+        if node:
+            where.append("id IN (SELECT run_id FROM validations WHERE node = ?)")
+            args.append(node)
+        if since is not None:
+            where.append("started_at >= ?")
+            args.append(since)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(limit)
+        return [ValidateRunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
+                for r in self.db.execute(sql, args).fetchall()]
+
+    def validations(self, run_id: int, node: str | None = None) -> list[ValidationRow]:
+        sql = f"SELECT {_VALIDATION_COLUMNS} FROM validations WHERE run_id = ?"
+        args: list[str | int] = [run_id]
+        if node:
+            sql += " AND node = ?"
+            args.append(node)
+        sql += " ORDER BY node, gpu_index, gpu_uuid"
+        return [_validation_row(r) for r in self.db.execute(sql, args)]
+
+    def latest_validations(self, nodes: list[str]) -> dict[str, dict[str, dict[str, ValidationRow]]]:
+        """node -> GPU UUID -> level -> that GPU's latest validation at that level: what the
+        audit's validation check reads (a full validation may satisfy a quick requirement, and
+        the newest of all says whether the GPU last failed)."""
+        out: dict[str, dict[str, dict[str, ValidationRow]]] = {}
+        query = (
+            f"SELECT {_VALIDATION_COLUMNS} FROM validations WHERE node = ? AND run_id IN "
+            "(SELECT MAX(run_id) FROM validations WHERE node = ? GROUP BY gpu_uuid, level)"
+        )
+        for node in nodes:
+            per_gpu: dict[str, dict[str, ValidationRow]] = {}
+            for r in self.db.execute(query, (node, node)):
+                row = _validation_row(r)
+                current = per_gpu.setdefault(row.gpu_uuid, {}).get(row.level)
+                if current is None or row.run_id > current.run_id:
+                    per_gpu[row.gpu_uuid][row.level] = row
+            out[node] = per_gpu
+        return out
+
+    def validations_for_audit(self, nodes: list[str]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+        """``latest_validations`` as plain mappings, the form the checks read."""
+        return {node: {uuid: {level: row.to_dict() for level, row in by_level.items()}
+                       for uuid, by_level in per_gpu.items()}
+                for node, per_gpu in self.latest_validations(nodes).items()}
 
     def node_history(self, node: str, limit: int = 20) -> list[tuple[int, float, bool, str | None]]:
         rows = self.db.execute(

@@ -16,7 +16,7 @@ COMMAND_TIMEOUT_S = {"quick": 120.0, "full": 720.0}
 EXIT_BY_STATUS = {"ok": EXIT_OK, "warn": EXIT_WARN, "crit": EXIT_CRIT, "unknown": EXIT_UNKNOWN}
 
 
-def _collect(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _collect(args: argparse.Namespace) -> tuple[list[Any], list[dict[str, Any]], dict[str, str]]:
     from fleetops.fleet import inventory, transport
     from fleetops.ops import answers
 
@@ -34,8 +34,64 @@ def _collect(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, 
             problems[host.name] = answers.read(res).describe()
             continue
         for g in doc.get("gpus") or []:
-            gpus.append({**g, "host": host.name, "provenance": doc.get("provenance"), "expires": doc.get("expires")})
-    return gpus, problems
+            gpus.append({**g, "host": host.name, "provenance": doc.get("provenance"), "expires": doc.get("expires"),
+                         "started": doc.get("started"), "level": doc.get("level", args.level),
+                         "duration_s": doc.get("duration_s")})
+    return hosts, gpus, problems
+
+
+def floor_overrides(baseline: Any) -> dict[str, dict[str, float]] | None:
+    """The baseline's ``validation.floors`` in the shape the judge takes (shipped model ->
+    metric -> floor), or None without any."""
+    floors = getattr(getattr(baseline, "validation", None), "floors", None)
+    return {model: dict(metrics) for model, metrics in floors.items()} if floors else None
+
+
+def judge_by_baseline(gpus: list[dict[str, Any]], baselines: dict[str, Any]) -> list[GpuVerdict]:
+    """Judge each group of hosts that shares a baseline on its own, as the audit's fleet checks
+    do: the group's floors apply, and its fleet median is taken over its own GPUs."""
+    groups: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
+    for g in gpus:
+        base = baselines.get(str(g.get("host")))
+        groups.setdefault(id(base), (base, []))[1].append(g)
+    verdicts: dict[tuple[str, str], GpuVerdict] = {}
+    for base, members in groups.values():
+        for v in judge(members, floor_overrides(base)):
+            verdicts[(v.host, v.gpu)] = v
+    return [verdicts[(str(g.get("host", "")), str(g.get("uuid", "")))] for g in gpus]
+
+
+def _records(gpus: list[dict[str, Any]], verdicts: list[GpuVerdict]) -> list[dict[str, Any]]:
+    """One history row per GPU: its verdict, figures and provenance, as the audit will read them."""
+    out = []
+    for g, v in zip(gpus, verdicts, strict=True):
+        out.append({
+            "node": v.host, "uuid": v.gpu, "bus_id": g.get("bus_id"), "index": g.get("index"), "model": v.model,
+            "level": g.get("level"), "status": v.status, "started_at": g.get("started"), "expires": g.get("expires"),
+            "result": {"name": g.get("name"), "tests": g.get("tests"), "telemetry": g.get("telemetry"),
+                       "provenance": g.get("provenance"), "duration_s": g.get("duration_s"),
+                       "findings": v.to_dict()["findings"]},
+        })
+    return out
+
+
+def _record(args: argparse.Namespace, started: float, status: str, code: int, gpus: list[dict[str, Any]],
+            verdicts: list[GpuVerdict], problems: dict[str, str]) -> int | None:
+    if args.no_history:
+        return None
+    import os
+    import time
+
+    from fleetops.fleet.store import Store, parse_keep
+
+    counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
+    summary = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
+               "gpus_by_status": counts, "unreachable": problems}
+    run = {"started_at": started, "duration_s": round(time.time() - started, 3),
+           "inventory": os.path.abspath(args.inventory), "level": args.level, "status": status,
+           "exit_code": code, "summary": summary}
+    with Store(args.db, keep_s=parse_keep(args.keep)) as store:
+        return store.record_validation(run, _records(gpus, verdicts))
 
 
 def _per_host(hosts: list[Any], extra: list[str], args: argparse.Namespace, transport: Any) -> dict[str, Any]:
@@ -65,21 +121,30 @@ def _validate_doc(stdout: str | None) -> dict[str, Any] | None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import time
+
+    from fleetops.ops.baseline import resolve_baselines
+
+    started = time.time()
     try:
-        gpus, problems = _collect(args)
-        verdicts = judge(gpus)
+        hosts, gpus, problems = _collect(args)
+        baselines = resolve_baselines(hosts, args.baseline, args.inventory)
+        verdicts = judge_by_baseline(gpus, baselines)
     except FleetopsError as exc:
         sys.stderr.write(f"fleetops: error: {exc.message}\n")
         return exc.exit_code
     status = overall(verdicts)
     if problems and status == "ok":
         status = "unknown"
+    code = EXIT_BY_STATUS[status]
+    run_id = _record(args, started, status, code, gpus, verdicts, problems)
     if args.format == "json":
-        doc = {"status": status, "gpus": [v.to_dict() for v in verdicts], "unreachable": problems}
+        doc = {"status": status, "gpus": [v.to_dict() for v in verdicts], "unreachable": problems,
+               "history_run": run_id}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write(_table(verdicts, problems))
-    return EXIT_BY_STATUS[status]
+    return code
 
 
 def _table(verdicts: list[GpuVerdict], problems: dict[str, str]) -> str:
@@ -105,4 +170,9 @@ def register(sub: Any) -> None:
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    p.add_argument("--baseline", help="baseline YAML whose validation.floors override the shipped floors "
+                   "(default: fleetops_baseline from the inventory's group_vars)")
+    p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
+    p.add_argument("--no-history", action="store_true", help="do not record this run's results")
+    p.add_argument("--keep", default="30d", help="history retention, as fleetops audit --keep (default 30d)")
     p.set_defaults(func=cmd_validate)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from expected_faults import EXPECTED, NEEDS_PREVIOUS, NODE_LEVEL
 
+from fleetops.fleet.store import LAYOUT_VERSION
 from fleetops.gpu import sim
 
 pytestmark = [pytest.mark.root]
@@ -348,7 +349,7 @@ def test_a_first_release_history_migrates_keeps_its_rate_baseline_and_is_pruned_
     }
     assert rc == 1
     db = sqlite3.connect(old)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
     assert [r[0] for r in db.execute("SELECT id FROM audits ORDER BY id")] == [2, 3]  # the 40-day-old one is gone
     assert db.execute("SELECT COUNT(*) FROM snapshots WHERE audit_id = 1").fetchone()[0] == 0
     assert {type(r[0]) for r in db.execute("SELECT snapshot FROM snapshots WHERE snapshot IS NOT NULL")} == {bytes}

@@ -51,7 +51,8 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
     inv, expected = fleet32
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "fleetops.cli", "validate", "-i", inv, "--format", "json"],
+        proc = subprocess.run([sys.executable, "-m", "fleetops.cli", "validate", "-i", inv, "--format", "json",
+                               "--no-history"],
                               capture_output=True, text=True, env=env, timeout=300, check=False)
         assert proc.returncode == EXIT_CRIT, proc.stderr
         doc = json.loads(proc.stdout)
@@ -63,3 +64,101 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
         # is under the 48 GB/s floor.
         status = {expected[g["gpu"]]: g["status"] for g in doc["gpus"] if g["gpu"] in expected}
         assert status == {"slow-hbm": "warn", "slow-gemm": "warn", "slow-pcie": "crit"}
+
+
+def _fleetops(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "fleetops.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def test_validate_results_are_stored_and_history_shows_them(fleet32: tuple[str, dict[str, str]],
+                                                            tmp_path: Path) -> None:
+    inv, expected = fleet32
+    db = str(tmp_path / "history.db")
+    proc = _fleetops("validate", "-i", inv, "--format", "json", "--db", db, "--limit", "node001,node002,node003,node004,node005,node020")
+    assert proc.returncode == EXIT_CRIT, proc.stderr
+    run_id = json.loads(proc.stdout)["history_run"]
+    assert isinstance(run_id, int)
+
+    hist = _fleetops("history", "--kind", "validate", "--db", db, "--format", "json")
+    assert hist.returncode == 0, hist.stderr
+    runs = json.loads(hist.stdout)
+    assert [r["id"] for r in runs] == [run_id]
+    run = runs[0]
+    assert (run["level"], run["status"], run["exit_code"]) == ("quick", "crit", EXIT_CRIT)
+    assert run["summary"]["gpus_by_status"] == {"ok": 46, "warn": 1, "crit": 1, "unknown": 0}
+    gpus = run["gpus"]
+    assert len(gpus) == 6 * 8
+    assert {g["node"] for g in gpus} == {"node001", "node002", "node003", "node004", "node005", "node020"}
+    by_status = {g["gpu_uuid"]: g["status"] for g in gpus if g["status"] != "ok"}
+    assert by_status == {u: {"slow-hbm": "warn", "slow-pcie": "crit"}[f] for u, f in expected.items()
+                         if f != "slow-gemm"}
+    for g in gpus:
+        # provenance and expiry travel with every stored result: a quick result lasts 7 days
+        assert g["result"]["provenance"]["backend"] == "sim"
+        assert g["expires"] == pytest.approx(g["started_at"] + 7 * 86400)
+        assert g["bus_id"] and g["gpu_index"] in range(8) and g["model"] == "H200 SXM"
+        assert set(g["result"]["tests"]) >= {"hbm_triad_gbps", "h2d_gbps"}
+    crit = next(g for g in gpus if g["status"] == "crit")
+    assert (crit["node"], crit["gpu_index"]) == ("node020", 0)
+    assert {f["metric"] for f in crit["result"]["findings"]} == {"h2d_gbps", "d2h_gbps"}
+
+    # the node filter keeps only that node's GPUs, and the text form names the failed GPU
+    one = json.loads(_fleetops("history", "--kind", "validate", "--db", db, "--format", "json", "node003").stdout)
+    assert {g["node"] for g in one[0]["gpus"]} == {"node003"}
+    text = _fleetops("history", "--kind", "validate", "--db", db)
+    assert text.returncode == 0, text.stderr
+    crit_lines = [line for line in text.stdout.splitlines() if line.strip().startswith("[crit]")]
+    assert len(crit_lines) == 1
+    assert f"node020 GPU0 {crit['gpu_uuid']} measured" in crit_lines[0]
+    assert "h2d_gbps:" in crit_lines[0] and "expires" in crit_lines[0]
+    # an audit history left alone: no audits recorded by validate
+    audits = _fleetops("history", "--db", db, "--format", "json")
+    assert json.loads(audits.stdout) == []
+
+
+def test_audit_reports_missing_expired_and_failed_validations(fleet32: tuple[str, dict[str, str]],
+                                                              tmp_path: Path) -> None:
+    import sqlite3
+
+    inv, expected = fleet32
+    db = str(tmp_path / "history.db")
+    validated = "node001,node002,node003,node020"
+    proc = _fleetops("validate", "-i", inv, "--format", "json", "--db", db, "--limit", validated)
+    assert proc.returncode == EXIT_CRIT, proc.stderr
+    # node001's results are made 10 days old (past the quick level's 7-day expiry)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE validations SET started_at = started_at - 864000, expires = expires - 864000 "
+                "WHERE node = 'node001'")
+    con.commit()
+    con.close()
+    baseline = tmp_path / "baseline.yml"
+    baseline.write_text("validation:\n  require: quick\n", encoding="utf-8")
+
+    def validation_findings(base: Path | None) -> dict[tuple[str, int], tuple[str, str, dict[str, object]]]:
+        argv = ["audit", "-i", inv, "--db", db, "--format", "json", "--limit", validated + ",node004", "--fresh"]
+        if base is not None:
+            argv += ["--baseline", str(base)]
+        run = _fleetops(*argv)
+        assert run.returncode in (0, 1, 2), run.stderr
+        doc = json.loads(run.stdout)
+        return {(f["node"], f["gpu"]["index"]): (f["check"], f["severity"], f) for f in doc["findings"]
+                if f["check"].startswith("validation.")}
+
+    found = validation_findings(baseline)
+    uuid_of = {fault: uuid for uuid, fault in expected.items()}
+    got = {k: v[:2] for k, v in found.items()}
+    assert got == {
+        **{("node001", i): ("validation.expired", "warn") for i in range(8)},
+        **{("node004", i): ("validation.missing", "warn") for i in range(8)},
+        ("node003", 1): ("validation.failed", "warn"),
+        ("node020", 0): ("validation.failed", "crit"),
+    }
+    crit = found[("node020", 0)][2]
+    assert crit["gpu"]["uuid"] == uuid_of["slow-pcie"]
+    assert "measured" in crit["message"] and "expires" in crit["message"] and "h2d_gbps" in crit["message"]
+    assert found[("node003", 1)][2]["gpu"]["uuid"] == uuid_of["slow-hbm"]
+    assert "expired" in found[("node001", 0)][2]["message"]
+    # the same fleet without a requirement: no validation findings at all
+    assert validation_findings(None) == {}

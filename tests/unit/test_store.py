@@ -146,7 +146,7 @@ def test_a_database_from_a_newer_release_is_refused_with_its_path(tmp_path) -> N
     db = sqlite3.connect(path)
     db.execute(f"PRAGMA user_version = {LAYOUT_VERSION + 1}")
     db.close()
-    with pytest.raises(StoreError, match=r"new\.db: history layout 3 was written by a newer fleetops"):
+    with pytest.raises(StoreError, match=rf"new\.db: history layout {LAYOUT_VERSION + 1} was written by a newer fleetops"):
         Store(path)
 
 

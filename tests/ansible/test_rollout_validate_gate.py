@@ -1,0 +1,122 @@
+"""The rollout's validation gate through the real ansible-playbook against the simulated fleet.
+
+The package steps of driver_rollout.yml refuse loopback simulated nodes (they share the
+controller's file system), so this drives the rollout's own tail, playbooks/tasks/
+driver_rollout_resume.yml (audit gate, validation gate, resume), inside the same drain / block /
+rescue and serial + max_fail_percentage shape as driver_rollout.yml, with one node's simulated
+GPU degraded. A structural test holds driver_rollout_node.yml to including that tail inside its
+block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetops.gpu import sim
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = os.path.dirname(sys.executable)
+REASON = "fleetops driver rollout"
+DEGRADED = ("node002", 3, "slow-pcie")  # 44 GB/s to the host: under the 48 GB/s floor
+
+
+def _playbook(tmp_path: Path, scontrol: str) -> Path:
+    play = [{
+        "name": "Upgrade in batches (the rollout's shape)",
+        "hosts": "all",
+        "order": "sorted",
+        "gather_facts": False,
+        "serial": 1,
+        "max_fail_percentage": 0,
+        "vars": {
+            "slurm_drain_scontrol": scontrol, "slurm_drain_delegate_to": "localhost", "slurm_drain_wait": False,
+            "slurm_drain_marker_dir": str(tmp_path / "markers"),
+            "fleetops_audit_command": os.path.join(BIN, "fleetops"), "fleetops_audit_history": False,
+        },
+        "tasks": [{
+            "name": "Upgrade one node",
+            "block": [
+                {"name": "Drain the node in Slurm", "ansible.builtin.include_role": {"name": "slurm_drain"},
+                 "vars": {"slurm_drain_state": "drained", "slurm_drain_reason": REASON}},
+                {"name": "Pass the gates and resume the node",
+                 "ansible.builtin.include_tasks": str(REPO / "playbooks" / "tasks" / "driver_rollout_resume.yml")},
+            ],
+            "rescue": [{"name": "Leave the failed node drained and name it", "ansible.builtin.fail": {
+                "msg": "ROLLOUT FAILED on {{ inventory_hostname }} at "
+                       "\"{{ ansible_failed_task.name | default('?') }}\": {{ ansible_failed_result.msg }}"}}],
+        }],
+    }]
+    path = tmp_path / "gate.yml"
+    path.write_text(yaml.safe_dump(play, sort_keys=False))
+    return path
+
+
+def _run(fleet: Any, book: Path, driver: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    argv = [os.path.join(BIN, "ansible-playbook"), "-v", "-i", fleet.inventory, str(book),
+            "-e", json.dumps({"fleetops_rollout_driver_version": driver})]
+    if check:
+        argv.append("--check")
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.root
+def test_a_degraded_node_stays_drained_is_named_and_stops_the_rollout(sim_fleet, fake_slurm,
+                                                                       tmp_path: Path) -> None:
+    fleet = sim_fleet
+    node, gpu, fault = DEGRADED
+    path = str(fleet.state_path(node))
+    state = sim.read_state(path)
+    sim.inject_validation_fault(state, fault, gpu)
+    sim.write_state(path, state)
+    uuid = state["gpus"][gpu]["uuid"]
+    driver = str(state["node"]["driver_version"])
+    scontrol, db = fake_slurm({n: {"state": "MIXED"} for n in fleet.nodes})
+    book = _playbook(tmp_path, scontrol)
+
+    # check mode: says it would validate, drains nothing, changes no node
+    before = fleet.state_bytes()
+    check = _run(fleet, book, driver, check=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("would validate (quick) and judge against the floors") == 3, check.stdout
+    assert fleet.state_bytes() == before
+    assert {n: v["state"] for n, v in json.loads(db.read_text()).items()} == {n: "MIXED" for n in fleet.nodes}
+
+    real = _run(fleet, book, driver)
+    out = real.stdout + real.stderr
+    assert real.returncode == 2, out  # ansible-playbook: a host failed
+    nodes = json.loads(db.read_text())
+    # node001 passed both gates and is back; node002 failed validation and stays drained; the
+    # rollout stopped there (max_fail_percentage 0), so node003 was never drained
+    assert nodes["node001"]["state"] == "MIXED"
+    assert nodes["node002"]["state"] == "MIXED+DRAIN" and REASON in nodes["node002"]["reason"]
+    assert nodes["node003"] == {"state": "MIXED"}
+    failed = [line for line in out.splitlines() if "ROLLOUT FAILED on node002" in line]
+    assert failed, out
+    assert "Validate the node's GPUs against their floors" in failed[0]
+    assert f"GPU {gpu} {uuid}" in failed[0] and "h2d_gbps" in failed[0] and "floor 48.0" in failed[0]
+    assert "ROLLOUT FAILED on node001" not in out and "node003" not in out.split("PLAY RECAP")[0]
+
+
+def test_the_rollout_runs_the_gate_inside_its_block_before_resuming() -> None:
+    node_tasks = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_node.yml").read_text())
+    [upgrade] = [t for t in node_tasks if t.get("name") == "Upgrade a node that differs from the pins"]
+    includes = [t.get("ansible.builtin.include_tasks") for t in upgrade["block"]]
+    assert includes[-1] == "driver_rollout_resume.yml"
+    assert upgrade["rescue"][0]["name"] == "Leave the failed node drained and name it"
+    tail = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_resume.yml").read_text())
+    names = [t["name"] for t in tail]
+    assert names == ["Pass the audit gate", "Pass the validation gate", "Resume the node in Slurm"]
+    gate = tail[1]["ansible.builtin.include_role"]
+    assert gate == {"name": "fleetops_audit", "tasks_from": "validate"}
+    assert "when" not in tail[1]  # it runs in check mode too, to say it would validate
