@@ -22,7 +22,6 @@ from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
 
 HISTORY_S = 3600.0
-RATE_WINDOW_S = 60.0  # the shortest rate window; a baseline's nvlink_idle_window_s may ask for more
 # The snapshot's counters that rate checks compare, as the ring names them.
 RATE_GPU_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter")
 RATE_LINK_COUNTERS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
@@ -107,7 +106,9 @@ class NodeService:
         self.rings: dict[str, Ring] = {}
         self.lost: dict[str, str] = {}
         self.node: Any = None
-        self.full_history: deque[Any] = deque(maxlen=int(RATE_WINDOW_S / max(full_interval_s, 0.1)) + 2)
+        # Full snapshots over about one rate window: the previous snapshot's GPUs, links and XIDs
+        # (its counters come from the ring, which holds the hour).
+        self.full_history: deque[Any] = deque(maxlen=int(self.rate_window_s() / max(full_interval_s, 0.1)) + 2)
         self.findings: list[dict[str, Any]] = []  # the last full snapshot's, then the held ones
         self._checked: list[Any] = []  # the last full snapshot's findings (model.Finding)
         self.holds: dict[str, Any] = {}  # uuid -> checks.thermal_power.ThrottleHold, fed every sample
@@ -246,7 +247,7 @@ class NodeService:
         from fleetops.baseline import DEFAULT_THRESHOLDS
 
         th = self.baseline.thresholds if self.baseline is not None else DEFAULT_THRESHOLDS
-        window = max(RATE_WINDOW_S, float(th.nvlink_idle_window_s), float(th.rate_min_interval_s))
+        window = max(float(th.nvlink_idle_window_s), float(th.rate_min_interval_s))
         return min(window, HISTORY_S - 2 * self.interval_s)
 
     def _previous(self, node: Any) -> Any:
