@@ -222,6 +222,23 @@ def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
     return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
 
 
+# Findings the daemon holds from its per-tick samples after the snapshot stopped showing them
+# (a throttle until --clear-after clean samples): taken from its answer for GPUs whose
+# snapshot the audit finds clean, whatever the baseline (the hold reads no threshold).
+HELD_CHECKS = frozenset({"thermal_power.throttle"})
+
+
+def _held(daemon: dict[str, Any], found: list[model.Finding], name: str) -> list[model.Finding]:
+    have = {(f.check, (f.gpu or {}).get("uuid")) for f in found}
+    out = []
+    for doc in daemon.get("findings") or []:
+        if not isinstance(doc, dict) or doc.get("check") not in HELD_CHECKS or doc.get("severity") not in model.SEVERITIES:
+            continue
+        if (doc["check"], (doc.get("gpu") or {}).get("uuid")) not in have:
+            out.append(model.Finding.from_dict({**doc, "node": name}))
+    return out
+
+
 def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node | None) -> list[model.Finding]:
     """The checks for one node that answered, and where its snapshot and rates came from
     (recorded on ``node_result``).
@@ -240,6 +257,7 @@ def node_findings(node_result: NodeResult, baseline: Any, previous: model.Node |
         node_result.source, node_result.age_s = SOURCE_COLLECT, 0.0
         node_result.rates = RATES_PREVIOUS if previous is not None else None
         return found
+    found += _held(daemon, found, node_result.name)
     age = daemon.get("age_s")
     node_result.source = SOURCE_DAEMON
     node_result.age_s = float(age) if isinstance(age, (int, float)) else None
