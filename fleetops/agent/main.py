@@ -91,7 +91,12 @@ def build_parser() -> Any:
     p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
     p.add_argument("--textfile", help="also write the endpoint's page to this file (node_exporter's textfile "
                    "collector; atomic, each sample; one served node only)")
-    p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s (over the flags; re-read on SIGHUP)")
+    p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s, clear_after_samples (over the "
+                   "flags; re-read on SIGHUP)")
+    p.add_argument("--baseline", help="baseline YAML the daemon's findings are judged by (as fleetops audit "
+                   "--baseline); re-read on SIGHUP")
+    p.add_argument("--clear-after", type=int, default=30, metavar="N",
+                   help="a throttle seen in a sample is reported until N consecutive clean samples (default 30)")
 
     p = sub.add_parser("watch", help="stream the daemon's snapshot, then its changes, as JSON lines until stdin closes")
     common(p)

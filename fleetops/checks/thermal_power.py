@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from fleetops import model
 from fleetops.baseline import Baseline
 from fleetops.catalog import throttle
@@ -36,7 +39,8 @@ SPECS = (
     CheckSpec(
         "thermal_power.throttle", FAMILY, "Clock-event (throttle) reasons",
         reads="nvmlDeviceGetCurrentClocksEventReasons",
-        threshold="any of " + ", ".join(FAULT_REASONS),
+        threshold="any of " + ", ".join(FAULT_REASONS) + "; the resident agent holds the finding until "
+        "--clear-after consecutive clean samples (default 30)",
         severities=("warn",),
         action="Thermal reasons: " + COOLING_ACTION + " Power brake: " + POWER_BRAKE_ACTION,
         not_a_fault="gpu_idle, sw_power_cap (running at the power limit), applications_clocks_setting, "
@@ -90,6 +94,88 @@ def _reasons(ctx: Context, gpu: model.Gpu) -> list[str] | None:
     return None
 
 
+def _throttle_action(faults: Iterable[str]) -> str:
+    faults = list(faults)
+    brake = "hw_power_brake_slowdown" in faults
+    thermal = any(r in faults for r in ("hw_thermal_slowdown", "sw_thermal_slowdown"))
+    return " ".join(([POWER_BRAKE_ACTION] if brake else []) + ([COOLING_ACTION] if thermal or not brake else []))
+
+
+# --- throttle hold (the resident agent) -------------------------------------------------
+
+DEFAULT_CLEAR_AFTER = 30  # clean samples: one minute at the agent's default 2 s interval
+
+
+class ThrottleHold:
+    """Evidence-based clearing of a slowdown seen between audits: fed every light sample's
+    clocks-event mask, it stays active from the first faulty sample until ``clear_after``
+    consecutive clean ones, so a GPU that throttled and recovered is still reported for that
+    hold (a snapshot taken after the recovery shows nothing). A sample whose mask could not be
+    read is no evidence either way: it neither clears nor extends the hold."""
+
+    __slots__ = ("reasons", "first_seen", "last_seen", "clean", "samples")
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []  # fault reasons seen in the current episode, first seen first
+        self.first_seen: float | None = None
+        self.last_seen: float | None = None
+        self.clean = 0  # consecutive clean samples since last_seen
+        self.samples = 0  # faulty samples in the current episode
+
+    def observe(self, t: float, mask: float | int | None, clear_after: int) -> None:
+        if mask is None or mask != mask:  # None or NaN: not read
+            return
+        faults = [r for r in throttle.decode(int(mask)) if r in FAULT_REASONS]
+        if not faults:
+            if self.last_seen is not None:
+                self.clean += 1
+            return
+        if not self.active(clear_after):  # a new episode
+            self.reasons, self.first_seen, self.samples = [], t, 0
+        for r in faults:
+            if r not in self.reasons:
+                self.reasons.append(r)
+        self.last_seen, self.clean = t, 0
+        self.samples += 1
+
+    def active(self, clear_after: int) -> bool:
+        return self.last_seen is not None and self.clean < max(1, clear_after)
+
+
+def throttle_hold(samples: Iterable[tuple[float, float | int | None]], clear_after: int) -> ThrottleHold:
+    """The hold over ``(time, clocks_event_mask)`` samples, oldest first (a ring's history)."""
+    hold = ThrottleHold()
+    for t, mask in samples:
+        hold.observe(t, mask, clear_after)
+    return hold
+
+
+def held_throttle_findings(
+    node: model.Node, holds: dict[str, ThrottleHold], current: Iterable[model.Finding], clear_after: int
+) -> list[model.Finding]:
+    """``thermal_power.throttle`` findings for GPUs whose hold is active and whose snapshot
+    shows no slowdown (any more, or not yet): a GPU the snapshot itself finds throttling keeps
+    that finding instead."""
+    already = {(f.gpu or {}).get("uuid") for f in current if f.check == "thermal_power.throttle"}
+    out: list[model.Finding] = []
+    for gpu in node.gpus:
+        hold = holds.get(gpu.uuid)
+        if hold is None or not hold.active(clear_after) or gpu.uuid in already or hold.last_seen is None:
+            continue
+        seen = time.strftime("%H:%M:%S UTC", time.gmtime(hold.last_seen))
+        out.append(model.Finding(
+            check="thermal_power.throttle", severity="warn", node=node.hostname,
+            message=f"{gpu_label(gpu)}: clocks were held down by {', '.join(hold.reasons)} "
+            f"(last seen {seen}, {hold.samples} sample(s)); held until {clear_after} consecutive clean samples, "
+            f"{hold.clean} so far",
+            gpu=model.gpu_ref(gpu),
+            observed={"reasons": list(hold.reasons), "first_seen": hold.first_seen, "last_seen": hold.last_seen,
+                      "faulty_samples": hold.samples, "clean_samples": hold.clean},
+            expected=[], action=_throttle_action(hold.reasons),
+        ))
+    return out
+
+
 def run(ctx: Context) -> None:
     th = ctx.th
     b = ctx.baseline
@@ -99,14 +185,10 @@ def run(ctx: Context) -> None:
         if reasons is not None:
             faults = [r for r in reasons if r in FAULT_REASONS]
             if faults:
-                brake = "hw_power_brake_slowdown" in faults
-                thermal = any(r in faults for r in ("hw_thermal_slowdown", "sw_thermal_slowdown"))
                 clocks = ""
                 if gpu.clock_sm_mhz is not None and gpu.clock_sm_max_mhz:
                     clocks = f"; SM clock {gpu.clock_sm_mhz}/{gpu.clock_sm_max_mhz} MHz"
-                action = " ".join(
-                    ([POWER_BRAKE_ACTION] if brake else []) + ([COOLING_ACTION] if thermal or not brake else [])
-                )
+                action = _throttle_action(faults)
                 ctx.add("thermal_power.throttle", "warn",
                         f"{label}: clocks held down by {', '.join(faults)}{clocks}",
                         gpu=gpu, observed=faults, expected=[], action=action)

@@ -200,15 +200,19 @@ def collect_command(agent: str, max_age_s: float, fresh: bool) -> list[str]:
     return [agent, "collect", "--max-age", f"{max_age_s:g}"]
 
 
-def daemon_judges_rates(baseline: Any) -> bool:
-    """Whether the daemon's rate findings hold under this node's baseline: the daemon has no
-    baseline and judges with the default thresholds."""
+def daemon_judges_rates(baseline: Any, daemon: dict[str, Any] | None = None) -> bool:
+    """Whether the daemon's rate findings hold under this node's baseline: the daemon judges with
+    the thresholds of its own ``--baseline`` (reported in its answer), else with the defaults."""
+    from dataclasses import asdict
+
     from fleetops.baseline import DEFAULT_THRESHOLDS
 
-    if baseline is None:
-        return True
-    th = baseline.thresholds
-    return all(getattr(th, name) == getattr(DEFAULT_THRESHOLDS, name) for name in RATE_THRESHOLDS)
+    served = (daemon or {}).get("baseline")
+    used = served.get("thresholds") if isinstance(served, dict) else None
+    if not isinstance(used, dict):
+        used = asdict(DEFAULT_THRESHOLDS)
+    wanted = asdict(baseline.thresholds if baseline is not None else DEFAULT_THRESHOLDS)
+    return all(used.get(name) == wanted[name] for name in RATE_THRESHOLDS)
 
 
 def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
@@ -220,6 +224,23 @@ def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
     if not isinstance(started, (int, float)) or not snap.collected_at:
         return True  # no start time to judge by: the daemon's own findings say what it had
     return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
+
+
+# Findings the daemon holds from its per-tick samples after the snapshot stopped showing them
+# (a throttle until --clear-after clean samples): taken from its answer for GPUs whose
+# snapshot the audit finds clean, whatever the baseline (the hold reads no threshold).
+HELD_CHECKS = frozenset({"thermal_power.throttle"})
+
+
+def _held(daemon: dict[str, Any], found: list[model.Finding], name: str) -> list[model.Finding]:
+    have = {(f.check, (f.gpu or {}).get("uuid")) for f in found}
+    out = []
+    for doc in daemon.get("findings") or []:
+        if not isinstance(doc, dict) or doc.get("check") not in HELD_CHECKS or doc.get("severity") not in model.SEVERITIES:
+            continue
+        if (doc["check"], (doc.get("gpu") or {}).get("uuid")) not in have:
+            out.append(model.Finding.from_dict({**doc, "node": name}))
+    return out
 
 
 def node_findings(
@@ -245,11 +266,12 @@ def node_findings(
         node_result.source, node_result.age_s = SOURCE_COLLECT, 0.0
         node_result.rates = RATES_PREVIOUS if previous is not None else None
         return found
+    found += _held(daemon, found, node_result.name)
     age = daemon.get("age_s")
     node_result.source = SOURCE_DAEMON
     node_result.age_s = float(age) if isinstance(age, (int, float)) else None
     served = daemon.get("findings")
-    if not isinstance(served, list) or not daemon_judges_rates(baseline) or not _daemon_has_window(snap, daemon):
+    if not isinstance(served, list) or not daemon_judges_rates(baseline, daemon) or not _daemon_has_window(snap, daemon):
         node_result.rates = RATES_PREVIOUS if previous is not None else None
         return found
     rate_findings = []

@@ -28,6 +28,14 @@ options:
     description: Also return the whole snapshot as the fact C(fleetops_snapshot).
     type: bool
     default: false
+  fresh:
+    description:
+      - Collect now (C(fleetops-agent collect --fresh)) instead of taking the resident agent's snapshot, which
+        may be up to its full interval old (10 s by default).
+      - Set it where the task verifies a change made just before (a power cap, a driver reload, a MIG
+        mode), so the verification reads the node as it is now.
+    type: bool
+    default: false
   agent:
     description: Path of fleetops-agent; searched for when unset.
     type: path
@@ -53,6 +61,7 @@ EXAMPLES = r"""
     expect:
       driver_version: "580.159.04"
     fail_on_mismatch: true
+    fresh: true
 """
 
 RETURN = r"""
@@ -349,6 +358,7 @@ def main():
         expect=dict(type="dict", default={}),
         fail_on_mismatch=dict(type="bool", default=False),
         full=dict(type="bool", default=False),
+        fresh=dict(type="bool", default=False),
     )
     spec.update(AGENT_ARGUMENT_SPEC)
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
@@ -359,7 +369,8 @@ def main():
             msg="expect: unknown keys %s (known: %s)" % (unknown, sorted(EXPECT_KEYS)), kind="usage"
         )
     try:
-        snapshot = run_agent(module, ["collect", "--json"] + backend_args(module))
+        fresh = ["--fresh"] if module.params["fresh"] else []
+        snapshot = run_agent(module, ["collect", "--json"] + fresh + backend_args(module))
     except AgentError as exc:
         fail_from(module, exc)
 

@@ -163,6 +163,30 @@ def test_reload_rereads_the_config_and_keeps_the_daemon_running(cluster: Any) ->
     assert daemon["reloaded_at"] is not None and daemon["reload_error"] is None
 
 
+def _power_findings(c: Any, host: Any) -> list[dict[str, Any]]:
+    return [f for f in _daemon(c, host)["findings"] if f["check"] == "thermal_power.power_limit"]
+
+
+def test_a_baseline_from_the_inventory_judges_the_daemons_findings(cluster: Any) -> None:
+    """``fleetops_agent_baseline_path``: the role writes the host's ``fleetops_baseline`` there and
+    the unit passes ``--baseline``; a later change of the baseline alone is a reload, not a restart."""
+    host = cluster.hosts[1]
+    path = "/etc/fleetops/baseline.yml"
+    ok, text, _ = _playbook(cluster, fleetops_agent_baseline_path=path, fleetops_baseline={"power_limit_w": 600})
+    assert ok, text
+    found = _until("findings judged by the baseline", lambda: _power_findings(cluster, host))
+    assert {f["expected"] for f in found} == {600}
+    assert _daemon(cluster, host)["baseline"]["source"] == path
+    assert "--baseline" in cluster.ssh(host, f"systemctl cat {UNIT}").stdout
+    pid = _show(cluster, host, "MainPID")["MainPID"]
+    ok, text, _ = _playbook(cluster, fleetops_agent_baseline_path=path, fleetops_baseline={"power_limit_w": 650})
+    assert ok, text
+    found = _until("the reloaded baseline", lambda: (f := _power_findings(cluster, host)) and
+                   {x["expected"] for x in f} == {650} and f)
+    assert _show(cluster, host, "MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"}
+    assert _daemon(cluster, host)["reload_error"] is None
+
+
 def _healthcheck(c: Any, host: Any) -> dict[str, Any]:
     done = c.ssh(host, f"fleetops-agent slurm-healthcheck --scontrol {SCONTROL_IN_HOST}")
     return dict(json.loads(done.stdout))

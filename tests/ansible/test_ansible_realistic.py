@@ -61,10 +61,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                     "mig": {"mode": False},
                 },
                 "fleetops_audit_history": False,
-                # No resident daemon here: gpu_power's and nvidia_driver's verifications read
-                # fleetops_gpu_facts, which a daemon answers with a snapshot up to its full
-                # interval old (test_agent_service_realistic.py covers the daemon's unit).
-                "fleetops_agent_service": False,
+                # the resident daemon runs (the role's default); the hosts share the machine's
+                # network: each endpoint on its own loopback address
+                "fleetops_agent_metrics_address": "{{ ansible_host }}:9401",
                 "nvidia_driver_verify_retries": 2,
                 "nvidia_driver_verify_delay": 3,
             },

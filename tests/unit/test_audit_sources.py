@@ -83,6 +83,10 @@ def test_a_baseline_with_its_own_rate_threshold_keeps_the_audits_judgement(
     strict = baseline.from_mapping({"thresholds": {"pcie_replays_per_min": 10000}}, "strict.yml")
     assert not audit.daemon_judges_rates(strict)
     assert audit.daemon_judges_rates(baseline.from_mapping({"thresholds": {"xid_window_hours": 12}}, "x.yml"))
+    # a daemon started with that same baseline judges as the audit would; one with another does not
+    judged_strict = {"baseline": {"source": "strict.yml", "thresholds": dataclasses.asdict(strict.thresholds)}}
+    assert audit.daemon_judges_rates(strict, judged_strict)
+    assert not audit.daemon_judges_rates(None, judged_strict)
     nr = _result(served)
     found = audit.node_findings(nr, strict, previous=None)
     # the daemon's warn was judged at 31/min; under 10000/min and with no previous audit: the total only

@@ -72,7 +72,9 @@ def start_textfile(path: str, service: Any) -> None:
     threading.Thread(target=loop, name="textfile", daemon=True).start()
 
 
-CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s"}
+CONFIG_KEYS = {"interval_s": "interval_s", "full_interval_s": "full_interval_s", "hang_timeout_s": "hang_s",
+               "clear_after_samples": "clear_after"}
+COUNT_KEYS = ("clear_after_samples",)  # whole numbers of samples, not seconds
 
 
 def read_config(path: str | None) -> dict[str, float]:
@@ -90,18 +92,37 @@ def read_config(path: str | None) -> dict[str, float]:
     for key, value in data.items():
         if key not in CONFIG_KEYS:
             raise ValueError(f"{path}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}")
+        if key in COUNT_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: {key} must be a whole number of samples (1 or more), got {value!r}")
+            out[key] = value
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{path}: {key} must be a positive number of seconds, got {value!r}")
         out[key] = float(value)
     return out
 
 
-def _reload(path: str | None, services: list[Any]) -> None:
+def read_baseline(path: str | None) -> Any:
+    """``--baseline``: the same loader (and the same file:line errors) as the controller's
+    ``--baseline``, so the daemon judges a node by the baseline its audit uses. Raises
+    ``fleetops.baseline.BaselineError``."""
+    if not path:
+        return None
+    from fleetops import baseline
+
+    return baseline.load_file(path)
+
+
+def _reload(path: str | None, baseline_path: str | None, services: list[Any]) -> None:
+    """SIGHUP: the configuration and the baseline are re-read together and taken only when both
+    are good; otherwise everything running stays and ``reload_error`` says why."""
     import time
 
     try:
         config = read_config(path)
-    except (OSError, ValueError) as exc:  # the running configuration stays; say why
+        baseline = read_baseline(baseline_path)
+    except (OSError, ValueError) as exc:  # the running configuration stays; say why (BaselineError too)
         sys.stderr.write(f"fleetops-agent serve: reload refused: {exc}\n")
         for svc in services:
             svc.reload_error = str(exc)
@@ -110,6 +131,7 @@ def _reload(path: str | None, services: list[Any]) -> None:
         svc.reload_error = None
         for key, value in config.items():
             setattr(svc, CONFIG_KEYS[key], value)
+        svc.baseline = baseline
         svc.reloaded_at = time.time()
 
 
@@ -123,10 +145,16 @@ def run(args: Any) -> int:
     services: list[NodeService] = []
     try:
         config = read_config(args.config)
+        baseline = read_baseline(getattr(args, "baseline", None))
     except (OSError, ValueError) as exc:
         sys.stderr.write(json.dumps({"error": str(exc), "kind": "usage"}) + "\n")
         return 2
-    flags = {"interval_s": "interval", "full_interval_s": "full_interval", "hang_timeout_s": "hang_timeout"}
+    if args.clear_after < 1:
+        sys.stderr.write(json.dumps({"error": f"--clear-after must be 1 or more, got {args.clear_after}",
+                                     "kind": "usage"}) + "\n")
+        return 2
+    flags = {"interval_s": "interval", "full_interval_s": "full_interval", "hang_timeout_s": "hang_timeout",
+             "clear_after_samples": "clear_after"}
     for key, value in config.items():
         setattr(args, flags[key], value)
     use_sim = args.backend == "sim" or (
@@ -161,6 +189,8 @@ def run(args: Any) -> int:
                     args.interval,
                     args.full_interval,
                     args.hang_timeout,
+                    baseline,
+                    args.clear_after,
                 )
             )
     else:
@@ -176,6 +206,8 @@ def run(args: Any) -> int:
                 args.interval,
                 args.full_interval,
                 args.hang_timeout,
+                baseline,
+                args.clear_after,
             )
         )
     textfile = getattr(args, "textfile", None)
@@ -205,7 +237,7 @@ def run(args: Any) -> int:
     while not stop.wait(1.0):  # a signal sets its event at once; this only bounds a SIGHUP's wait
         if reload.is_set():
             reload.clear()
-            _reload(args.config, services)
+            _reload(args.config, getattr(args, "baseline", None), services)
     notify("STOPPING=1")
     for svc in services:
         svc.stop.set()

@@ -19,9 +19,12 @@ from typing import Any
 
 from fleetops.agent.serve import kmsg
 from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring
+from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
 
 HISTORY_S = 3600.0
-RATE_WINDOW_S = 60.0
+# The snapshot's counters that rate checks compare, as the ring names them.
+RATE_GPU_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter")
+RATE_LINK_COUNTERS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
 
 
 class SimBackend:
@@ -61,6 +64,10 @@ class SimBackend:
         return self.boot
 
 
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def _num(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
@@ -79,6 +86,8 @@ class NodeService:
         interval_s: float = 2.0,
         full_interval_s: float = 10.0,
         hang_s: float = 10.0,
+        baseline: Any = None,
+        clear_after: int = 30,
     ) -> None:
         self.backend = backend
         self.socket_path = socket_path
@@ -86,6 +95,8 @@ class NodeService:
         self.interval_s = interval_s
         self.full_interval_s = full_interval_s
         self.hang_s = hang_s
+        self.baseline = baseline  # fleetops.baseline.Baseline or None; replaced whole on SIGHUP
+        self.clear_after = clear_after  # clean light samples that clear a throttle hold
         self.started_at = time.time()
         self.reloaded_at: float | None = None
         self.reload_error: str | None = None  # the last SIGHUP's refusal; the running config stayed
@@ -95,12 +106,17 @@ class NodeService:
         self.rings: dict[str, Ring] = {}
         self.lost: dict[str, str] = {}
         self.node: Any = None
-        self.full_history: deque[Any] = deque(maxlen=int(RATE_WINDOW_S / max(full_interval_s, 0.1)) + 2)
-        self.findings: list[dict[str, Any]] = []
+        # Full snapshots over about one rate window: the previous snapshot's GPUs, links and XIDs
+        # (its counters come from the ring, which holds the hour).
+        self.full_history: deque[Any] = deque(maxlen=int(self.rate_window_s() / max(full_interval_s, 0.1)) + 2)
+        self.findings: list[dict[str, Any]] = []  # the last full snapshot's, then the held ones
+        self._checked: list[Any] = []  # the last full snapshot's findings (model.Finding)
+        self.holds: dict[str, Any] = {}  # uuid -> checks.thermal_power.ThrottleHold, fed every sample
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
         self._doc: dict[str, Any] | None = None
         self._node_doc: tuple[Any, dict[str, Any]] | None = None  # (node, to_dict(node)), shared by docs
+        self._baseline_cache: tuple[Any, dict[str, Any]] | None = None
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         os.chmod(state_dir, 0o700)
         self.book = kmsg.XidBook(os.path.join(state_dir, "xid-state.json"), self._boot_id())
@@ -160,6 +176,10 @@ class NodeService:
                     for name in row:
                         ring.add_field(name)
                     ring.append(now, row)
+                    hold = self.holds.get(uuid)
+                    if hold is None:
+                        hold = self.holds[uuid] = ThrottleHold()
+                    hold.observe(now, row.get("clocks_event_mask"), self.clear_after)
                 self.lost.update(lost)
                 if self.degraded_reason and self.degraded_reason.startswith("sample"):
                     self.degraded_reason = None
@@ -168,6 +188,7 @@ class NodeService:
             if time.monotonic() >= next_full:
                 next_full = time.monotonic() + self.full_interval_s
                 self._full()
+            self._hold_findings()
             self._publish()
             self.stop.wait(self.interval_s)
 
@@ -183,7 +204,7 @@ class NodeService:
         if self.backend.name == "nvml":
             node.xids = self._xid_models(node)
         previous = self._previous(node)
-        self.findings = [f.to_dict() for f in checks.run_node_checks(node, None, previous)]
+        self._checked = checks.run_node_checks(node, self.baseline, previous)
         present = {g.uuid for g in node.gpus}
         for uuid in [u for u in self.lost if u in present]:  # back (a reset, a reboot)
             del self.lost[uuid]
@@ -194,6 +215,16 @@ class NodeService:
         self.full_history.append(node)
         if self.degraded_reason and self.degraded_reason.startswith("full"):
             self.degraded_reason = None
+
+    def _hold_findings(self) -> None:
+        """The last full snapshot's findings plus a throttle finding for each GPU whose hold is
+        active: re-judged on every light sample, so a slowdown between two full snapshots is
+        reported and a hold clears on the sample that completes it."""
+        node = self.node
+        if node is None:
+            return
+        held = held_throttle_findings(node, self.holds, self._checked, self.clear_after)
+        self.findings = [f.to_dict() for f in [*self._checked, *held]]
 
     def _xid_models(self, node: Any) -> list[Any]:
         """The book's events as the snapshot's XIDs, attributed to GPUs by bus id."""
@@ -210,28 +241,42 @@ class NodeService:
             ))
         return out
 
+    def rate_window_s(self) -> float:
+        """How far back the rate base lies: long enough for every rate check under the baseline
+        (``nvlink_idle_window_s`` may ask for more than a minute), and never over the ring."""
+        from fleetops.baseline import DEFAULT_THRESHOLDS
+
+        th = self.baseline.thresholds if self.baseline is not None else DEFAULT_THRESHOLDS
+        window = max(float(th.nvlink_idle_window_s), float(th.rate_min_interval_s))
+        return min(window, HISTORY_S - 2 * self.interval_s)
+
     def _previous(self, node: Any) -> Any:
-        """The earlier snapshot for rate checks: the oldest retained full snapshot within the
-        window, its counters replaced by the ring's oldest sample in that window."""
+        """The earlier snapshot for rate checks: the oldest retained full snapshot (GPUs, links,
+        XIDs), its counters and its time both taken from one ring sample, the newest at least
+        ``rate_window_s`` before ``node`` (the oldest sample while the daemon is younger). A GPU
+        the ring has no sample of at that time gets no counters (no rate), never the full
+        snapshot's counters beside the sample's time."""
         if not self.full_history:
             return None
-        prev = copy.deepcopy(self.full_history[0])
-        since = node.collected_at - RATE_WINDOW_S
-        for gpu in prev.gpus:
+        since = float(node.collected_at or 0) - self.rate_window_s()
+        rings = [r for r in self.rings.values() if r.count]
+        if not rings:
+            return None
+        t = max(r.base_time(since) for r in rings)  # one tick: every ring sampled then shares it
+        prev = copy.copy(self.full_history[0])
+        prev.collected_at = t
+        prev.gpus = []
+        for old in self.full_history[0].gpus:
+            gpu = copy.copy(old)
+            gpu.nvlinks = [copy.copy(link) for link in old.nvlinks] if old.nvlinks is not None else None
             ring = self.rings.get(gpu.uuid)
-            base = ring.oldest_within(since) if ring is not None else None
-            if base is None:
-                continue
-            t, values = base
-            for name in ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter"):
-                if values.get(name) is not None:
-                    setattr(gpu, name, int(values[name] or 0))
+            values = ring.sample_at(t) if ring is not None else None
+            for name in RATE_GPU_COUNTERS:
+                setattr(gpu, name, _count(values.get(name)) if values is not None else None)
             for link in gpu.nvlinks or []:
-                for name in ("crc_errors", "replay_errors", "recovery_errors"):
-                    v = values.get(f"nvlink{link.link}_{name}")
-                    if v is not None:
-                        setattr(link, name, int(v))
-            prev.collected_at = min(prev.collected_at, t)
+                for name in RATE_LINK_COUNTERS:
+                    setattr(link, name, _count(values.get(f"nvlink{link.link}_{name}")) if values is not None else None)
+            prev.gpus.append(gpu)
         return prev
 
     def _watchdog(self) -> None:
@@ -277,6 +322,10 @@ class NodeService:
             "started_at": self.started_at,
             "reloaded_at": self.reloaded_at,
             "reload_error": self.reload_error,
+            # what the findings were judged by: the controller takes the daemon's rate findings
+            # only when these thresholds are the ones it would use
+            "baseline": self._baseline_doc(),
+            "clear_after": self.clear_after,
             "degraded": degraded is not None,
             "reason": degraded,
             "lost": dict(self.lost),
@@ -286,6 +335,17 @@ class NodeService:
             "xid_cursor": book["seq"],
         }
         return doc
+
+    def _baseline_doc(self) -> dict[str, Any] | None:
+        b = self.baseline
+        if b is None:
+            return None
+        cached = self._baseline_cache
+        if cached is None or cached[0] is not b:
+            import dataclasses
+
+            cached = self._baseline_cache = (b, {"source": b.source, "thresholds": dataclasses.asdict(b.thresholds)})
+        return cached[1]
 
     def state(self) -> tuple[int, dict[str, Any] | None]:
         """(version, document): the same object until the next change; never mutated."""

@@ -138,5 +138,38 @@ class Ring:
                 return t, values
         return None
 
+    def _at_or_before(self, t: float) -> int | None:
+        """The number of the newest sample not newer than ``t`` (times only grow), or None."""
+        lo, hi = self.total - self.count, self.total  # search [lo, hi)
+        if not self.count or self.times[lo % self.capacity] > t:
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.times[mid % self.capacity] <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def base_time(self, since: float) -> float:
+        """The time of the rate base for a window starting at ``since``: the newest sample at or
+        before it, so the window is at least that long; the oldest sample when the ring is
+        younger than the window. The ring must hold a sample."""
+        seq = self._at_or_before(since)
+        if seq is None:
+            seq = self.total - self.count
+        return self.times[seq % self.capacity]
+
+    def sample_at(self, t: float) -> dict[str, float | None] | None:
+        """Every field of the sample taken at exactly ``t``, or None when this ring has none."""
+        seq = self._at_or_before(t)
+        if seq is None or self.times[seq % self.capacity] != t:
+            return None
+        out: dict[str, float | None] = {}
+        for n, c in self.columns.items():
+            v = c.at(seq, self.capacity)
+            out[n] = None if math.isnan(v) else v
+        return out
+
     def nbytes(self) -> int:
         return self.times.itemsize * self.capacity + sum(c.nbytes() for c in self.columns.values())
