@@ -971,14 +971,20 @@ VALIDATION_FAULTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int) -> None:
-    """Mark one GPU degraded for the simulated validation backend (idempotent)."""
+def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int, peer: int | None = None) -> None:
+    """Mark one GPU degraded for the simulated validation backend (idempotent). ``peer`` (only
+    for slow-nvlink) narrows it to the one link between ``gpu_index`` and ``peer``."""
     if name not in VALIDATION_FAULTS:
         raise SimError(f"unknown validation fault {name!r}; known: {', '.join(VALIDATION_FAULTS)}")
-    if not 0 <= gpu_index < len(state["gpus"]):
-        raise SimError(f"GPU index {gpu_index} out of range (0-{len(state['gpus']) - 1})")
+    for index in (gpu_index,) if peer is None else (gpu_index, peer):
+        if not 0 <= index < len(state["gpus"]):
+            raise SimError(f"GPU index {index} out of range (0-{len(state['gpus']) - 1})")
+    if peer is not None and (name != "slow-nvlink" or peer == gpu_index):
+        raise SimError(f"a peer GPU narrows slow-nvlink to one link between two GPUs, not {name} on {gpu_index}-{peer}")
     entries = state.setdefault("validation_faults", [])
-    entry = {"fault": name, "gpu": gpu_index}
+    entry: dict[str, Any] = {"fault": name, "gpu": gpu_index}
+    if peer is not None:
+        entry["peer"] = peer
     if entry not in entries:
         entries.append(entry)
 

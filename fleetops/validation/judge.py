@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetops.validation.floors import PER_GPU_METRICS, floors_for
+from fleetops.validation.floors import PER_GPU_METRICS, ModelFloors, floors_for
 
 # A GPU is a straggler when it is below its model's fleet median by more than
 # max(STRAGGLER_K x MAD, STRAGGLER_PCT x median).
@@ -104,9 +104,18 @@ def judge(
         host, uuid, name = str(g.get("host", "")), str(g.get("uuid", "")), g.get("name")
         floors = floors_for(name, overrides)
         gv = GpuVerdict(host=host, gpu=uuid, model=floors.model if floors else name)
-        for metric in PER_GPU_METRICS:
-            stat = (g.get("tests") or {}).get(metric)
+        tests = g.get("tests") or {}
+        # Figures by name, then the pass/fail tests of a backend that gives outcomes (DCGM).
+        extra = [m for m, st in tests.items() if m not in PER_GPU_METRICS and isinstance(st, Mapping)
+                 and ("outcome" in st or "error" in st)]
+        for metric in (*PER_GPU_METRICS, *extra):
+            stat = tests.get(metric)
             if not isinstance(stat, Mapping):
+                continue
+            if "outcome" in stat:
+                v = _judge_outcome(host, uuid, metric, stat)
+                gv.verdicts.append(v)
+                gv.status = _worse(gv.status, v.status)
                 continue
             if "skipped" in stat:
                 gv.verdicts.append(Verdict(host, uuid, metric, "ok", None, f"skipped: {stat['skipped']}"))
@@ -127,6 +136,20 @@ def judge(
     return out
 
 
+OUTCOME_STATUS = {"pass": "ok", "skip": "ok", "warn": "warn", "fail": "crit"}
+
+
+def _judge_outcome(host: str, uuid: str, metric: str, stat: Mapping[str, Any]) -> Verdict:
+    """A test that reports pass/fail itself (DCGM diag): its outcome is the verdict, its
+    messages the reason; a skip is ok with the reason kept, anything else unknown."""
+    outcome = str(stat.get("outcome"))
+    reason = "; ".join(str(m) for m in stat.get("messages") or [])
+    if outcome == "skip":
+        reason = f"skipped: {reason}" if reason else "skipped"
+    return Verdict(host, uuid, metric, OUTCOME_STATUS.get(outcome, "unknown"), None,
+                   reason or (f"dcgm: {outcome}" if outcome != "pass" else ""))
+
+
 def _judge_value(host: str, uuid: str, metric: str, value: float, floors: Any,
                  peers: list[float], k: float, pct: float) -> Verdict:
     floor = floors.metric(metric) if floors is not None else None
@@ -141,7 +164,139 @@ def _judge_value(host: str, uuid: str, metric: str, value: float, floors: Any,
     return Verdict(host, uuid, metric, "ok", value, "")
 
 
-def overall(verdicts: list[GpuVerdict]) -> str:
+@dataclass
+class NodeVerdict:
+    """The node-level tests (P2P matrix, NCCL all_reduce) of one host. ``gpu`` in a pair's
+    verdict reads ``SRC->DST`` (one direction) or ``A<->B`` (both at once), by UUID."""
+
+    host: str
+    model: str | None
+    status: str = "ok"
+    verdicts: list[Verdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "model": self.model,
+            "status": self.status,
+            "findings": [v.__dict__ for v in self.verdicts if v.status != "ok"],
+            "notes": list(self.notes),
+        }
+
+
+def _node_model(doc: Mapping[str, Any]) -> str | None:
+    names = {g.get("name") for g in doc.get("gpus") or [] if g.get("name")}
+    return str(next(iter(names))) if len(names) == 1 else None
+
+
+def _pair_entries(doc: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(metric, pair label, summary) for every measured pair of one node."""
+    p2p = (doc.get("node") or {}).get("p2p") or {}
+    out: list[tuple[str, str, Mapping[str, Any]]] = []
+    for pair in p2p.get("pairs") or []:
+        stat = pair.get("p2p_gbps")
+        if isinstance(stat, Mapping):
+            out.append(("p2p_gbps", f"{pair.get('src_uuid')}->{pair.get('dst_uuid')}", stat))
+    for pair in p2p.get("bidirectional") or []:
+        stat = pair.get("p2p_bidir_gbps")
+        if isinstance(stat, Mapping):
+            out.append(("p2p_bidir_gbps", f"{pair.get('a_uuid')}<->{pair.get('b_uuid')}", stat))
+    return out
+
+
+def _allreduce_shape(ar: Mapping[str, Any]) -> tuple[int, str, int]:
+    return int(ar.get("gpus", 0)), str(ar.get("algorithm", "default")), int(ar.get("message_bytes", 0))
+
+
+def judge_nodes(
+    nodes: Sequence[Mapping[str, Any]],
+    overrides: dict[str, dict[str, float]] | None = None,
+    k: float = STRAGGLER_K,
+    pct: float = STRAGGLER_PCT,
+    max_spread: float = MAX_SPREAD,
+) -> list[NodeVerdict]:
+    """Judge the node-level tests of agent results ``{"host", "gpus", "node": {"p2p",
+    "allreduce"}}``.
+
+    P2P: a pair below its model's floor is crit; a pair below the median of every steady pair
+    of that model in the fleet (all nodes together: one node's eight GPUs give 56 pairs, enough
+    for a median of its own) by more than max(k x MAD, pct) is a straggler. all_reduce: the
+    floor that fits its GPU count, algorithm and message size, and the straggler rule across
+    the nodes that ran the same shape. A node with one GPU has neither test: that is a note,
+    not a finding."""
+    pair_peers: dict[tuple[str | None, str], list[float]] = {}
+    ar_peers: dict[tuple[str | None, tuple[int, str, int]], list[float]] = {}
+    for doc in nodes:
+        model = _node_model(doc)
+        for metric, _label, stat in _pair_entries(doc):
+            if "median" in stat and steady(stat, max_spread):
+                pair_peers.setdefault((model, metric), []).append(float(stat["median"]))
+        ar = (doc.get("node") or {}).get("allreduce") or {}
+        ar_stat = ar.get("allreduce_busbw_gbps")
+        if isinstance(ar_stat, Mapping) and "median" in ar_stat and steady(ar_stat, max_spread):
+            ar_peers.setdefault((model, _allreduce_shape(ar)), []).append(float(ar_stat["median"]))
+
+    out: list[NodeVerdict] = []
+    for doc in nodes:
+        host, model = str(doc.get("host", "")), _node_model(doc)
+        floors = floors_for(model, overrides)
+        nv = NodeVerdict(host=host, model=floors.model if floors else model)
+        node = doc.get("node") or {}
+        for part in node:
+            section = node.get(part) or {}
+            for why in ("not_applicable", "skipped"):
+                if why in section:
+                    nv.notes.append(f"{part}: {why.replace('_', ' ')}: {section[why]}")
+            if "error" in section:
+                v = Verdict(host, "", part, "unknown", None, f"{part} did not run: {section['error']}")
+                nv.verdicts.append(v)
+                nv.status = _worse(nv.status, v.status)
+        for metric, label, stat in _pair_entries(doc):
+            floor = floors.metric(metric) if floors is not None and metric == "p2p_gbps" else None
+            v = _node_value(host, label, metric, stat, floor, floors, pair_peers.get((model, metric), []),
+                            k, pct, max_spread)
+            nv.verdicts.append(v)
+            nv.status = _worse(nv.status, v.status)
+        ar = node.get("allreduce") or {}
+        ar_stat = ar.get("allreduce_busbw_gbps")
+        if isinstance(ar_stat, Mapping):
+            shape = _allreduce_shape(ar)
+            fl = floors.allreduce_floor(*shape) if floors is not None else None
+            if fl is None:
+                nv.notes.append(f"allreduce: no shipped floor for {shape[0]} GPUs, algorithm {shape[1]}, "
+                                f"{shape[2] >> 20} MiB: judged against its fleet peers only")
+            v = _node_value(host, f"{shape[0]} GPUs {shape[1]} {shape[2] >> 20} MiB", "allreduce_busbw_gbps",
+                            ar_stat, fl.busbw_gbps if fl else None, floors, ar_peers.get((model, shape), []),
+                            k, pct, max_spread)
+            nv.verdicts.append(v)
+            nv.status = _worse(nv.status, v.status)
+        out.append(nv)
+    return out
+
+
+def _node_value(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None,
+                floors: ModelFloors | None, peers: list[float], k: float, pct: float,
+                max_spread: float) -> Verdict:
+    if "median" not in stat:
+        return Verdict(host, label, metric, "unknown", None, str(stat.get("error", "no figure")))
+    med = float(stat["median"])
+    if not steady(stat, max_spread):
+        spread = (float(stat["max"]) - float(stat["min"])) / med if med > 0 else float("inf")
+        return Verdict(host, label, metric, "unknown", med, f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
+    if floor is not None and med < floor:
+        model = floors.model if floors is not None else "model"
+        return Verdict(host, label, metric, "crit", med, f"{med:.1f} below the {model} floor {floor:.1f}")
+    if len(peers) >= 3:
+        ref = float(statistics.median(peers))
+        margin = max(k * mad(peers), pct * ref)
+        if med < ref - margin:
+            return Verdict(host, label, metric, "warn", med,
+                           f"straggler: {med:.1f} < fleet median {ref:.1f} - {margin:.1f}")
+    return Verdict(host, label, metric, "ok", med, "")
+
+
+def overall(verdicts: Sequence[GpuVerdict | NodeVerdict]) -> str:
     status = "ok"
     for gv in verdicts:
         status = _worse(status, gv.status)

@@ -40,3 +40,56 @@ def test_quick_level_meets_shipped_floors() -> None:
         assert gpu["tests"][metric]["repeats"] == 10.0
     verdict = judge([{**gpu, "host": "local"}])[0]
     assert verdict.status == "ok", verdict.to_dict()
+
+
+def _run(*args: str) -> dict[str, object]:
+    env = dict(os.environ)
+    env.pop("FLEETOPS_SIM_STATE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-m", "fleetops.agent.main", "validate", "--level", "quick", *args],
+                          capture_output=True, text=True, env=env, timeout=110, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, object] = json.loads(proc.stdout)
+    return doc
+
+
+def _print_figures(doc: dict[str, object]) -> None:
+    for g in doc["gpus"]:  # type: ignore[attr-defined]
+        figs = {m: round(s["median"], 1) for m, s in g["tests"].items() if isinstance(s, dict) and "median" in s}
+        sys.stdout.write(f"\n{doc['provenance']['backend']} GPU {g['index']} {g['name']}: {figs}\n")  # type: ignore[index]
+    node = doc["node"]
+    sys.stdout.write(f"node p2p matrix: {node['p2p'].get('matrix_gbps', node['p2p'])}\n")  # type: ignore[index]
+    ar = node["allreduce"]  # type: ignore[index]
+    sys.stdout.write(f"node allreduce: { {k: v for k, v in ar.items() if k != 'telemetry'} }\n")
+
+
+def test_torch_node_tests_all_gpus() -> None:
+    """The whole node with torch: with one GPU the P2P and all_reduce parts say not applicable;
+    with several, every ordered pair has a figure and all_reduce names its size and algorithm."""
+    pytest.importorskip("torch")
+    doc = _run("--backend", "torch")
+    _print_figures(doc)
+    gpus = doc["gpus"]
+    node = doc["node"]
+    assert isinstance(gpus, list) and isinstance(node, dict)
+    n = len(gpus)
+    if n == 1:
+        assert node["p2p"] == {"not_applicable": "1 GPU"}
+        assert node["allreduce"] == {"not_applicable": "1 GPU"}
+        return
+    assert len(node["p2p"]["pairs"]) == n * (n - 1)
+    assert all(p["p2p_gbps"]["median"] > 0 for p in node["p2p"]["pairs"])
+    ar = node["allreduce"]
+    assert "error" not in ar, ar
+    assert ar["gpus"] == n and ar["message_bytes"] == 256 << 20 and ar["allreduce_busbw_gbps"]["median"] > 0
+
+
+def test_cupy_backend_quick() -> None:
+    """The CuPy path on a real GPU: STREAM kernels, fp16/fp32 GEMM named as such, pinned copies."""
+    pytest.importorskip("cupy")
+    doc = _run("--backend", "cupy", "--gpu", "0")
+    _print_figures(doc)
+    tests = doc["gpus"][0]["tests"]  # type: ignore[index]
+    for metric in ("hbm_copy_gbps", "hbm_triad_gbps", "gemm_fp16_tflops", "gemm_fp32_tflops", "h2d_gbps", "d2h_gbps"):
+        assert tests[metric]["repeats"] == 10.0 and tests[metric]["median"] > 0, metric
+    assert "skipped" in tests["gemm_bf16_tflops"]

@@ -41,10 +41,74 @@ def _nvml_sampler() -> tuple[Any, Any]:
     return pynvml, pynvml
 
 
+BACKENDS = ("auto", "torch", "cupy", "dcgm", "sim")
+NO_BACKEND = "no validation backend: install PyTorch with CUDA, or CuPy, or DCGM"
+
+
+def _summarize_node(node: dict[str, Any]) -> dict[str, Any]:
+    """Sample lists of the node tests become median/spread summaries, like the per-GPU ones."""
+    out: dict[str, Any] = {}
+    for part, section in node.items():
+        sec = dict(section)
+        for key in ("pairs", "bidirectional"):
+            if key in sec:
+                sec[key] = [{k: summarize(v) if isinstance(v, list) else v for k, v in pair.items()}
+                            for pair in sec[key]]
+        for key in ("allreduce_busbw_gbps", "algbw_gbps"):
+            if isinstance(sec.get(key), list):
+                sec[key] = summarize(sec[key])
+        if part == "p2p" and "pairs" in sec:
+            n = len(sec.get("gpus") or [])
+            matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
+            for pair in sec["pairs"]:
+                stat = pair.get("p2p_gbps")
+                if isinstance(stat, dict) and "median" in stat and pair["src"] < n and pair["dst"] < n:
+                    matrix[pair["src"]][pair["dst"]] = round(float(stat["median"]), 1)
+            sec["matrix_gbps"] = matrix
+        out[part] = sec
+    return out
+
+
+def _why_not(backend: str) -> str | None:
+    if backend == "torch":
+        from fleetops.agent.validate import torchbackend
+
+        return torchbackend.available()
+    if backend == "cupy":
+        from fleetops.agent.validate import cupybackend
+
+        return cupybackend.available()
+    from fleetops.agent.validate import dcgmbackend
+
+    return dcgmbackend.available()
+
+
+def pick_backend(backend: str, state_path: str | None) -> str:
+    """The backend to run: the one asked for if it works here, else (auto) the first of torch,
+    CuPy and DCGM that does. Nothing is installed: a node without any is refused, saying what
+    to install."""
+    if backend not in BACKENDS:
+        raise ValidateError("usage", f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    if backend == "sim" or (backend == "auto" and (state_path or os.environ.get("FLEETOPS_SIM_STATE"))):
+        return "sim"
+    if backend != "auto":
+        why = _why_not(backend)
+        if why is not None:
+            raise ValidateError("backend", f"--backend {backend}: {why}")
+        return backend
+    reasons = []
+    for name in ("torch", "cupy", "dcgm"):
+        why = _why_not(name)
+        if why is None:
+            return name
+        reasons.append(f"{name}: {why}")
+    raise ValidateError("backend", f"{NO_BACKEND} ({'; '.join(reasons)})")
+
+
 def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: float, seed: int | None) -> dict[str, Any]:
     started = time.time()
-    if backend == "auto" and (state_path or os.environ.get("FLEETOPS_SIM_STATE")):
-        backend = "sim"
+    backend = pick_backend(backend, state_path)
+    node: dict[str, Any]
     if backend == "sim":
         from fleetops.gpu import sim
 
@@ -60,18 +124,17 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
         picked = _select(state["gpus"], gpu)
         raw = simbackend.run(state, noise, seed, picked)
         results = [{**{k: v for k, v in r.items() if k != "samples"}, "tests": _summaries(r["samples"])} for r in raw]
+        node = _node_for_selection(gpu, lambda: simbackend.run_node(state, noise, seed, level))
         prov = {"backend": "sim", "versions": {"fleetops-sim": "1"}, "driver": state["node"].get("driver_version"),
                 "noise": noise, "seed": seed}
-    elif backend in ("auto", "torch"):
-        from fleetops.agent.validate import torchbackend
+    elif backend == "dcgm":
+        from fleetops.agent.validate import dcgmbackend
 
-        why = torchbackend.available()
-        if why is not None:
-            raise ValidateError("backend", f"no validation backend: {why}; install PyTorch with CUDA "
-                                           "(pip install torch) or CuPy (pip install cupy-cuda12x)")
-        results, prov = _run_torch(level, gpu)
+        gpus = _nvml_gpus()
+        index = _select(gpus, gpu)[0] if gpu != "all" and gpus else None
+        results, node, prov = dcgmbackend.run(level, gpus, index)
     else:
-        raise ValidateError("usage", f"--backend {backend}: expected auto, torch or sim")
+        results, node, prov = _run_cuda(backend, level, gpu)
     return {
         "kind": "validate",
         "level": level,
@@ -80,19 +143,43 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
         "expires": started + EXPIRY_S[level],
         "provenance": prov,
         "gpus": results,
+        "node": _summarize_node(node),
     }
 
 
-def _run_torch(level: str, gpu: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    import torch
+def _node_for_selection(gpu: str, run: Any) -> dict[str, Any]:
+    if gpu != "all":
+        why = "--gpu selects one GPU; the node tests need all of them"
+        return {"p2p": {"skipped": why}, "allreduce": {"skipped": why}}
+    result: dict[str, Any] = run()
+    return result
 
-    from fleetops.agent.validate import torchbackend
 
+def _nvml_gpus() -> list[dict[str, Any]]:
+    """Identity of each GPU (index, UUID, bus id, name) from NVML, read-only; empty where NVML
+    does not start, so a backend that needs no NVML still runs."""
     nv, _ = _nvml_sampler()
-    gpus = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        gpus.append({"index": i, "name": props.name, "uuid": str(getattr(props, "uuid", i)), "bus_id": ""})
+    if nv is None:
+        return []
+    out = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name = nv.nvmlDeviceGetName(h)
+            out.append({"index": i, "uuid": nv.nvmlDeviceGetUUID(h), "bus_id": nv.nvmlDeviceGetPciInfo(h).busId,
+                        "name": name.decode() if isinstance(name, bytes) else name})
+    except Exception:  # noqa: BLE001 - identity is best effort; the backend's own ids remain
+        return out
+    return out
+
+
+def _run_cuda(backend: str, level: str, gpu: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """torch or CuPy: the same tests, the same telemetry per test, the same result shape."""
+    from fleetops.agent.validate import cupybackend, torchbackend
+
+    mod: Any = torchbackend if backend == "torch" else cupybackend
+    nv, _ = _nvml_sampler()
+    gpus = mod.devices()
     driver = None
     if nv is not None:
         driver = nv.nvmlSystemGetDriverVersion()
@@ -108,11 +195,26 @@ def _run_torch(level: str, gpu: str) -> tuple[list[dict[str, Any]], dict[str, An
         def sample(test: str, index: int = index, telemetry: dict[str, Any] = telemetry) -> None:
             telemetry[test] = _read_nvml(nv, index)
 
-        tests = torchbackend.run_gpu(index, level, sample)
+        tests = mod.run_gpu(index, level, sample)
         after = _read_nvml(nv, index)
         results.append({**gpus[index], "tests": _summaries(tests), "telemetry": {"before": telemetry, "after": after}})
-    prov = {"backend": "torch", "versions": torchbackend.versions(), "driver": driver}
-    return results, prov
+
+    def node_tests() -> dict[str, Any]:
+        if len(gpus) < 2:
+            return {"p2p": {"not_applicable": f"{len(gpus)} GPU"}, "allreduce": {"not_applicable": f"{len(gpus)} GPU"}}
+        telemetry: dict[str, Any] = {}
+
+        def sample(test: str) -> None:
+            telemetry[test] = [_read_nvml(nv, g["index"]) for g in gpus]
+
+        p2p = mod.run_p2p(gpus, level, sample)
+        allreduce = mod.run_allreduce(gpus, level, sample)
+        return {"p2p": {**p2p, "telemetry": telemetry.get("p2p_gbps")},
+                "allreduce": {**allreduce, "telemetry": telemetry.get("allreduce_busbw_gbps")}}
+
+    node = _node_for_selection(gpu, node_tests)
+    prov = {"backend": backend, "versions": mod.versions(), "driver": driver}
+    return results, node, prov
 
 
 def _read_nvml(nv: Any, index: int) -> dict[str, Any]:

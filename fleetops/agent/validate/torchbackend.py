@@ -94,3 +94,112 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
     tests["d2h_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
     torch.cuda.empty_cache()
     return tests
+
+
+def devices() -> list[dict[str, Any]]:
+    import torch
+
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append({"index": i, "name": props.name, "uuid": str(getattr(props, "uuid", i)), "bus_id": ""})
+    return out
+
+
+P2P_BYTES = {"quick": 256 << 20, "full": 1 << 30}
+P2P_INNER = 5
+ALLREDUCE_BYTES = {"quick": 256 << 20, "full": 16 << 30}
+ALLREDUCE_TIMEOUT_S = {"quick": 120.0, "full": 480.0}
+
+
+def _wall(fn: Any, sync: Any, repeats: int, inner: int) -> list[float]:
+    """Seconds per call on the host clock, synchronising the devices involved: a peer copy
+    spans two devices, so one device's events do not bound it. ``inner`` calls per repeat keep
+    the synchronisation cost under 1 % of a repeat."""
+    import time
+
+    fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        out.append((time.perf_counter() - start) / inner)
+    return out
+
+
+def run_p2p(gpus: list[dict[str, Any]], level: str, sample: Any) -> dict[str, Any]:
+    """Every ordered pair one direction at a time (copy engine: ``Tensor.copy_`` between two
+    devices is a cudaMemcpyPeer where peer access is on), then every unordered pair in both
+    directions at once on two streams."""
+    import torch
+
+    size = P2P_BYTES[level]
+    reps = REPEATS[level]
+    idx = [int(g["index"]) for g in gpus]
+    bufs = {i: (torch.empty(size, dtype=torch.uint8, device=f"cuda:{i}"),
+                torch.empty(size, dtype=torch.uint8, device=f"cuda:{i}")) for i in idx}
+    pairs, bidir = [], []
+    sampled = False
+    for i in idx:
+        for j in idx:
+            if i == j:
+                continue
+            src, dst = bufs[i][0], bufs[j][1]
+
+            def sync(i: int = i, j: int = j) -> None:
+                torch.cuda.synchronize(i)
+                torch.cuda.synchronize(j)
+
+            t = _wall(lambda src=src, dst=dst: dst.copy_(src, non_blocking=True), sync, reps, P2P_INNER)
+            if not sampled:
+                sample("p2p_gbps")
+                sampled = True
+            pairs.append({"src": i, "dst": j, "src_uuid": gpus[idx.index(i)]["uuid"], "dst_uuid": gpus[idx.index(j)]["uuid"],
+                          "peer_access": bool(torch.cuda.can_device_access_peer(i, j)),
+                          "p2p_gbps": [size / s / 1e9 for s in t]})
+    for a in idx:
+        for b in idx:
+            if b <= a:
+                continue
+            sa, sb = torch.cuda.Stream(device=a), torch.cuda.Stream(device=b)
+
+            def both(a: int = a, b: int = b, sa: Any = sa, sb: Any = sb) -> None:
+                with torch.cuda.stream(sa):
+                    bufs[b][1].copy_(bufs[a][0], non_blocking=True)
+                with torch.cuda.stream(sb):
+                    bufs[a][1].copy_(bufs[b][0], non_blocking=True)
+
+            def sync2(a: int = a, b: int = b) -> None:
+                torch.cuda.synchronize(a)
+                torch.cuda.synchronize(b)
+
+            t = _wall(both, sync2, reps, P2P_INNER)
+            bidir.append({"a": a, "b": b, "a_uuid": gpus[idx.index(a)]["uuid"], "b_uuid": gpus[idx.index(b)]["uuid"],
+                          "p2p_bidir_gbps": [2 * size / s / 1e9 for s in t]})
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return {"bytes": size, "method": "copy engine, memcpy peer (torch Tensor.copy_)", "gpus": [g["uuid"] for g in gpus],
+            "pairs": pairs, "bidirectional": bidir}
+
+
+def run_allreduce(gpus: list[dict[str, Any]], level: str, sample: Any) -> dict[str, Any]:
+    """NCCL all_reduce over every GPU of the node, one process per GPU (torch.multiprocessing,
+    rendezvous on 127.0.0.1 only), the figures from the ranks' timings."""
+    import torch
+
+    from fleetops.agent.validate import torchnccl
+
+    if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
+        return {"skipped": "this torch build has no NCCL backend"}
+    try:
+        out = torchnccl.run(len(gpus), ALLREDUCE_BYTES[level], REPEATS[level], ALLREDUCE_TIMEOUT_S[level], sample)
+    except torchnccl.NcclRunError as exc:
+        return {"error": str(exc)}
+    try:
+        out["nccl_version"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - the version is provenance, not the result
+        out["nccl_version"] = None
+    return out
