@@ -9,14 +9,16 @@ import sys
 from typing import Any
 
 from fleetops.ops.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
-from fleetops.validation.judge import GpuVerdict, judge, overall
+from fleetops.validation.judge import GpuVerdict, NodeVerdict, judge, judge_nodes, overall
 
 # The agent's own time budget per level plus SSH; a node past it is unknown, not failed.
 COMMAND_TIMEOUT_S = {"quick": 120.0, "full": 720.0}
 EXIT_BY_STATUS = {"ok": EXIT_OK, "warn": EXIT_WARN, "crit": EXIT_CRIT, "unknown": EXIT_UNKNOWN}
 
 
-def _collect(args: argparse.Namespace) -> tuple[list[Any], list[dict[str, Any]], dict[str, str]]:
+def _collect(
+    args: argparse.Namespace,
+) -> tuple[list[Any], list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
     from fleetops.fleet import inventory, transport
     from fleetops.ops import answers
 
@@ -26,6 +28,7 @@ def _collect(args: argparse.Namespace) -> tuple[list[Any], list[dict[str, Any]],
     extra = ["validate", "--level", args.level]
     results = _per_host(hosts, extra, args, transport)
     gpus: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []  # the node-level tests (P2P matrix, all_reduce), judged per node
     problems: dict[str, str] = {}
     for host in hosts:
         res = results[host.name]
@@ -37,7 +40,22 @@ def _collect(args: argparse.Namespace) -> tuple[list[Any], list[dict[str, Any]],
             gpus.append({**g, "host": host.name, "provenance": doc.get("provenance"), "expires": doc.get("expires"),
                          "started": doc.get("started"), "level": doc.get("level", args.level),
                          "duration_s": doc.get("duration_s")})
-    return hosts, gpus, problems
+        if isinstance(doc.get("node"), dict):
+            nodes.append({**doc, "host": host.name})
+    return hosts, gpus, problems, nodes
+
+
+def judge_nodes_by_baseline(nodes: list[dict[str, Any]], baselines: dict[str, Any]) -> list[NodeVerdict]:
+    """Node tests judged among the nodes that share a baseline (its floors, their peers)."""
+    groups: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
+    for n in nodes:
+        base = baselines.get(str(n["host"]))
+        groups.setdefault(id(base), (base, []))[1].append(n)
+    verdicts = {}
+    for base, members in groups.values():
+        for v in judge_nodes(members, floor_overrides(base)):
+            verdicts[v.host] = v
+    return [verdicts[str(n["host"])] for n in nodes if str(n["host"]) in verdicts]
 
 
 def floor_overrides(baseline: Any) -> dict[str, dict[str, float]] | None:
@@ -127,31 +145,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     started = time.time()
     try:
-        hosts, gpus, problems = _collect(args)
+        hosts, gpus, problems, nodes = _collect(args)
         baselines = resolve_baselines(hosts, args.baseline, args.inventory)
         verdicts = judge_by_baseline(gpus, baselines)
+        node_verdicts = judge_nodes_by_baseline(nodes, baselines)
     except FleetopsError as exc:
         sys.stderr.write(f"fleetops: error: {exc.message}\n")
         return exc.exit_code
-    status = overall(verdicts)
+    status = overall([*verdicts, *node_verdicts])
     if problems and status == "ok":
         status = "unknown"
     code = EXIT_BY_STATUS[status]
     run_id = _record(args, started, status, code, gpus, verdicts, problems)
     if args.format == "json":
-        doc = {"status": status, "gpus": [v.to_dict() for v in verdicts], "unreachable": problems,
-               "history_run": run_id}
+        doc = {"status": status, "gpus": [v.to_dict() for v in verdicts],
+               "nodes": [v.to_dict() for v in node_verdicts], "unreachable": problems, "history_run": run_id}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        sys.stdout.write(_table(verdicts, problems))
+        sys.stdout.write(_table(verdicts, problems, node_verdicts))
     return code
 
 
-def _table(verdicts: list[GpuVerdict], problems: dict[str, str]) -> str:
+def _table(verdicts: list[GpuVerdict], problems: dict[str, str], node_verdicts: list[NodeVerdict] | None = None) -> str:
     lines = [f"{'HOST':<16} {'GPU':<44} {'STATUS':<8} FINDINGS"]
     for v in verdicts:
         finding = "; ".join(f"{x.metric}: {x.reason}" for x in v.verdicts if x.status != "ok")
         lines.append(f"{v.host:<16} {v.gpu:<44} {v.status:<8} {finding}")
+    for nv in node_verdicts or []:
+        bad = [x for x in nv.verdicts if x.status != "ok"]
+        finding = "; ".join(f"{x.metric} {x.gpu}: {x.reason}" for x in bad) or "; ".join(nv.notes)
+        lines.append(f"{nv.host:<16} {'(node: P2P, all_reduce)':<44} {nv.status:<8} {finding}")
     for host, why in problems.items():
         lines.append(f"{host:<16} {'-':<44} {'unknown':<8} {why}")
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}

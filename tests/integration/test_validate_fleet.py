@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A block of its own, apart from the shared session fleet's.
 ADDRESS = os.environ.get("FLEETOPS_TEST_VALIDATE_ADDRESS", "127.0.60.1")
 DEGRADED = {("node003", 1): "slow-hbm", ("node011", 6): "slow-gemm", ("node020", 0): "slow-pcie"}
+SLOW_LINK = ("node007", 2, 5)  # the one NVLink between GPU 2 and GPU 5 of node007
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,10 @@ def fleet32(root_sshd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             sim.inject_validation_fault(state, fault, gpu)
             sim.write_state(path, state)
             expected[state["gpus"][gpu]["uuid"]] = fault
+        name, gpu, peer = SLOW_LINK
+        state = sim.read_state(info["nodes"][name]["state"])
+        sim.inject_validation_fault(state, "slow-nvlink", gpu, peer)
+        sim.write_state(info["nodes"][name]["state"], state)
         yield os.path.join(directory, "inventory.yml"), expected
     finally:
         fleet.down(directory)
@@ -64,6 +69,11 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
         # is under the 48 GB/s floor.
         status = {expected[g["gpu"]]: g["status"] for g in doc["gpus"] if g["gpu"] in expected}
         assert status == {"slow-hbm": "warn", "slow-gemm": "warn", "slow-pcie": "crit"}
+        # the node tests: every node judged, only node007 flagged, on the pair of its slow link
+        assert len(doc["nodes"]) == 32
+        bad_nodes = {n["host"]: n for n in doc["nodes"] if n["status"] != "ok"}
+        assert set(bad_nodes) == {SLOW_LINK[0]}
+        assert {f["metric"] for f in bad_nodes[SLOW_LINK[0]]["findings"]} >= {"p2p_gbps"}
 
 
 def _fleetops(*argv: str) -> subprocess.CompletedProcess[str]:
