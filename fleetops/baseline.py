@@ -882,14 +882,29 @@ def from_mapping(data: Any, source: str) -> Baseline:
 
 def load_file(path: str) -> Baseline:
     """Load a baseline from YAML: a standalone baseline, or a group_vars file whose
-    ``fleetops_baseline`` key holds it (the file's other variables are ignored)."""
-    import yaml
+    ``fleetops_baseline`` key holds it (the file's other variables are ignored).
 
+    A file that is a JSON object (JSON is YAML too) is read without PyYAML: the node agent's
+    environment has no PyYAML (nodes get only the agent and NVML's bindings), and the
+    fleetops_agent role writes the daemon's baseline as JSON for that reason."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
         raise BaselineError(path, "", f"cannot read: {exc.strerror or exc}") from exc
+    if text.lstrip().startswith("{"):
+        import json
+
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BaselineError(path, "", f"not valid JSON: {exc.msg}", exc.lineno) from exc
+        return from_mapping(doc, path)
+    try:
+        import yaml
+    except ModuleNotFoundError as exc:
+        raise BaselineError(path, "", "PyYAML is not installed here: give the baseline as JSON, "
+                            "or install PyYAML beside the agent") from exc
     try:
         data = yaml.load(text, Loader=_make_loader(path))
     except BaselineError:

@@ -173,7 +173,7 @@ def test_a_baseline_from_the_inventory_judges_the_daemons_findings(cluster: Any)
     host = cluster.hosts[1]
     path = "/etc/fleetops/baseline.yml"
     ok, text, _ = _playbook(cluster, fleetops_agent_baseline_path=path, fleetops_baseline={"power_limit_w": 600})
-    assert ok, text
+    assert ok, text + cluster.ssh(host, f"journalctl -u {UNIT} -n 20 --no-pager").stdout
     found = _until("findings judged by the baseline", lambda: _power_findings(cluster, host))
     assert {f["expected"] for f in found} == {600}
     assert _daemon(cluster, host)["baseline"]["source"] == path

@@ -300,3 +300,35 @@ def test_baseline_survives_pickle_and_deepcopy():
     b = load_file(str(REPO / "examples" / "baseline.yml"))
     assert pickle.loads(pickle.dumps(b)) == b
     assert copy.deepcopy(b) == b
+
+
+def test_a_json_baseline_loads_without_pyyaml_and_a_bad_one_names_file_and_line(tmp_path, monkeypatch):
+    """The node agent's environment has no PyYAML: the daemon's JSON baseline must still load."""
+    import builtins
+    import sys as _sys
+
+    real_import = builtins.__import__
+
+    def no_yaml(name, *args, **kwargs):
+        if name == "yaml" or name.startswith("yaml."):
+            raise ModuleNotFoundError("No module named 'yaml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(_sys.modules, "yaml", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_yaml)
+    good = tmp_path / "baseline.yml"
+    good.write_text('{\n  "fleetops_baseline": {\n    "power_limit_w": 600\n  }\n}\n')
+    assert baseline.load_file(str(good)).power_limit_w == 600.0
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "power_limit_w": 600,\n  oops\n}\n')
+    with pytest.raises(baseline.BaselineError) as err:
+        baseline.load_file(str(bad))
+    assert str(bad) in str(err.value) and ":3" in str(err.value)
+    typo = tmp_path / "typo.json"
+    typo.write_text('{"power_limt_w": 600}')
+    with pytest.raises(baseline.BaselineError, match="power_limit_w"):
+        baseline.load_file(str(typo))
+    plain = tmp_path / "plain.yml"
+    plain.write_text("power_limit_w: 600\n")
+    with pytest.raises(baseline.BaselineError, match="PyYAML is not installed"):
+        baseline.load_file(str(plain))
