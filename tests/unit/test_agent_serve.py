@@ -408,3 +408,28 @@ def _try_scrape(port: int) -> str:
         return _scrape(port)
     except OSError:
         return ""
+
+
+def test_a_dbe_or_new_clock_reasons_are_judged_at_the_next_tick_not_the_next_full_snapshot(node: Path) -> None:
+    """With full snapshots an hour apart, the findings can only change because a light sample
+    saw a new uncorrectable error or other clocks-event reasons; a quiet tick takes none."""
+    cmd = [AGENT, "serve", "--backend", "sim", "--interval", "0.2", "--full-interval", "3600",
+           "--hang-timeout", "5", "--states", str(node)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        first = _until("the first snapshot", lambda: (_ask(node, "snapshot") or {}).get("collected_at"))
+        time.sleep(1.5)  # several quiet ticks (NaN fields included): no new full snapshot
+        assert (_ask(node, "snapshot") or {})["collected_at"] == first
+
+        def checks_on(gpu: int) -> set[str]:
+            doc = (_ask(node, "snapshot") or {}).get("daemon") or {}
+            return {f["check"] for f in doc.get("findings", []) if (f.get("gpu") or {}).get("index") == gpu}
+
+        assert "memory.ecc_dbe_volatile" not in checks_on(3)
+        assert sim.inject(str(node), "ecc-dbe", 3)
+        _until("the DBE judged", lambda: "memory.ecc_dbe_volatile" in checks_on(3))
+        assert sim.inject(str(node), "thermal-slowdown", 5)
+        _until("the slowdown judged", lambda: "thermal_power.throttle" in checks_on(5))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -76,6 +76,12 @@ def _num(value: Any) -> float | None:
     return None
 
 
+def _known(value: Any) -> float | None:
+    """A sample's value, NaN (not read) as None so that an unread field never reads as a change."""
+    v = _num(value)
+    return v if v is not None and v == v else None
+
+
 class NodeService:
     def __init__(
         self,
@@ -112,6 +118,7 @@ class NodeService:
         self.findings: list[dict[str, Any]] = []  # the last full snapshot's, then the held ones
         self._checked: list[Any] = []  # the last full snapshot's findings (model.Finding)
         self.holds: dict[str, Any] = {}  # uuid -> checks.thermal_power.ThrottleHold, fed every sample
+        self._trigger_values: dict[str, tuple[float | None, float | None]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
         self._doc: dict[str, Any] | None = None
@@ -169,6 +176,8 @@ class NodeService:
             now = time.time()
             try:
                 values, lost = self._call("sample", self.backend.light)
+                if self._changed_state(values, lost):
+                    next_full = 0.0  # judge it now, not at the next full interval
                 for uuid, row in values.items():
                     ring = self.rings.get(uuid)
                     if ring is None:
@@ -191,6 +200,20 @@ class NodeService:
             self._hold_findings()
             self._publish()
             self.stop.wait(self.interval_s)
+
+    def _changed_state(self, values: dict[str, dict[str, float | None]], lost: dict[str, str]) -> bool:
+        """Whether this tick shows what a check judges on its value, not on a rate: a new
+        uncorrectable ECC error, other clocks-event reasons, a GPU gone. Such a tick takes the
+        full snapshot at once, so the finding reaches watchers within a tick (counters that move
+        all the time, SBE and replays, wait for the full interval: their checks are rates)."""
+        changed = any(uuid not in self.lost for uuid in lost)
+        for uuid, row in values.items():
+            key = (_known(row.get("ecc_uncorrected_volatile")), _known(row.get("clocks_event_mask")))
+            before = self._trigger_values.get(uuid)
+            self._trigger_values[uuid] = key
+            if before is not None and before != key:
+                changed = True
+        return changed
 
     def _full(self) -> None:
         from fleetops import checks
