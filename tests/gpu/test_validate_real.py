@@ -93,3 +93,8 @@ def test_cupy_backend_quick() -> None:
     for metric in ("hbm_copy_gbps", "hbm_triad_gbps", "gemm_fp16_tflops", "gemm_fp32_tflops", "h2d_gbps", "d2h_gbps"):
         assert tests[metric]["repeats"] == 10.0 and tests[metric]["median"] > 0, metric
     assert "skipped" in tests["gemm_bf16_tflops"]
+    # the same floors as the torch backend's: a healthy GPU must not fail them because of the backend
+    gpu = doc["gpus"][0]  # type: ignore[index]
+    if floors_for(gpu["name"]) is not None:
+        verdict = judge([{**gpu, "host": "local"}])[0]
+        assert verdict.status == "ok", verdict.to_dict()
