@@ -159,5 +159,9 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
         resets = reset_times()
         for gpu in node.gpus:
             gpu.last_reset_at = resets.get(gpu.uuid)
+            if gpu.last_reset_at is not None:
+                gpu.unavailable.pop("last_reset_at", None)
+            elif gpu.unavailable.get("last_reset_at", "").startswith("not from NVML"):
+                gpu.unavailable["last_reset_at"] = "no reset recorded in the agent's reset journal"
     node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
     return node

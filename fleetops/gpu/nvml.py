@@ -109,6 +109,8 @@ LINK_ERROR_FIELDS = (
 )
 _MIB = 1024 * 1024
 _IDENTITY = ("index", "uuid", "bus_id", "unavailable")
+# Filled by the agent's collector from the node, not from NVML: the reason says where it comes from.
+_NOT_FROM_NVML = {"last_reset_at": "not from NVML: the agent's reset journal"}
 LOST = "GpuIsLost"
 
 
@@ -358,7 +360,7 @@ def _finish_gpu(r: _GpuReader) -> None:
     for name in order:
         if name in _IDENTITY or getattr(gpu, name) is not None or name in gpu.unavailable:
             continue
-        gpu.unavailable[name] = LOST if r.lost else "not collected"
+        gpu.unavailable[name] = LOST if r.lost else _NOT_FROM_NVML.get(name, "not collected")
     rank = {name: i for i, name in enumerate(order)}
     gpu.unavailable = dict(sorted(gpu.unavailable.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
