@@ -392,21 +392,25 @@ class Store:
                 self.unreadable[node] = str(exc)
         return out
 
-    def audits(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[AuditRow]:
-        sql = "SELECT id, started_at, duration_s, inventory, worst, exit_code, summary FROM audits"
+    def _newest_runs(self, select: str, node_filter: str, node: str | None, since: float | None,
+                     limit: int) -> list[Any]:
+        """Rows of a run table, newest first: ``node_filter`` selects the runs that hold ``node``."""
         where: list[str] = []
         args: list[str | float | int] = []
         if node:
-            where.append("id IN (SELECT audit_id FROM snapshots WHERE node = ?)")
+            where.append(node_filter)
             args.append(node)
         if since is not None:
             where.append("started_at >= ?")
             args.append(since)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT ?"
+        sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
         args.append(limit)
-        rows = self.db.execute(sql, args).fetchall()
+        return self.db.execute(sql, args).fetchall()
+
+    def audits(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[AuditRow]:
+        rows = self._newest_runs(
+            "SELECT id, started_at, duration_s, inventory, worst, exit_code, summary FROM audits",
+            "id IN (SELECT audit_id FROM snapshots WHERE node = ?)", node, since, limit)
         return [AuditRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
 
     def findings(self, audit_id: int, node: str | None = None) -> list[model.Finding]:
@@ -449,21 +453,10 @@ class Store:
         }
 
     def validate_runs(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[ValidateRunRow]:
-        sql = "SELECT id, started_at, duration_s, inventory, level, status, exit_code, summary FROM validate_runs"
-        where: list[str] = []
-        args: list[str | float | int] = []
-        if node:
-            where.append("id IN (SELECT run_id FROM validations WHERE node = ?)")
-            args.append(node)
-        if since is not None:
-            where.append("started_at >= ?")
-            args.append(since)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT ?"
-        args.append(limit)
-        return [ValidateRunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
-                for r in self.db.execute(sql, args).fetchall()]
+        rows = self._newest_runs(
+            "SELECT id, started_at, duration_s, inventory, level, status, exit_code, summary FROM validate_runs",
+            "id IN (SELECT run_id FROM validations WHERE node = ?)", node, since, limit)
+        return [ValidateRunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7])) for r in rows]
 
     def validations(self, run_id: int, node: str | None = None) -> list[ValidationRow]:
         sql = f"SELECT {_VALIDATION_COLUMNS} FROM validations WHERE run_id = ?"
