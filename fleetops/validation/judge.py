@@ -153,15 +153,22 @@ def _judge_outcome(host: str, uuid: str, metric: str, stat: Mapping[str, Any]) -
 def _judge_value(host: str, uuid: str, metric: str, value: float, floors: Any,
                  peers: list[float], k: float, pct: float) -> Verdict:
     floor = floors.metric(metric) if floors is not None else None
+    return _against(host, uuid, metric, value, floor, floors.model if floors is not None else "model", peers, k, pct)
+
+
+def _against(host: str, label: str, metric: str, value: float, floor: float | None, model: str,
+             peers: list[float], k: float, pct: float) -> Verdict:
+    """The one rule for a steady figure: below the floor is crit, below the peers' median by
+    more than max(k x MAD, pct x median) is a straggler (warn)."""
     if floor is not None and value < floor:
-        return Verdict(host, uuid, metric, "crit", value, f"{value:.1f} below the {floors.model} floor {floor:.1f}")
+        return Verdict(host, label, metric, "crit", value, f"{value:.1f} below the {model} floor {floor:.1f}")
     if len(peers) >= 3:
-        med = float(statistics.median(peers))
-        margin = max(k * mad(peers), pct * med)
-        if value < med - margin:
-            return Verdict(host, uuid, metric, "warn", value,
-                           f"straggler: {value:.1f} < fleet median {med:.1f} - {margin:.1f}")
-    return Verdict(host, uuid, metric, "ok", value, "")
+        ref = float(statistics.median(peers))
+        margin = max(k * mad(peers), pct * ref)
+        if value < ref - margin:
+            return Verdict(host, label, metric, "warn", value,
+                           f"straggler: {value:.1f} < fleet median {ref:.1f} - {margin:.1f}")
+    return Verdict(host, label, metric, "ok", value, "")
 
 
 @dataclass
@@ -284,16 +291,7 @@ def _node_value(host: str, label: str, metric: str, stat: Mapping[str, Any], flo
     if not steady(stat, max_spread):
         spread = (float(stat["max"]) - float(stat["min"])) / med if med > 0 else float("inf")
         return Verdict(host, label, metric, "unknown", med, f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
-    if floor is not None and med < floor:
-        model = floors.model if floors is not None else "model"
-        return Verdict(host, label, metric, "crit", med, f"{med:.1f} below the {model} floor {floor:.1f}")
-    if len(peers) >= 3:
-        ref = float(statistics.median(peers))
-        margin = max(k * mad(peers), pct * ref)
-        if med < ref - margin:
-            return Verdict(host, label, metric, "warn", med,
-                           f"straggler: {med:.1f} < fleet median {ref:.1f} - {margin:.1f}")
-    return Verdict(host, label, metric, "ok", med, "")
+    return _against(host, label, metric, med, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
 def overall(verdicts: Sequence[GpuVerdict | NodeVerdict]) -> str:
