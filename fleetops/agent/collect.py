@@ -10,14 +10,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from fleetops.catalog.actions import RESET_JOURNAL, RESET_JOURNAL_ENV
+
 if TYPE_CHECKING:
     from fleetops import model
 
 BACKENDS = ("auto", "nvml", "sim")
 SIM_STATE_ENV = "FLEETOPS_SIM_STATE"  # = gpu.sim.STATE_ENV, kept here so the NVML path never imports sim
-# = agent.reset.backends.DEFAULT_LOG / LOG_ENV, kept here so a collect does not import the reset machinery
-RESET_JOURNAL = "/var/log/fleetops/reset.jsonl"
-RESET_JOURNAL_ENV = "FLEETOPS_RESET_LOG"
 _JOURNAL_TAIL_BYTES = 1 << 20  # a reset is one line; the newest MiB holds years of them
 
 

@@ -68,3 +68,10 @@ def reset_command_timeout_s(
 ) -> float:
     """What the controller waits for the agent's answer to a reset: its own budget plus SSH."""
     return reset_budget_s(grace_s, reset_timeout_s, clients) + SSH_MARGIN_S
+
+
+# The reset journal every ``fleetops-agent reset`` appends to (one JSON line per attempt), and
+# the variable that moves it: written by the reset flow, read by collect (a recorded reset ends
+# an XID that holds until the GPU is reset).
+RESET_JOURNAL = "/var/log/fleetops/reset.jsonl"
+RESET_JOURNAL_ENV = "FLEETOPS_RESET_LOG"

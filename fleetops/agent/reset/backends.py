@@ -21,10 +21,10 @@ from typing import Any
 
 from fleetops import model
 from fleetops.agent import lock as node_lock
-from fleetops.catalog.actions import KILL_WAIT_S, SERVICE_TIMEOUT_S
+from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_ENV, SERVICE_TIMEOUT_S
 
-DEFAULT_LOG = "/var/log/fleetops/reset.jsonl"
-LOG_ENV = "FLEETOPS_RESET_LOG"
+DEFAULT_LOG = RESET_JOURNAL
+LOG_ENV = RESET_JOURNAL_ENV
 LOCK_ENV = "FLEETOPS_LOCK"
 
 
