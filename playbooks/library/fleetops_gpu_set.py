@@ -95,7 +95,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-# --- agent helper: identical in fleetops_gpu_facts.py, _set.py and _reset.py (a test checks) ---
+# --- agent helper: identical in fleetops_gpu_facts.py, _set.py, _reset.py and _validate.py (a test checks) ---
 # Self-contained on purpose: ansible-lint and the unit tests import modules in-process, where a
 # playbook-adjacent module_utils folder is not importable.
 
