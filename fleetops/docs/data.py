@@ -87,7 +87,9 @@ def baseline_page_data() -> dict[str, Any]:
     for key in bl.schema_dicts():
         path = key["path"]
         wildcard = "xid" if path.startswith("xid_policy.*") else "model" if "*" in path else None
-        keys.append({**key, "anchor": anchor[path], "wildcard": wildcard, "example_doc": _nest(path, key["example"])})
+        keys.append(
+            {**key, "anchor": anchor[path], "wildcard": wildcard, "example_doc": _nest(path, key["example"])}
+        )
     return {
         "wrapper_key": bl.WRAPPER_KEY,
         "keys": keys,
@@ -227,10 +229,14 @@ def checks_page_data() -> dict[str, Any]:
         hits = [t for t in notes if matches(t)]
         if hits:
             placed.update(hits)
-            topics.append({"title": title, "intro": intro, "notes": [{"text": t, "checks": notes[t]} for t in hits]})
+            topics.append({
+                "title": title, "intro": intro, "notes": [{"text": t, "checks": notes[t]} for t in hits],
+            })
     rest = [t for t in notes if t not in placed]
     if rest:
-        topics.append({"title": "Other", "intro": None, "notes": [{"text": t, "checks": notes[t]} for t in rest]})
+        topics.append({
+            "title": "Other", "intro": None, "notes": [{"text": t, "checks": notes[t]} for t in rest],
+        })
 
     transport_actions: dict[str, str] = getattr(audit, "_ACTIONS", {})
     return {
@@ -333,7 +339,10 @@ def xid_page_data() -> dict[str, Any]:
             "severity": judged.severity,
             "action": judged.action,
             "escalation": None if esc is None else {
-                "count": esc.count, "within": xid.span_text(esc.within_s), "severity": esc.severity, "action": esc.action,
+                "count": esc.count,
+                "within": xid.span_text(esc.within_s),
+                "severity": esc.severity,
+                "action": esc.action,
             },
             "decision": entry.decision,
         })
@@ -356,7 +365,12 @@ def xid_page_data() -> dict[str, Any]:
         "non_critical": sorted(xid.NON_CRITICAL),
         "policy": policy,
         "actions": [
-            {"name": a, "text": xid.ACTION_TEXT[a], "with_fleetops": ACTION_COMMANDS[a], "planned": _plan_label(a)}
+            {
+                "name": a,
+                "text": xid.ACTION_TEXT[a],
+                "with_fleetops": ACTION_COMMANDS[a],
+                "planned": _plan_label(a),
+            }
             for a in xid.ACTIONS
         ],
         "unknown": {"severity": unknown.severity, "action": unknown.action, "meaning": unknown.meaning},
@@ -376,7 +390,8 @@ def _arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The parser's own arguments, in definition order, without ``-h`` and without hidden ones."""
     return [
         a for a in parser._actions
-        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and a.help != argparse.SUPPRESS
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        and a.help != argparse.SUPPRESS
     ]
 
 
@@ -435,7 +450,10 @@ def _help_text(action: argparse.Action, prog: str) -> str:
 
 def _argument(action: argparse.Action, prog: str) -> dict[str, Any]:
     positional = not action.option_strings
-    required = bool(action.required) if not positional else action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+    if positional:
+        required = action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+    else:
+        required = bool(action.required)
     default = action.default
     if default is argparse.SUPPRESS or action.nargs == 0 or default is None:
         default = None

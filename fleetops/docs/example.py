@@ -173,7 +173,9 @@ def _prom_metrics(text: str) -> list[dict[str, str]]:
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
             if name not in labels:
                 labels[name] = ", ".join(re.findall(r'([a-z_]+)="', line))
-    return [{"name": n, "type": types.get(n, ""), "labels": labels.get(n, ""), "help": helps.get(n, "")} for n in order]
+    return [
+        {"name": n, "type": types.get(n, ""), "labels": labels.get(n, ""), "help": helps.get(n, "")} for n in order
+    ]
 
 
 # The audit exit-code table: (what the audit found, its findings' severities, --fail-on).
