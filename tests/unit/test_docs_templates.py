@@ -276,7 +276,9 @@ def test_a_built_wheel_carries_the_templates_and_checks_the_pages(tmp_path: Path
     _copy_package(tree)
     shutil.copy(ROOT / "pyproject.toml", tree)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(tree)],
+        # no build isolation: the venv's own setuptools builds it, so no package index is asked
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(tmp_path / "dist"), str(tree)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr
