@@ -69,8 +69,8 @@ def build_parser() -> Any:
     parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def common(p: Any) -> None:
-        p.add_argument("--backend", default="auto", help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)")
+    def common(p: Any, backend_help: str = "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)") -> None:
+        p.add_argument("--backend", default="auto", help=backend_help)
         p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
         p.add_argument("--pretty", action="store_true", help="indented JSON")
         p.add_argument("--json", action="store_true", help="JSON output (always on; accepted for scripts)")
@@ -155,7 +155,9 @@ def build_parser() -> Any:
                    help="judge the results against the floors alone (no fleet to compare with, as in a "
                    "rollout); exit 1 when a GPU is below its floor or has no steady figure")
     p.add_argument("--floors", help="with --judge: floor overrides as JSON, the baseline's validation.floors")
-    common(p)
+    common(p, backend_help="torch|cupy|dcgm|sim|auto (default auto: sim with --state or $FLEETOPS_SIM_STATE, "
+           "else the first that works here: torch with a CUDA device, then cupy, then dcgm (dcgmi on PATH); "
+           "none works: refused, naming what to install)")
 
     p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
     common(p)

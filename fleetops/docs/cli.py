@@ -24,9 +24,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "docs",
         help="regenerate the reference pages in docs/reference/ from the code (--check: only compare)",
-        description="Writes docs/reference/{baseline,checks,xid,outputs}.md from the baseline schema, the "
-        "checks registry, the XID catalog and the report renderers. With --check nothing is written: "
-        "exit 1 lists the pages that differ from what the code generates.",
+        description="Writes docs/reference/{baseline,checks,xid,outputs,commands}.md from the baseline schema, "
+        "the checks registry, the XID catalog, the report renderers and the argument parsers. With --check "
+        "nothing is written: exit 1 lists the pages that differ from what the code generates.",
     )
     p.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 if a page is missing or differs"
