@@ -38,8 +38,17 @@ class BuildPyWithCollection(build_py):
             config = Path(out, "ansible.cfg")
             config.write_text("[defaults]\n")
             done = subprocess.run(
-                [sys.executable, "-m", "ansible.cli.galaxy", "collection", "build", "--force",
-                 "--output-path", out, str(HERE)],
+                [
+                    sys.executable,
+                    "-m",
+                    "ansible.cli.galaxy",
+                    "collection",
+                    "build",
+                    "--force",
+                    "--output-path",
+                    out,
+                    str(HERE),
+                ],
                 cwd=out,
                 env={**os.environ, "ANSIBLE_CONFIG": str(config), "ANSIBLE_NOCOLOR": "1"},
                 capture_output=True,

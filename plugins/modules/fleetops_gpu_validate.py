@@ -8,7 +8,7 @@ module: fleetops_gpu_validate
 short_description: Measure a node's GPUs and judge them against their model's floors
 description:
   - Runs C(fleetops-agent validate --level LEVEL --judge) on the node. The agent measures every GPU (HBM
-    bandwidth, GEMM, host copies) and judges each one against the floors of its model alone: mid-rollout
+    bandwidth, GEMM, host copies) and judges each one against the floors of its model alone; mid-rollout
     there is no fleet median to compare with.
   - Fails when a GPU is below a floor or a figure never reached steady state, naming each such GPU.
   - Never changes a GPU setting; in check mode it only reports that it would validate.
