@@ -140,6 +140,7 @@ def test_ansible_test_sanity_passes_on_the_built_collection(built: tuple[Path, P
     shutil.copytree(root / "ansible_collections" / "fleetops" / "gpu", work / "gpu")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     argv = [_tool("ansible-test"), "sanity", "--color", "no", "--python", version]
+    argv += ["--python-interpreter", sys.executable]
     for name in SANITY_TESTS:
         argv += ["--test", name]
     done = subprocess.run(
