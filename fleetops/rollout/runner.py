@@ -1,4 +1,5 @@
-"""Run one of the repository's playbooks through ansible-runner, with live per-host progress.
+"""Run one of the fleetops.gpu collection's playbooks through ansible-runner, with live per-host
+progress: the collection of a checkout, or the one the installed wheel carries.
 
 ansible-runner is imported inside ``run_playbook`` only: the rest of fleetops (and its CLI's
 ``--help``) does not pay for it.
