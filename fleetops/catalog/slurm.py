@@ -6,7 +6,7 @@ alice``), or ours replaced by someone else's reason, never carries it, so it is 
 rule lives in the Reason itself, where slurmctld keeps it, so every place that can run scontrol
 (the controller, a Slurm host, the Ansible module on a node) reads the same answer.
 
-The Ansible module ``playbooks/library/fleetops_slurm_node.py`` is a standalone file that cannot
+The Ansible module ``plugins/modules/fleetops_slurm_node.py`` is a standalone file that cannot
 import fleetops; it carries the same functions, and a unit test holds the two to the same
 answers.
 """

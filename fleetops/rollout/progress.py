@@ -16,7 +16,7 @@ OK_EVENTS = ("runner_on_ok", "runner_item_on_ok", "runner_on_async_ok")
 FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed", "runner_on_async_failed")
 SKIPPED_EVENTS = ("runner_on_skipped", "runner_item_on_skipped")
 MAX_MSG = 300
-TALKATIVE = ("fleetops_", "ansible.builtin.debug", "debug", "ansible.builtin.reboot")
+TALKATIVE = ("fleetops.gpu.", "fleetops_", "ansible.builtin.debug", "debug", "ansible.builtin.reboot")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Run one of the repository's playbooks through ansible-runner, with live per-host progress.
+"""Run one of the fleetops.gpu collection's playbooks through ansible-runner, with live per-host
+progress: the collection of a checkout, or the one the installed wheel carries.
 
 ansible-runner is imported inside ``run_playbook`` only: the rest of fleetops (and its CLI's
 ``--help``) does not pay for it.
@@ -20,21 +21,64 @@ ANSIBLE_DIR_ENV = "FLEETOPS_ANSIBLE_DIR"
 ARTIFACTS_ENV = "FLEETOPS_ROLLOUT_DIR"
 KEEP_ARTIFACTS = 20
 
+COLLECTION = ("fleetops", "gpu")
+# Where the wheel carries the collection, installed (setup.py builds it with ansible-galaxy): inside
+# the package, so that `pip install` of fleetops alone brings its playbooks, roles and modules.
+PACKAGED_COLLECTIONS = Path(__file__).resolve().parents[1] / "collections"
+# Ansible's own places after ours, for any other collection a site's inventory plugins need.
+DEFAULT_COLLECTIONS = ("~/.ansible/collections", "/usr/share/ansible/collections")
+
 
 class RolloutError(Exception):
     """The run cannot start (missing playbook, inventory, ansible-runner); the message says why."""
 
 
+def _collection_root(collections: Path) -> Path:
+    return collections.joinpath("ansible_collections", *COLLECTION)
+
+
+def _is_ansible_dir(root: Path) -> bool:
+    return (root / "playbooks").is_dir() and (root / "roles").is_dir()
+
+
 def ansible_dir() -> Path:
-    """The folder holding ansible.cfg, playbooks/ and roles/ (the repository root by default)."""
+    """The folder holding ansible.cfg, playbooks/ and roles/: the one FLEETOPS_ANSIBLE_DIR names,
+    else the collection the installed package carries, else the checkout this file lies in (an
+    editable install, where the repository root is the collection)."""
     override = os.environ.get(ANSIBLE_DIR_ENV)
-    root = Path(override) if override else Path(__file__).resolve().parents[2]
-    if not (root / "playbooks").is_dir() or not (root / "roles").is_dir():
-        raise RolloutError(
-            f"no playbooks/ and roles/ under {root}: set {ANSIBLE_DIR_ENV} to the fleetops checkout "
-            "that holds them"
-        )
-    return root
+    if override:
+        root = Path(override).expanduser()
+        if not _is_ansible_dir(root):
+            raise RolloutError(
+                f"no playbooks/ and roles/ under {root} ({ANSIBLE_DIR_ENV}): name a fleetops checkout "
+                "or an installed fleetops.gpu collection"
+            )
+        return root
+    candidates = [_collection_root(PACKAGED_COLLECTIONS), Path(__file__).resolve().parents[2]]
+    for root in candidates:
+        if _is_ansible_dir(root):
+            return root
+    raise RolloutError(
+        f"no playbooks/ and roles/ in {' or '.join(map(str, candidates))}: reinstall the fleetops wheel "
+        f"(it carries them) or set {ANSIBLE_DIR_ENV} to the fleetops checkout"
+    )
+
+
+def collections_dir(root: Path) -> Path:
+    """The folder to put on Ansible's collections path so that ``fleetops.gpu.*`` resolves to the
+    modules beside ``root``'s roles: the checkout's .collections link, or, for an installed
+    collection (root is .../ansible_collections/fleetops/gpu), the folder above ansible_collections."""
+    real = root.resolve()
+    candidates = [root / ".collections"]
+    if len(real.parts) > 3:
+        candidates.append(real.parents[2])
+    for base in candidates:
+        if _collection_root(base).resolve() == real and (real / "plugins" / "modules").is_dir():
+            return base
+    raise RolloutError(
+        f"{root} is neither a fleetops checkout with .collections/ansible_collections/fleetops/gpu nor an "
+        "installed fleetops.gpu collection: the roles' fleetops.gpu.* modules would not resolve"
+    )
 
 
 def artifacts_dir() -> Path:
@@ -90,6 +134,7 @@ def run_playbook(
         raise RolloutError("ansible-runner is not installed: pip install ansible-runner") from exc
 
     root = ansible_dir()
+    collections = collections_dir(root)
     book = root / "playbooks" / playbook
     if not book.is_file():
         raise RolloutError(f"no playbook {book}")
@@ -112,7 +157,7 @@ def run_playbook(
     envvars = {
         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(root / "roles"),
-        "ANSIBLE_LIBRARY": str(root / "playbooks" / "library"),
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([str(collections), *DEFAULT_COLLECTIONS]),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",

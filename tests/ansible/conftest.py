@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARY = REPO / "playbooks" / "library"
+LIBRARY = REPO / "plugins" / "modules"
+# The modules import their shared helper as the collection's
+# ``ansible_collections.fleetops.gpu.plugins.module_utils``; .collections links the checkout in as
+# that collection, so the tests load the modules in-process as Ansible does on the node.
+COLLECTIONS = REPO / ".collections"
+if str(COLLECTIONS) not in sys.path:
+    sys.path.append(str(COLLECTIONS))
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 # An address block of its own: the audit tests use 127.0.20.x, the demo 127.0.10.x.
 FLEET_FIRST_ADDRESS = os.environ.get("FLEETOPS_ANSIBLE_TEST_ADDRESS", "127.0.46.1")
@@ -33,14 +39,14 @@ def load_module(name: str) -> Any:
 
 @pytest.fixture
 def library_module():
-    """Load a module from playbooks/library (tests import no conftest by name: several
+    """Load a module from plugins/modules (tests import no conftest by name: several
     conftest.py files exist and which one `import conftest` finds depends on test order)."""
     return load_module
 
 
 @pytest.fixture
 def run_module(capsys: pytest.CaptureFixture[str]):
-    """Run a library module in-process: returns (exit code, result dict)."""
+    """Run one of the collection's modules in-process: returns (exit code, result dict)."""
     from ansible.module_utils.testing import patch_module_args
 
     def run(

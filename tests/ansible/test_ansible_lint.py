@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -81,16 +82,36 @@ def test_role_has_defaults_specs_and_prefixed_documented_variables(role: str) ->
     assert not unknown, f"{role}: argument_specs options with no default: {unknown}"
 
 
-def test_agent_helper_block_is_identical_in_every_module_that_calls_the_agent() -> None:
-    library = REPO / "playbooks" / "library"
-    callers = sorted(p.stem for p in library.glob("*.py") if "fleetops-agent" in p.read_text())
+HELPER = "ansible_collections.fleetops.gpu.plugins.module_utils.agent"
+
+
+def _top_level_definitions(path: Path) -> dict[str, str]:
+    """Each top-level function, class and constant of a file: its name and its code with the name
+    blanked (``ast.dump``), so that a copy is found under its own name or under another one."""
+    found: dict[str, str] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name, node.name = node.name, ""
+            found[name] = ast.dump(node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = ast.dump(node.value)
+    return found
+
+
+def test_the_agent_helper_is_one_file_in_module_utils_and_no_module_carries_a_copy() -> None:
+    modules = REPO / "plugins" / "modules"
+    helper = _top_level_definitions(REPO / "plugins" / "module_utils" / "agent.py")
+    assert {"run_agent", "agent_command", "backend_args", "AgentError", "AGENT_ARGUMENT_SPEC"} <= set(helper)
+    callers = sorted(p.stem for p in modules.glob("*.py") if "fleetops-agent" in p.read_text())
     assert callers == ["fleetops_gpu_facts", "fleetops_gpu_reset", "fleetops_gpu_set", "fleetops_gpu_validate"]
-
-    def block(name: str) -> str:
-        text = (library / f"{name}.py").read_text()
-        start = text.index("# --- agent helper")
-        return text[start : text.index("# --- end of agent helper ---", start)]
-
-    blocks = {name: block(name) for name in callers}
-    drifted = [name for name in callers if blocks[name] != blocks["fleetops_gpu_facts"]]
-    assert drifted == []
+    bodies = {code: name for name, code in helper.items()}
+    copies = []
+    for path in sorted(modules.glob("*.py")):
+        for name, code in _top_level_definitions(path).items():
+            if name in helper or code in bodies:
+                copies.append(f"{path.name}: {name} (module_utils/agent.py has {bodies.get(code, name)})")
+    assert copies == []
+    for name in callers:
+        tree = ast.parse((modules / f"{name}.py").read_text(encoding="utf-8"))
+        sources = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+        assert HELPER in sources, f"{name} does not import {HELPER}"

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "fleetops"
-SCANNED = (PACKAGE, REPO / "playbooks" / "library")
+SCANNED = (PACKAGE, REPO / "plugins")
 CHECKS_MAY_NOT_IMPORT = ("fleetops.gpu", "fleetops.agent")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from fleetops.catalog import slurm as rule
 
-MODULE_FILE = Path(__file__).resolve().parents[2] / "playbooks" / "library" / "fleetops_slurm_node.py"
+MODULE_FILE = Path(__file__).resolve().parents[2] / "plugins" / "modules" / "fleetops_slurm_node.py"
 
 REASONS = [
     None,

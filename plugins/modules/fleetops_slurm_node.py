@@ -10,7 +10,7 @@ description:
   - C(state=drained) drains the node with C(scontrol update State=DRAIN) unless it is already drained. The Reason
     it sets starts with the marker C([fleetops]) (e.g. C([fleetops] fleetops driver rollout)); a marker file also
     records when and from which state.
-  - C(state=resumed) resumes the node only when its current Reason still starts with C([fleetops]): a drain that
+  - C(state=resumed) resumes the node only when its current Reason still starts with C([fleetops]), a drain that
     fleetops made, from this module, the TUI or the controller. A node drained by someone else, before or after
     us, stays drained.
   - C(state=query) only reports the node's state.

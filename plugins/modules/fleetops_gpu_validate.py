@@ -1,0 +1,119 @@
+#!/usr/bin/python
+"""Validate a node's GPUs through ``fleetops-agent validate --judge``: the rollout's gate."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleetops_gpu_validate
+short_description: Measure a node's GPUs and judge them against their model's floors
+description:
+  - Runs C(fleetops-agent validate --level LEVEL --judge) on the node. The agent measures every GPU (HBM
+    bandwidth, GEMM, host copies) and judges each one against the floors of its model alone; mid-rollout
+    there is no fleet median to compare with.
+  - Fails when a GPU is below a floor or a figure never reached steady state, naming each such GPU.
+  - Never changes a GPU setting; in check mode it only reports that it would validate.
+options:
+  level:
+    description: Validation level (quick takes about a minute per node).
+    type: str
+    default: quick
+    choices: [quick, full]
+  floors:
+    description:
+      - Floor overrides, the baseline's C(validation.floors) (GPU model name to metric to floor).
+    type: dict
+    default: {}
+  agent:
+    description: Path of fleetops-agent; searched for when unset.
+    type: path
+  sim_state:
+    description: Simulator state file of a simulated node.
+    type: path
+    aliases: [state_file]
+  backend:
+    description: Agent backend.
+    type: str
+    default: auto
+    choices: [auto, nvml, sim]
+  timeout:
+    description: Seconds the agent may take.
+    type: int
+    default: 120
+author: fleetops
+"""
+
+EXAMPLES = r"""
+- name: Pass the validation gate before resuming the node
+  fleetops_gpu_validate:
+    level: quick
+    floors: "{{ fleetops_baseline.validation.floors | default({}) }}"
+"""
+
+RETURN = r"""
+gate:
+  description: The agent's verdict (status ok/crit/unknown, passed, failed lines, per-GPU findings).
+  returned: when not in check mode
+  type: dict
+provenance:
+  description: Backend, versions and driver the figures were measured with.
+  returned: when not in check mode
+  type: dict
+failed_gpus:
+  description: One line per GPU that did not pass, naming it (index, UUID, bus id) and its failing figures.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.fleetops.gpu.plugins.module_utils.agent import (
+    AGENT_ARGUMENT_SPEC,
+    agent_command,
+    backend_args,
+    error_line,
+)
+
+
+def main():
+    spec = dict(
+        level=dict(type="str", default="quick", choices=["quick", "full"]),
+        floors=dict(type="dict", default={}),
+    )
+    spec.update(AGENT_ARGUMENT_SPEC)
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    level = module.params["level"]
+    if module.check_mode:
+        module.exit_json(changed=False, failed_gpus=[], msg="would validate (%s) and judge against the floors" % level)
+    argv = ["validate", "--level", level, "--judge"] + backend_args(module)
+    if module.params["floors"]:
+        argv += ["--floors", json.dumps(module.params["floors"])]
+    # A gate that fails exits 1 with its verdict on stdout; run_agent would keep only the exit.
+    cmd = agent_command(module) + argv
+    rc, out, err = module.run_command(cmd, check_rc=False, environ_update={"LC_ALL": "C"})
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("gate"), dict):
+        error = error_line(err)
+        if error:
+            msg, kind = str(error["error"]), str(error.get("kind", "agent"))
+        else:
+            msg, kind = "exit %d: %s" % (rc, (err or out).strip()[-2000:]), "agent"
+        module.fail_json(msg="validation could not run: %s" % msg, kind=kind, rc=rc, stderr=err, cmd=cmd,
+                         failed_gpus=[])
+    gate = doc["gate"]
+    result = dict(changed=False, gate=gate, provenance=doc.get("provenance"), failed_gpus=list(gate.get("failed") or []))
+    if rc != 0 or not gate.get("passed"):
+        module.fail_json(
+            msg="validation %s (%s, floors only): %s" % (gate.get("status"), level, "; ".join(result["failed_gpus"])),
+            **result
+        )
+    result["msg"] = "%d GPU(s) passed the %s validation" % (len(gate.get("gpus") or []), level)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
