@@ -12,6 +12,8 @@ node's snapshot and are not run here; the report says so (``scope``, ``fleet_che
 Exit codes follow ``fleetops audit`` (``fleetops.ops.errors``): 0 nothing at or above
 ``--fail-on``, 1 warn, 2 crit, 3 only unknowns or no snapshot could be taken (the JSON error line
 on stderr), 4 a usage error such as a baseline that does not validate (``FILE:LINE`` named).
+``--exit-zero`` makes a printed report exit 0 (its ``exit_code`` keeps the verdict) for callers
+that treat any other exit as the agent failing.
 
 The baseline comes from a file or stdin (``-``), JSON or YAML, through the daemon's loader
 (``serve.read_baseline``): a JSON baseline needs no PyYAML, which nodes do not have.
@@ -69,6 +71,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn",
                    help="lowest severity that fails (exit 1/2); crit lets warnings pass with 0")  # fmt: skip
+    p.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 whenever the report was printed (callers that read its exit_code, such as the "
+        "Ansible modules); usage and collect errors keep their codes",
+    )
     p.add_argument(
         "--fresh", action="store_true", help="always collect now; never take the daemon's snapshot"
     )
@@ -207,4 +215,4 @@ def run(args: Any) -> int:
         sys.stdout.write(json.dumps(doc, indent=2 if args.pretty else None) + "\n")
     else:
         sys.stdout.write("\n".join(text_lines(doc)) + "\n")
-    return code
+    return 0 if args.exit_zero else code
