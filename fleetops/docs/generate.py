@@ -989,7 +989,7 @@ def _exit_codes() -> list[str]:
             (
                 "as `fleetops audit`, for the node-scope checks of this one node: 0 nothing at or above "
                 "`--fail-on`; 1 warn; 2 crit; 3 only unknowns, or no snapshot (a JSON error line on stderr); "
-                f"{agent_check.EXIT_USAGE} usage error (also: a baseline that does not validate, named FILE:LINE). "
+                f"{cli.EXIT_USAGE} usage error (also: a baseline that does not validate, named FILE:LINE). "
                 f"`--json` prints `{agent_check.KIND}`: `node`, `scope` (`{agent_check.SCOPE}`), "
                 "`fleet_checks_not_run`, `baseline`, `source` (`daemon` or `collect`), `checks_run`, "
                 "`counts`, `exit_code` and `findings` (as the audit's); `--exit-zero` exits 0 with a report"
