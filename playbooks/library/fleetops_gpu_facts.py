@@ -251,18 +251,22 @@ SUMMARY_FIELDS = (
     "mig_mode_current",
     "mig_mode_pending",
 )
-# expect key -> the checks that judge it (their findings are the key's mismatches).
+# expect key -> the checks that judge it (their findings are the key's mismatches) and the
+# snapshot fields they read (a family's "unreadable" finding naming one is a mismatch too).
 EXPECT_CHECKS = {
-    "driver_version": ("versions.driver",),
-    "cuda_driver_version": ("versions.cuda",),
-    "gpu_count": ("config.gpu_count",),
-    "power_limit_w": ("thermal_power.power_limit", "thermal_power.power_enforced"),
-    "persistence_mode": ("config.persistence_mode",),
-    "mig_mode": ("config.mig_mode",),
-    "mig_profile": ("config.mig_profile",),
-    "firmware": ("versions.vbios", "versions.inforom"),
-    "services": ("config.services",),
-    "packages": (),
+    "driver_version": (("versions.driver",), ("driver_version",)),
+    "cuda_driver_version": (("versions.cuda",), ("cuda_driver_version",)),
+    "gpu_count": (("config.gpu_count",), ("gpu_count",)),
+    "power_limit_w": (
+        ("thermal_power.power_limit", "thermal_power.power_enforced"),
+        ("power_limit_w", "power_enforced_limit_w"),
+    ),
+    "persistence_mode": (("config.persistence_mode",), ("persistence_mode",)),
+    "mig_mode": (("config.mig_mode",), ("mig_mode_current",)),
+    "mig_profile": (("config.mig_profile",), ("mig_instances",)),
+    "firmware": (("versions.vbios", "versions.inforom"), ("vbios_version", "inforom_image")),
+    "services": (("config.services",), ("services",)),
+    "packages": ((), ()),
 }
 FAIL_ON = {"none": (), "warn": ("warn", "crit"), "crit": ("crit",)}
 BASELINE_FILE = "fleetops-baseline.json"
@@ -373,16 +377,21 @@ def package_mismatches(snapshot, pins):
 
 
 def mismatches_of(findings, expect):
-    """The findings of the checks the ``expect`` keys ask for, and their families' unreadable
-    values (a value asked for that could not be read is not compliant either)."""
-    asked = {check for key in expect for check in EXPECT_CHECKS[key]}
-    families = {check.split(".")[0] for check in asked}
-    return [
-        f
-        for f in findings
-        if f.get("severity") != "info"
-        and (f.get("check") in asked or f.get("check") in {fam + ".unreadable" for fam in families})
-    ]
+    """The findings of the checks the ``expect`` keys ask for, and the unreadable values they
+    need (a value asked for that could not be read is not compliant either)."""
+    asked = {check for key in expect for check in EXPECT_CHECKS[key][0]}
+    fields = {name for key in expect for name in EXPECT_CHECKS[key][1]}
+    out = []
+    for f in findings:
+        check = f.get("check") or ""
+        if f.get("severity") == "info":
+            continue
+        if check in asked:
+            out.append(f)
+        elif check.endswith(".unreadable") and isinstance(f.get("observed"), dict):
+            if any(str(name).split("[")[0] in fields for name in f["observed"]):
+                out.append(f)
+    return out
 
 
 def summary(snapshot):

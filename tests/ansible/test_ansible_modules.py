@@ -171,6 +171,20 @@ def test_gpu_facts_takes_the_checks_tolerance_not_its_own(run_module, sim_state:
         ("thermal_power.power_limit", 3)]
 
 
+def test_gpu_facts_a_value_asked_for_that_cannot_be_read_is_not_compliant(run_module, sim_state: str) -> None:
+    with sim.locked_state(sim_state) as st:
+        st["gpus"][1].update(power_limit_w=None, unavailable={"power_limit_w": "NoPermission"})
+    rc, power = run_module("fleetops_gpu_facts", {"expect": {"power_limit_w": 700}, "sim_state": sim_state, "agent": AGENT})
+    assert rc == 0 and power["compliant"] is False
+    assert [(m["check"], m["severity"]) for m in power["mismatches"]] == [("thermal_power.unreadable", "unknown")]
+    # the same unreadable value says nothing about a key that does not read it
+    rc, driver = run_module(
+        "fleetops_gpu_facts",
+        {"expect": {"power_limit_w": None, "driver_version": "580.159.04"}, "sim_state": sim_state, "agent": AGENT},
+    )
+    assert rc == 0 and driver["compliant"] is True and driver["mismatches"] == []
+
+
 def test_gpu_facts_verdict_is_the_agents(run_module, sim_state: str, tmp_path: Path) -> None:
     """An agent whose check finds nothing, over a snapshot whose limits differ from expect: the
     module reports what the agent judged, so a comparison of its own would show here."""
