@@ -206,6 +206,9 @@ def run(args: Any) -> int:
     except CheckError as exc:
         sys.stderr.write(json.dumps({"error": str(exc), "kind": exc.kind}) + "\n")
         return exc.exit_code
+    except Exception as exc:  # a state or snapshot that cannot be read: nothing was judged  # noqa: BLE001
+        sys.stderr.write(json.dumps({"error": str(exc), "kind": type(exc).__name__}) + "\n")
+        return EXIT_UNKNOWN
     doc, _, code = report(node, source, baseline, name, args.fail_on)
     if args.json or args.pretty:
         if args.snapshot:

@@ -117,13 +117,18 @@ def test_a_json_baseline_needs_no_pyyaml(state: Path) -> None:
         "import sys\n"
         "sys.modules['yaml'] = None\n"
         "from fleetops.agent import main\n"
-        f"sys.exit(main.main(['check', '--backend', 'sim', '--state', {str(state)!r}, '--baseline', '-', '--json']))\n"
+        f"code = main.main(['check', '--backend', 'sim', '--state', {str(state)!r}, '--baseline', '-', '--json'])\n"
+        "heavy = [m for m, mod in sys.modules.items() if mod is not None\n"
+        "         and m.split('.')[0] in ('textual', 'rich', 'ansible', 'paramiko', 'yaml', 'ansible_runner')]\n"
+        "sys.stderr.write('heavy=' + ','.join(heavy) + '\\n')\n"
+        "sys.exit(code)\n"
     )
     sim.inject(str(state), "mig-drift", 2)
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps({"mig": {"mode": False}}),
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == EXIT_WARN, proc.stderr
     assert [(f["check"], f["gpu"]["index"]) for f in findings(proc)] == [("config.mig_mode", 2)]
+    assert proc.stderr.strip().splitlines()[-1] == "heavy="  # nothing heavy on the node's check either
     yaml_text = subprocess.run([sys.executable, "-c", code], input="power_limit_w: 700\n",
                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert yaml_text.returncode == EXIT_USAGE and "PyYAML is not installed" in yaml_text.stderr
@@ -153,6 +158,11 @@ def test_no_snapshot_is_exit_3_with_the_error_line(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_UNKNOWN and proc.stdout == ""
     err = json.loads(proc.stderr)
     assert err["kind"] == "collect" and "absent.json" in err["error"]
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{not json")
+    proc = check(corrupt)
+    assert proc.returncode == EXIT_UNKNOWN and proc.stdout == ""
+    assert "corrupt.json" in json.loads(proc.stderr)["error"]
 
 
 def test_without_a_baseline_only_baseline_free_checks_run(state: Path) -> None:
@@ -171,3 +181,31 @@ def test_snapshot_flag_includes_what_was_judged(state: Path) -> None:
     doc = json.loads(proc.stdout)
     assert doc["snapshot"]["hostname"] == "node011" and len(doc["snapshot"]["gpus"]) == 8
     assert "snapshot" not in json.loads(check(state, "--json").stdout)
+
+
+def test_takes_the_daemons_snapshot_when_fresh_and_collects_with_fresh(state: Path, baseline: Path) -> None:
+    import signal
+    import time
+
+    daemon = subprocess.Popen(
+        [*AGENT, "serve", "--backend", "sim", "--interval", "0.5", "--full-interval", "600", "--states", str(state)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while True:  # until the daemon has its full snapshot and answers
+            served = check(state, "--baseline", str(baseline), "--json")
+            if json.loads(served.stdout)["source"] == "daemon":
+                break
+            assert time.monotonic() < end, served.stdout
+            time.sleep(0.2)
+        assert served.returncode == EXIT_OK and findings(served) == []
+        sim.inject(str(state), "persistence-off", 2)  # after the daemon's only full snapshot
+        stale = check(state, "--baseline", str(baseline), "--json")
+        assert json.loads(stale.stdout)["source"] == "daemon" and stale.returncode == EXIT_OK
+        fresh = check(state, "--baseline", str(baseline), "--json", "--fresh")
+        assert json.loads(fresh.stdout)["source"] == "collect" and fresh.returncode == EXIT_WARN
+        assert [(f["check"], f["gpu"]["index"]) for f in findings(fresh)] == [("config.persistence_mode", 2)]
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=30)
