@@ -20,7 +20,7 @@ description:
 options:
   baseline:
     description:
-      - A fleetops baseline (the value of C(fleetops_baseline), or a mapping holding that key): every
+      - A fleetops baseline (the value of C(fleetops_baseline), or a mapping holding that key); every
         node-scope check runs against it, per GPU model where the baseline says so (C(gpu_models)).
       - Its findings are returned in C(findings); they fail the task only through O(fail_on).
     type: dict

@@ -416,3 +416,17 @@ def test_slurm_resume_lifts_a_marked_drain_made_elsewhere_without_a_marker_file(
     args = {"scontrol": scontrol, "marker_dir": str(tmp_path / "m"), "name": "n1", "state": "resumed"}
     rc, r = run_module("fleetops_slurm_node", args)
     assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "IDLE"
+
+
+def test_gpu_facts_documentation_parses_and_names_the_new_options(library_module) -> None:
+    import yaml
+
+    module = library_module("fleetops_gpu_facts")
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert doc["options"]["fail_on"]["choices"] == ["none", "warn", "crit"]
+    assert doc["options"]["baseline"]["type"] == "dict" and doc["options"]["expect"]["type"] == "dict"
+    returned = yaml.safe_load(module.RETURN)
+    assert {"findings", "mismatches", "compliant", "agent_check"} <= set(returned)
+    assert set(module.EXPECT_CHECKS) == {"driver_version", "cuda_driver_version", "gpu_count", "power_limit_w",
+                                         "persistence_mode", "mig_mode", "mig_profile", "firmware", "services",
+                                         "packages"}  # fmt: skip
