@@ -214,7 +214,10 @@ def run(args: Any) -> int:
         if args.snapshot:
             from fleetops import model
 
-            doc["snapshot"] = model.to_dict(node)
+            snap = model.to_dict(node)
+            if snap.get("daemon") is None:  # as a cold collect prints it: no daemon key
+                snap.pop("daemon", None)
+            doc["snapshot"] = snap
         sys.stdout.write(json.dumps(doc, indent=2 if args.pretty else None) + "\n")
     else:
         sys.stdout.write("\n".join(text_lines(doc)) + "\n")

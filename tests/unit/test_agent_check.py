@@ -180,6 +180,7 @@ def test_snapshot_flag_includes_what_was_judged(state: Path) -> None:
     proc = check(state, "--json", "--snapshot")
     doc = json.loads(proc.stdout)
     assert doc["snapshot"]["hostname"] == "node011" and len(doc["snapshot"]["gpus"]) == 8
+    assert "daemon" not in doc["snapshot"]  # a cold collect's snapshot, as collect prints it
     assert "snapshot" not in json.loads(check(state, "--json").stdout)
 
 
