@@ -439,7 +439,11 @@ def main():
         doc = run_agent(module, argv)
     except AgentError as exc:
         if exc.kind == "usage":  # the baseline did not validate: name the task's arguments, not the file
-            exc = AgentError(str(exc).replace(path, "baseline/expect"), kind=exc.kind, rc=exc.rc, stderr=exc.stderr, cmd=exc.cmd)
+            message = str(exc).replace(path, "baseline/expect")
+            if "invalid choice: 'check'" in message:
+                message = "the node's fleetops-agent has no check command (older than this module); upgrade it " \
+                    "with the fleetops_agent role: " + message
+            exc = AgentError(message, kind=exc.kind, rc=exc.rc, stderr=exc.stderr, cmd=exc.cmd)
         fail_from(module, exc)
     if not isinstance(doc, dict) or doc.get("kind") != "fleetops.check/v1" or not isinstance(doc.get("snapshot"), dict):
         module.fail_json(msg="the agent's check printed no fleetops.check/v1 report: %r" % (str(doc)[:300],), kind="bad-output")

@@ -430,3 +430,17 @@ def test_gpu_facts_documentation_parses_and_names_the_new_options(library_module
     assert set(module.EXPECT_CHECKS) == {"driver_version", "cuda_driver_version", "gpu_count", "power_limit_w",
                                          "persistence_mode", "mig_mode", "mig_profile", "firmware", "services",
                                          "packages"}  # fmt: skip
+
+
+def test_gpu_facts_names_an_agent_without_check(run_module, sim_state: str, tmp_path: Path) -> None:
+    """An agent from before ``check``: its argparse refusal, with what to do about it."""
+    old = tmp_path / "old-agent"
+    old.write_text(
+        "#!/bin/sh\n"
+        """echo '{"error": "fleetops-agent: argument command: invalid choice: '"'check'"'", "kind": "usage"}' >&2\n"""
+        "exit 2\n"
+    )
+    old.chmod(0o755)
+    rc, result = run_module("fleetops_gpu_facts", {"sim_state": sim_state, "agent": str(old)})
+    assert rc == 1 and result["kind"] == "usage"
+    assert "has no check command" in result["msg"] and "fleetops_agent role" in result["msg"]
