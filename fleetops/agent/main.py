@@ -12,7 +12,9 @@ Reports say what they are in ``kind``, so a reader never guesses from their shap
 wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints
 ``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
 the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
-``fleetops.set/v1``; ``slurm-healthcheck`` prints ``fleetops.slurm-healthcheck/v1`` (in
+``fleetops.set/v1``; ``check`` prints ``fleetops.check/v1`` with ``--json`` (text lines without;
+its exit codes are ``fleetops audit``'s: 0 clean, 1 warn, 2 crit, 3 only unknowns or no snapshot,
+4 usage, such as a baseline that does not validate); ``slurm-healthcheck`` prints ``fleetops.slurm-healthcheck/v1`` (in
 ``kind``; exit 1 with the error line when it could not look or scontrol failed). Error lines' ``kind``:
 ``usage``, ``no-such-gpu``, ``refused``, ``failed``, ``interrupted``, ``collect``, ``no-daemon``
 (``history`` with no daemon answering), ``internal`` and the exception names listed in ``main``.
@@ -167,9 +169,10 @@ def build_parser() -> Any:
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 
-    from fleetops.agent import slurm_healthcheck
+    from fleetops.agent import check, slurm_healthcheck
 
     slurm_healthcheck.add_parser(sub, common)
+    check.add_parser(sub)
     return parser
 
 
@@ -243,7 +246,18 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # same contract as below: one JSON line, never a traceback  # noqa: BLE001
             return _fail("internal", f"{type(exc).__name__}: {exc}")
         return EXIT_OK
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if argv[:1] == ["check"] and exc.code == EXIT_USAGE:
+            from fleetops.ops.errors import EXIT_USAGE as CHECK_USAGE
+
+            return CHECK_USAGE  # check's codes are the audit's: 2 is crit there
+        raise
+    if args.command == "check":
+        from fleetops.agent import check
+
+        return check.run(args)
     if args.command == "serve":
         from fleetops.agent import serve
 

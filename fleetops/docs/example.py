@@ -191,6 +191,7 @@ EXIT_CASES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 
 def _exit_codes() -> dict[str, Any]:
     from fleetops import cli, model
+    from fleetops.agent import check as agent_check
     from fleetops.agent import main as agent_main
     from fleetops.fleet import audit
 
@@ -214,6 +215,7 @@ def _exit_codes() -> dict[str, Any]:
         "usage": cli.EXIT_USAGE,
         "rollout": rollout,
         "agent": {"ok": agent_main.EXIT_OK, "fail": agent_main.EXIT_FAIL, "usage": agent_main.EXIT_USAGE},
+        "check": {"kind": agent_check.KIND, "scope": agent_check.SCOPE},
     }
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from fleetops.gpu import sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
+LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _limits(path: str) -> list[float]:
@@ -82,7 +85,7 @@ def test_gpu_set_names_a_missing_agent(run_module, sim_state: str, tmp_path: Pat
     assert rc == 1 and result["kind"] == "missing-agent"
 
 
-def test_gpu_facts_compares_every_expected_key(run_module, sim_state: str) -> None:
+def test_gpu_facts_judges_every_expected_key_through_the_agents_checks(run_module, sim_state: str) -> None:
     sim.inject(sim_state, "driver-drift")
     sim.inject(sim_state, "vbios-drift", 4)
     expect = {
@@ -98,7 +101,10 @@ def test_gpu_facts_compares_every_expected_key(run_module, sim_state: str) -> No
     assert rc == 0 and result["compliant"] is False
     checks = sorted((m["check"], (m["gpu"] or {}).get("index")) for m in result["mismatches"])
     # "580.159" is not a prefix of 580.159.04-0ubuntu1 at a version boundary: a mismatch too.
-    assert checks == [("driver_version", None), ("package", None), ("vbios_version", 4)]
+    assert checks == [("package", None), ("versions.driver", None), ("versions.vbios", 4)]
+    assert result["agent_check"]["kind"] == "fleetops.check/v1" and result["agent_check"]["scope"] == "node"
+    # every finding of the agent's checks comes back; the mismatches are among them
+    assert {f["check"] for f in result["findings"]} >= {"versions.driver", "versions.vbios"}
     assert result["ansible_facts"]["fleetops_gpu"]["driver_version"] == "570.133.20"
     rc, failed = run_module(
         "fleetops_gpu_facts",
@@ -112,6 +118,98 @@ def test_gpu_facts_rejects_unknown_expectations(run_module, sim_state: str) -> N
         "fleetops_gpu_facts", {"expect": {"drvier_version": "1"}, "sim_state": sim_state, "agent": AGENT}
     )
     assert rc == 1 and "drvier_version" in result["msg"]
+
+
+def test_gpu_facts_names_a_baseline_that_does_not_validate(run_module, sim_state: str) -> None:
+    rc, result = run_module(
+        "fleetops_gpu_facts",
+        {"baseline": {"power_limit_w": 700, "persistance_mode": True}, "sim_state": sim_state, "agent": AGENT},
+    )
+    assert rc == 1 and result["kind"] == "usage"
+    assert "persistance_mode" in result["msg"] and "did you mean 'persistence_mode'" in result["msg"]
+    assert result["msg"].startswith("baseline/expect")
+
+
+def _mixed_models(sim_state: str, gpu5_w: float) -> None:
+    """GPUs 4-7 become H100s at 600 W, GPU 5 at ``gpu5_w``."""
+    with sim.locked_state(sim_state) as st:
+        for gpu in st["gpus"][4:]:
+            gpu.update(name=H100, power_limit_w=600.0, power_enforced_limit_w=600.0)
+        st["gpus"][5].update(power_limit_w=gpu5_w, power_enforced_limit_w=gpu5_w)
+
+
+MIXED = {"gpu_models": {"NVIDIA H200": {"power_limit_w": 700}, H100: {"power_limit_w": 600}}, "gpu_count": 8}
+
+
+def test_gpu_facts_judges_each_gpu_by_its_own_models_limit(run_module, sim_state: str) -> None:
+    _mixed_models(sim_state, 600.0)
+    args = {"baseline": MIXED, "fail_on": "warn", "sim_state": sim_state, "agent": AGENT}
+    rc, clean = run_module("fleetops_gpu_facts", args)
+    assert rc == 0 and clean["findings"] == [], clean
+    _mixed_models(sim_state, 700.0)  # the H200s' limit on an H100
+    rc, failed = run_module("fleetops_gpu_facts", args)
+    assert rc == 1 and failed["kind"] == "findings"
+    assert [(f["check"], f["gpu"]["index"], f["expected"]) for f in failed["findings"]] == [
+        ("thermal_power.power_limit", 5, 600.0)]
+    assert "GPU 5" in failed["msg"] and H100 in failed["msg"]
+    rc, passed = run_module("fleetops_gpu_facts", {**args, "fail_on": "crit"})
+    assert rc == 0 and len(passed["findings"]) == 1 and passed["compliant"] is True
+
+
+def test_gpu_facts_takes_the_checks_tolerance_not_its_own(run_module, sim_state: str) -> None:
+    """A limit 0.7 W off is rounding for the checks (thresholds.power_limit_tolerance_w, 1 W);
+    a module comparing limits itself (it once allowed 0.5 W) would call it a mismatch."""
+    with sim.locked_state(sim_state) as st:
+        st["gpus"][3].update(power_limit_w=700.7, power_enforced_limit_w=700.7)
+    args = {"expect": {"power_limit_w": 700}, "sim_state": sim_state, "agent": AGENT}
+    rc, result = run_module("fleetops_gpu_facts", args)
+    assert rc == 0 and result["compliant"] is True and result["mismatches"] == [], result["mismatches"]
+    with sim.locked_state(sim_state) as st:
+        st["gpus"][3].update(power_limit_w=702.0, power_enforced_limit_w=702.0)
+    rc, result = run_module("fleetops_gpu_facts", args)
+    assert rc == 0 and [(m["check"], m["gpu"]["index"]) for m in result["mismatches"]] == [
+        ("thermal_power.power_limit", 3)]
+
+
+def test_gpu_facts_a_value_asked_for_that_cannot_be_read_is_not_compliant(run_module, sim_state: str) -> None:
+    with sim.locked_state(sim_state) as st:
+        st["gpus"][1].update(power_limit_w=None, unavailable={"power_limit_w": "NoPermission"})
+    rc, power = run_module("fleetops_gpu_facts", {"expect": {"power_limit_w": 700}, "sim_state": sim_state, "agent": AGENT})
+    assert rc == 0 and power["compliant"] is False
+    assert [(m["check"], m["severity"]) for m in power["mismatches"]] == [("thermal_power.unreadable", "unknown")]
+    # the same unreadable value says nothing about a key that does not read it
+    rc, driver = run_module(
+        "fleetops_gpu_facts",
+        {"expect": {"power_limit_w": None, "driver_version": "580.159.04"}, "sim_state": sim_state, "agent": AGENT},
+    )
+    assert rc == 0 and driver["compliant"] is True and driver["mismatches"] == []
+
+
+def test_gpu_facts_verdict_is_the_agents(run_module, sim_state: str, tmp_path: Path) -> None:
+    """An agent whose check finds nothing, over a snapshot whose limits differ from expect: the
+    module reports what the agent judged, so a comparison of its own would show here."""
+    snapshot = json.loads(subprocess.run([AGENT, "collect", "--backend", "sim", "--state", sim_state],
+                                         capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    for gpu in snapshot["gpus"]:
+        gpu.update(power_limit_w=450.0, power_enforced_limit_w=450.0, persistence_mode=False, mig_mode_current=True)
+    report = {"kind": "fleetops.check/v1", "scope": "node", "exit_code": 0, "findings": [], "snapshot": snapshot}
+    agent = tmp_path / "agent"
+    agent.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(report)}\nEOF\n")
+    agent.chmod(0o755)
+    expect = {"power_limit_w": 700, "persistence_mode": True, "mig_mode": False}
+    rc, result = run_module("fleetops_gpu_facts", {"expect": expect, "fail_on": "warn", "agent": str(agent)})
+    assert rc == 0 and result["compliant"] is True and result["mismatches"] == []
+    assert {g["power_limit_w"] for g in result["ansible_facts"]["fleetops_gpu"]["gpus"]} == {450.0}
+
+
+def test_gpu_facts_module_and_audit_role_hold_no_power_comparison() -> None:
+    """The desired state is judged by fleetops.checks alone: no tolerance in the module, no
+    power limit picked in the audit role's YAML."""
+    source = (LIBRARY / "fleetops_gpu_facts.py").read_text()
+    assert "TOLERANCE" not in source.upper() and "abs(" not in source
+    role = Path(__file__).resolve().parents[2] / "roles" / "fleetops_audit"
+    mentions = [str(p) for p in role.rglob("*.yml") if "power_limit" in p.read_text()]
+    assert mentions == []
 
 
 def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_slurm, tmp_path: Path) -> None:
@@ -318,3 +416,31 @@ def test_slurm_resume_lifts_a_marked_drain_made_elsewhere_without_a_marker_file(
     args = {"scontrol": scontrol, "marker_dir": str(tmp_path / "m"), "name": "n1", "state": "resumed"}
     rc, r = run_module("fleetops_slurm_node", args)
     assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "IDLE"
+
+
+def test_gpu_facts_documentation_parses_and_names_the_new_options(library_module) -> None:
+    import yaml
+
+    module = library_module("fleetops_gpu_facts")
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert doc["options"]["fail_on"]["choices"] == ["none", "warn", "crit"]
+    assert doc["options"]["baseline"]["type"] == "dict" and doc["options"]["expect"]["type"] == "dict"
+    returned = yaml.safe_load(module.RETURN)
+    assert {"findings", "mismatches", "compliant", "agent_check"} <= set(returned)
+    assert set(module.EXPECT_CHECKS) == {"driver_version", "cuda_driver_version", "gpu_count", "power_limit_w",
+                                         "persistence_mode", "mig_mode", "mig_profile", "firmware", "services",
+                                         "packages"}  # fmt: skip
+
+
+def test_gpu_facts_names_an_agent_without_check(run_module, sim_state: str, tmp_path: Path) -> None:
+    """An agent from before ``check``: its argparse refusal, with what to do about it."""
+    old = tmp_path / "old-agent"
+    old.write_text(
+        "#!/bin/sh\n"
+        """echo '{"error": "fleetops-agent: argument command: invalid choice: '"'check'"'", "kind": "usage"}' >&2\n"""
+        "exit 2\n"
+    )
+    old.chmod(0o755)
+    rc, result = run_module("fleetops_gpu_facts", {"sim_state": sim_state, "agent": str(old)})
+    assert rc == 1 and result["kind"] == "usage"
+    assert "has no check command" in result["msg"] and "fleetops_agent role" in result["msg"]

@@ -159,7 +159,7 @@ def test_driver_rollout_refuses_loopback_nodes_and_the_failed_canary_stops_it(co
 
 
 def test_firmware_audit_names_the_node_whose_vbios_drifted(converged, capsys) -> None:
-    """firmware.yml compares VBIOS/InfoROM per GPU model with the baseline through the agent;
+    """firmware.yml has the agent's checks judge VBIOS/InfoROM per GPU model against the baseline;
     with gpu_firmware_fail_on_drift the drifted node fails and is named, the others pass."""
     fleet = converged
     fleet.inject("node002", "vbios-drift", 6)
@@ -172,7 +172,8 @@ def test_firmware_audit_names_the_node_whose_vbios_drifted(converged, capsys) ->
         )
         assert strict.failed_hosts == ["node002"], "\n".join(lines)
         failure = next(line for line in lines if "FAILED" in line)
-        assert "GPU 6" in failure and "vbios_version is 96.00.99.00.01, expected 96.00.A5.00.1A" in failure
+        # the agent's check (versions.vbios) words the difference, per GPU model
+        assert "GPU 6 (0000:ba:00.0) VBIOS 96.00.99.00.01 is not the baseline's 96.00.A5.00.1A for NVIDIA H200" in failure
     finally:
         from fleetops.sim import fleet as simfleet
 

@@ -44,8 +44,8 @@ def test_fresh_reads_a_change_the_daemons_snapshot_does_not_show_yet(run_module,
         rc, fresh = run_module("fleetops_gpu_facts", {**args, "fresh": True})
         assert rc == 0 and "daemon" not in fresh["ansible_facts"]["fleetops_snapshot"]
         assert fresh["compliant"] is False and _power(fresh)[2] == 500.0
-        assert {(m["check"], m["gpu"]["index"]) for m in fresh["mismatches"]} == {
-            ("power_limit_w", 2), ("power_enforced_limit_w", 2)}
+        assert {(m["check"], m["gpu"]["index"]) for m in fresh["mismatches"]} == {("thermal_power.power_limit", 2)}
+        assert served["agent_check"]["source"] == "daemon" and fresh["agent_check"]["source"] == "collect"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
