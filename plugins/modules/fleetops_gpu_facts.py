@@ -81,14 +81,14 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: The loaded driver must be the pinned one
-  fleetops_gpu_facts:
+  fleetops.gpu.fleetops_gpu_facts:
     expect:
       driver_version: "580.159.04"
     fail_on_mismatch: true
     fresh: true
 
 - name: Fail the node on a critical finding against the inventory's baseline
-  fleetops_gpu_facts:
+  fleetops.gpu.fleetops_gpu_facts:
     baseline: "{{ fleetops_baseline | default({}, true) }}"
     fail_on: crit
 """

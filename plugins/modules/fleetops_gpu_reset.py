@@ -64,7 +64,7 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: Reset the GPU that logged XID 48, ending the two processes the operator confirmed
-  fleetops_gpu_reset:
+  fleetops.gpu.fleetops_gpu_reset:
     gpu: GPU-589545c7-6f94-1a58-7729-1bca2ce1a718
     kill_processes: true
     expect_pids: [48213, 48214]

@@ -51,12 +51,12 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: Cap every GPU at 700 W
-  fleetops_gpu_set:
+  fleetops.gpu.fleetops_gpu_set:
     setting: power
     value: 700
 
 - name: Persistence mode on
-  fleetops_gpu_set:
+  fleetops.gpu.fleetops_gpu_set:
     setting: persistence
     value: true
 """

@@ -44,7 +44,7 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: Pass the validation gate before resuming the node
-  fleetops_gpu_validate:
+  fleetops.gpu.fleetops_gpu_validate:
     level: quick
     floors: "{{ fleetops_baseline.validation.floors | default({}) }}"
 """

@@ -53,7 +53,7 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: Audit HGX firmware against the package
-  fleetops_nvfwupd:
+  fleetops.gpu.fleetops_nvfwupd:
     target: {ip: "{{ bmc_ip }}", user: "{{ bmc_user }}", password: "{{ bmc_password }}", servertype: HGX}
     package: /srv/firmware/nvfw_HGX_H200.fwpkg
 """

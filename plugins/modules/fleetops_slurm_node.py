@@ -60,7 +60,7 @@ author: fleetops
 
 EXAMPLES = r"""
 - name: Drain for the driver upgrade
-  fleetops_slurm_node:
+  fleetops.gpu.fleetops_slurm_node:
     name: "{{ inventory_hostname_short }}"
     state: drained
     reason: fleetops driver rollout
