@@ -312,29 +312,45 @@ def _show_value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def cmd_baseline(args: argparse.Namespace) -> int:
+def _write_out(text: str, output: str | None, prefix: str) -> None:
+    """``text`` to ``output`` atomically (a reader never sees half a file), or to stdout."""
+    if not output:
+        sys.stdout.write(text)
+        return
     import contextlib
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
     import difflib
 
     if args.baseline_command == "schema":
         from fleetops import baseline as bl
 
-        text = json.dumps(bl.json_schema(), indent=2) + "\n"
-        if args.output:
-            import tempfile
+        _write_out(json.dumps(bl.json_schema(), indent=2) + "\n", args.output, ".schema-")
+        return 0
+    if args.baseline_command == "vars":
+        from fleetops import baseline as bl
+        from fleetops.fleet import inventory
+        from fleetops.ops.baseline import PLAYBOOK_VAR, playbook_vars
 
-            folder = os.path.dirname(os.path.abspath(args.output))
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".schema-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(text)
-                os.replace(tmp, args.output)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        else:
-            sys.stdout.write(text)
+        try:
+            layered = playbook_vars(inventory.load(args.inventory, args.limit), args.inventory)
+        except bl.BaselineError as exc:
+            raise UsageError(str(exc)) from None
+        _write_out(json.dumps({PLAYBOOK_VAR: layered or {"hosts": {}, "baselines": []}}, indent=1) + "\n",
+                   args.output, ".vars-")
         return 0
     from fleetops.fleet import inventory
     from fleetops.ops.baseline import explain
@@ -364,8 +380,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         where = source + (f":{k['line']}" if k["line"] is not None else "")
         print(f"  {k['path']:<{width}}  {_show_value(k['value']):<{vwidth}}  {k['level']:<{lwidth}}  ({where})")
     if doc["ansible_differs"]:
-        print(f"note: playbooks read fleetops_baseline as Ansible resolves it (a child group's mapping "
-              f"replaces its parent's): they see other values for {', '.join(doc['ansible_differs'])}")
+        print(f"note: Ansible alone resolves fleetops_baseline to the most specific group's mapping, with other "
+              f"values for {', '.join(doc['ansible_differs'])}; fleetops rollout/apply hand the playbooks this "
+              "layered baseline (for ansible-playbook: -e @FILE from fleetops baseline vars -i INVENTORY -o FILE)")
     return 0
 
 
@@ -444,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
     q.add_argument("host", help="inventory host name")
     q.add_argument("--json", action="store_true", help="as JSON: keys with value, level, file and line")
+    q = bsub.add_parser("vars", help="every host's layered baseline as extra variables, for ansible-playbook -e @FILE")
+    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    q.add_argument("--limit", help="only these hosts (Ansible --limit patterns)")
+    q.add_argument("-o", "--output", help="write it to this file (atomically) instead of stdout")
     q = bsub.add_parser("schema", help="the baseline's JSON Schema (for editors and validators)")
     q.add_argument("-o", "--output", help="write it to this file (atomically) instead of stdout")
     p.set_defaults(func=cmd_baseline)

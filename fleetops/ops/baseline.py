@@ -99,3 +99,33 @@ def _ansible_differs(host: Any, effective: Any, inventory: str) -> list[str]:
         seen = {}
     want = dict(bl.flatten(effective))
     return sorted(p for p in set(seen) | set(want) if seen.get(p, ...) != want.get(p, ...))
+
+
+# The extra variable ``fleetops rollout`` / ``fleetops apply`` hand every playbook run, and that
+# ``playbooks/group_vars/all.yml`` turns into each host's ``fleetops_effective_baseline``.
+PLAYBOOK_VAR = "fleetops_baseline_layered"
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's tagged scalars as plain JSON values (an extra variable goes through a file)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def playbook_vars(hosts: Iterable[Any], inventory: str) -> dict[str, Any] | None:
+    """``{"hosts": {name: index}, "baselines": [mapping, ...]}``: each host's layered baseline
+    (``host_baseline``) for the roles, which would otherwise see Ansible's value of
+    ``fleetops_baseline`` (the most specific level's mapping alone). Hosts with the same layers
+    share one entry, so a thousand hosts in a few groups cost a few mappings. None when no host
+    has a baseline. A level that does not validate raises ``BaselineError`` naming its file and
+    line: a run must not start on a baseline the audit would refuse."""
+    resolved = resolve_baselines(hosts, None, inventory)
+    index: dict[int, int] = {}
+    out: dict[str, Any] = {"hosts": {}, "baselines": []}
+    for name, b in sorted(resolved.items()):
+        if b is None:
+            continue
+        if id(b) not in index:
+            index[id(b)] = len(out["baselines"])
+            out["baselines"].append(_plain(dict(b.raw)))
+        out["hosts"][name] = index[id(b)]
+    return out if out["hosts"] else None

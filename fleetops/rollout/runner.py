@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetops.ops.baseline import PLAYBOOK_VAR
 from fleetops.rollout.progress import Tracker
 
 ANSIBLE_DIR_ENV = "FLEETOPS_ANSIBLE_DIR"
@@ -110,6 +111,31 @@ class RunResult:
         return sorted(r["host"] for r in self.rows if r["changed"] > 0)
 
 
+def _layered_baselines(inventories: list[str], limit: str | None) -> dict[str, Any] | None:
+    """Every host's layered ``fleetops_baseline`` for the run (``ops.baseline.playbook_vars``):
+    Ansible replaces a child group's mapping for its parent's, so the roles get fleetops' layering
+    through ``fleetops_effective_baseline`` (``playbooks/group_vars/all.yml``) instead. A bad
+    inventory or baseline stops the run before it starts, naming the file."""
+    from fleetops import baseline as bl
+    from fleetops.fleet import inventory
+    from fleetops.ops.baseline import playbook_vars
+
+    merged: dict[str, Any] = {"hosts": {}, "baselines": []}
+    for source in inventories:
+        try:
+            hosts = inventory.load(source, limit)
+            part = playbook_vars(hosts, source)
+        except (inventory.InventoryError, bl.BaselineError) as exc:
+            raise RolloutError(str(exc)) from None
+        if part is None:
+            continue
+        offset = len(merged["baselines"])
+        merged["baselines"].extend(part["baselines"])
+        for name, i in part["hosts"].items():
+            merged["hosts"].setdefault(name, i + offset)
+    return merged if merged["hosts"] else None
+
+
 def run_playbook(
     playbook: str,
     inventories: list[str],
@@ -125,6 +151,7 @@ def run_playbook(
     ident_prefix: str = "run",
     keep: int = KEEP_ARTIFACTS,
     timeout: int | None = None,
+    layered_baselines: bool = True,
 ) -> RunResult:
     """Run ``playbooks/<playbook>`` and return per-host results. ``emit(kind, line)`` gets each
     progress line as it happens."""
@@ -146,6 +173,12 @@ def run_playbook(
         sources.append(str(path.resolve()))
     if not sources:
         raise RolloutError("no inventory given (-i INVENTORY)")
+
+    extravars = dict(extravars or {})
+    if layered_baselines and PLAYBOOK_VAR not in extravars:
+        layered = _layered_baselines(sources, limit)
+        if layered is not None:
+            extravars[PLAYBOOK_VAR] = layered
 
     data_dir = Path(private_data_dir) if private_data_dir else artifacts_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +207,7 @@ def run_playbook(
         "project_dir": str(root / "playbooks"),
         "playbook": str(book),
         "inventory": sources,
-        "extravars": dict(extravars or {}),
+        "extravars": extravars,
         "limit": limit,
         "cmdline": " ".join(cmdline) or None,
         "envvars": envvars,
