@@ -298,6 +298,36 @@ def _complete(m: Inst) -> bool:
     return m.compute_instance_id is not None and m.start is not None and m.profile is not None
 
 
+def _keep_and_place(table: catalog.ProfileTable, current: list[Inst], layout: tuple[str, ...]
+                    ) -> tuple[list[Inst], list[tuple[catalog.GiProfile, int]]] | str:
+    """The instances to keep and the placements of the rest: of the subsets of current
+    instances the layout still has, the one that keeps the most busy instances, then the most
+    instances, with which the rest of the layout can be placed. A string: no placement at all."""
+    import itertools
+
+    candidates = [m for m in current if _complete(m) and m.profile in layout]
+    wanted = Counter(layout)
+    subsets = []
+    for n in range(len(candidates), -1, -1):
+        for combo in itertools.combinations(candidates, n):
+            if all(c <= wanted[p] for p, c in Counter(str(m.profile) for m in combo).items()):
+                subsets.append(list(combo))
+    subsets.sort(key=lambda ms: (-sum(m.in_use for m in ms), -len(ms)))
+    problem = ""
+    for keep in subsets:
+        rest = Counter(layout) - Counter(str(m.profile) for m in keep)
+        names = []
+        for name in layout:
+            if rest[name] > 0:
+                rest[name] -= 1
+                names.append(name)
+        try:
+            return keep, catalog.place(table, names, [(str(m.profile), int(m.start or 0)) for m in keep])
+        except catalog.LayoutError as exc:
+            problem = problem if keep else str(exc)
+    return problem
+
+
 def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "name": gpu.name, "changed": False,
@@ -336,27 +366,11 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
         if gpu.mode_current and have == Counter(want.layout) and all(_complete(m) for m in current):
             entry.update(status="unchanged", detail=f"instances already {', '.join(want.layout)}", after=entry["before"])
             return entry
-        # keep the instances the layout still has, where the rest can be placed beside them
-        need = Counter(want.layout)
-        keep: list[Inst] = []
-        for m in sorted((m for m in current if _complete(m)), key=lambda m: m.gpu_instance_id):
-            if m.profile is not None and need[m.profile] > 0:
-                need[m.profile] -= 1
-                keep.append(m)
-        rest = []
-        for name in want.layout:
-            if need[name] > 0:
-                need[name] -= 1
-                rest.append(name)
-        try:
-            plan = catalog.place(gpu.table, rest, [(str(m.profile), int(m.start or 0)) for m in keep])
-        except catalog.LayoutError:
-            keep = []
-            try:
-                plan = catalog.place(gpu.table, list(want.layout))
-            except catalog.LayoutError as exc:
-                return refuse(str(exc), "choose a layout whose instances fit the GPU's placements "
-                              "(larger profiles take fixed slices: a 4g takes slices 0-3)")
+        found = _keep_and_place(gpu.table, current, want.layout)
+        if isinstance(found, str):
+            return refuse(found, "choose a layout whose instances fit the GPU's placements "
+                          "(larger profiles take fixed slices: a 4g takes slices 0-3)")
+        keep, plan = found
         kept_ids = {m.gpu_instance_id for m in keep}
         destroy = [m for m in current if m.gpu_instance_id not in kept_ids]
     busy = [m for m in destroy if m.in_use]
