@@ -126,7 +126,7 @@ class SimMig(MigOps):
                          start=m.get("placement_start"), size=m.get("placement_size"),
                          compute_instance_id=m.get("compute_instance_id"), uuid=m.get("uuid"),
                          in_use=bool(m.get("in_use") or m.get("pids")), pids=[int(p) for p in m.get("pids") or []])
-                    for m in g.get("mig_instances") or []
+                    for m in raw.get("mig_instances") or []  # the state's records: with their placements
                 ]
             out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=int(g["index"]), name=g.get("name"),
                               mode_current=current, mode_pending=bool(raw.get("mig_mode_pending", current)),

@@ -6,6 +6,7 @@ profile tables against the real H200's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fleetops import baseline, checks
+from fleetops import baseline, checks, model
 from fleetops.agent import mig_apply
 from fleetops.agent.collect import collect
 from fleetops.catalog import mig as catalog
@@ -123,6 +124,9 @@ def test_a_layout_is_applied_audited_clean_and_a_rerun_changes_nothing(state: Pa
         assert instances(state, i) == [("3g.71gb", 0), ("3g.71gb", 4)]
     snap = collect("sim", str(state))
     assert [m.uuid for m in snap.gpus[2].mig_instances or []] == [m["uuid"] for m in doc["gpus"][2]["after"]]
+    proc, printed = agent(["collect", "--fresh"], state)  # the snapshot has NVML's fields, not the state's
+    fields = {f.name for f in dataclasses.fields(model.MigInstance)}
+    assert [set(m) for m in printed["gpus"][2]["mig_instances"]] == [fields, fields]
     assert audit(state, wanted) == []
     assert not Path(str(state) + ".maintenance.lock").exists()
 
