@@ -17,7 +17,6 @@ Hopper memory-slice layout the H200 reports (profile sizes 1, 2, 4, 4, 8 slices)
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -117,6 +116,8 @@ class LayoutError(ValueError):
 
 
 def unknown_profile_message(name: str, table: ProfileTable) -> str:
+    import difflib  # only on bad input: the agent's collect imports this module
+
     close = difflib.get_close_matches(normalize(name), table.names(), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown MIG profile {name!r} for {table.model}{hint}; known: {', '.join(table.names())}"
