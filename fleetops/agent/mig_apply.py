@@ -349,6 +349,13 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
     if gpu.mode_current and gpu.instances is None:
         return refuse(f"cannot list the MIG instances ({gpu.why or 'unknown'})",
                       "list them with nvidia-smi mig -lgi and retry")
+    if gpu.mode_current != want.mode and gpu.mode_pending == want.mode and not (gpu.mode_current and current):
+        # asked for already (here or by nvidia-smi -mig): only the GPU reset that applies it is missing
+        word = "enabled" if want.mode else "disabled"
+        entry.update(status="mode-pending", result="mode-pending",
+                     detail=f"MIG mode {word} is pending until the GPU is reset: fleetops-agent reset --gpu "
+                     f"{gpu.uuid}, then rerun mig apply", remedy=f"fleetops-agent reset --gpu {gpu.uuid}")
+        return entry
     if not want.mode:
         if not gpu.mode_current:
             entry.update(status="unchanged", detail="MIG mode is off, as wanted", after=[])
@@ -453,10 +460,14 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
                            "dry_run": dry_run, "source": source.describe(), "gpus": entries, "changed": False,
                            "refused": False, "result": None, "message": ""}
     refused = [e for e in entries if e["status"] == "refused"]
-    todo = [e for e in entries if e["status"] != "unchanged"]
+    waiting = [e for e in entries if e["status"] == "mode-pending"]
+    todo = [e for e in entries if e["status"] not in ("unchanged", "mode-pending")]
     if refused:
         doc.update(refused=True, result="refused", message="refused, nothing changed: "
                    + "; ".join(f"{e['uuid']}: {e['detail']}" for e in refused))
+        return doc, 1
+    if not todo and waiting:
+        doc.update(result="mode-pending", message=_pending_message(waiting))
         return doc, 1
     if not todo:
         doc.update(result="unchanged", message=f"MIG layout already as wanted on {len(entries)} GPU(s)")
@@ -496,12 +507,16 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
     if bad or failed:
         doc.update(result="failed", message="MIG apply failed on " + "; ".join(f"{e['uuid']}: {e['detail']}" for e in bad))
         return doc, 1
-    if pending:
-        doc.update(result="mode-pending", message="MIG mode pending until a GPU reset on "
-                   + ", ".join(e["uuid"] for e in pending) + "; reset them (fleetops-agent reset --gpu UUID), then rerun")
+    if pending or waiting:
+        doc.update(result="mode-pending", message=_pending_message(pending + waiting))
         return doc, 1
     doc.update(result="applied", message=f"applied the MIG layout on {len(todo)} GPU(s)")
     return doc, 0
+
+
+def _pending_message(entries: list[dict[str, Any]]) -> str:
+    return ("MIG mode pending until a GPU reset on " + ", ".join(e["uuid"] for e in entries)
+            + "; reset them (fleetops-agent reset --gpu UUID), then rerun mig apply")
 
 
 def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> tuple[bool, list[dict[str, Any]]]:

@@ -245,6 +245,10 @@ def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow(state: Pat
     assert gpu["remedy"] == f"fleetops-agent reset --gpu {uuid}"
     st = sim.read_state(str(state))["gpus"][1]
     assert (st["mig_mode_current"], st["mig_mode_pending"]) == (False, True) and not st.get("mig_instances")
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)  # a rerun before the reset asks again for nothing
+    assert proc.returncode == 1 and doc["gpus"][0]["status"] == "mode-pending" and doc["changed"] is False
+    assert state.read_bytes() == before
     proc, reset_doc = agent(["reset", "--gpu", uuid, "--no-syslog"], state)
     assert proc.returncode == 0, proc.stderr
     assert sim.read_state(str(state))["gpus"][1]["mig_mode_current"] is True
