@@ -131,7 +131,8 @@ class SimMig(MigOps):
             out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=int(g["index"]), name=g.get("name"),
                               mode_current=current, mode_pending=bool(raw.get("mig_mode_pending", current)),
                               instances=instances, table=table,
-                              loose_pids=[int(p["pid"]) for p in g.get("processes") or []]))
+                              loose_pids=[int(p["pid"]) for p in g.get("processes") or []],
+                              device_id=catalog.device_id_for(g.get("name"))))
         return out
 
     def _change(self, uuid: str, what: str, fn: Any) -> Any:
@@ -202,7 +203,8 @@ class NvmlMig(MigOps):
                              for m in g["instances"]]
             out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=g["index"], name=g["name"],
                               mode_current=g["mode_current"], mode_pending=g["mode_pending"], instances=instances,
-                              table=g["table"], why=g["why"], loose_pids=list(g["loose_pids"])))
+                              table=g["table"], why=g["why"], loose_pids=list(g["loose_pids"]),
+                              device_id=g.get("device_id")))
         return out
 
     def set_mode(self, uuid: str, enabled: bool) -> bool:

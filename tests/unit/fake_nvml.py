@@ -108,7 +108,7 @@ def nvmlDeviceGetUUID(h: int) -> str:
 
 def nvmlDeviceGetPciInfo(h: int) -> Any:
     _gate("nvmlDeviceGetPciInfo")
-    return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0")
+    return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0", pciDeviceId=0x233510DE)  # an H200
 
 
 nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo

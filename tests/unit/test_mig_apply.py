@@ -234,6 +234,18 @@ def test_a_mig_parted_config_gives_each_gpu_its_entry(state: Path) -> None:
     assert doc["result"] == "unchanged"
 
 
+def test_a_device_filter_selects_the_entry_by_the_gpus_pci_device_id(state: Path, tmp_path: Path) -> None:
+    config = tmp_path / "parted.yaml"
+    config.write_text(json.dumps({"version": "v1", "mig-configs": {"by-model": [
+        {"devices": "all", "device-filter": ["0x233010DE"], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+        {"devices": [1], "device-filter": "0x233510DE", "mig-enabled": True, "mig-devices": {"7g.141gb": 1}},
+    ]}}))
+    proc, doc = apply(state, "--config", str(config), "--select", "by-model")
+    assert proc.returncode == 0, proc.stderr
+    assert [g["status"] for g in doc["gpus"]] == ["unchanged", "mode-change", "unchanged", "unchanged"]
+    assert instances(state, 1) == [("7g.141gb", 0)] and instances(state, 0) == []
+
+
 def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow(state: Path) -> None:
     with sim.locked_state(str(state)) as st:
         st["node"][sim.MIG_NEEDS_RESET_FIELD] = True

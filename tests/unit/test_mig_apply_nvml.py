@@ -105,6 +105,18 @@ def test_a_mode_that_stays_pending_is_reported_with_the_reset(control: Path, tmp
     assert mig_state(control)["0"] == {"mode": [0, 1], "instances": []}
 
 
+def test_a_mig_parted_device_filter_matches_nvmls_pci_device_id(control: Path, tmp_path: Path) -> None:
+    config = tmp_path / "parted.yaml"
+    config.write_text(json.dumps({"version": "v1", "mig-configs": {"h200": [
+        {"devices": [0], "device-filter": "0x233510DE", "mig-enabled": True, "mig-devices": {"3g.71gb": 2}}]}}))
+    ops = mig_apply.NvmlMig(False, nv=fake_nvml)
+    source = mig_apply.Source(config=str(config), select="h200")
+    doc, code = mig_apply.run(source, "all", False, "nvml", None, str(tmp_path / "lock"), ops=ops)
+    assert code == 0, doc["message"]
+    assert [g["status"] for g in doc["gpus"]] == ["mode-change", "unchanged"]
+    assert sorted(m["start"] for m in mig_state(control)["0"]["instances"]) == [0, 4]
+
+
 def test_a_dry_run_makes_no_changing_call(control: Path, tmp_path: Path) -> None:
     doc, code = run(tmp_path, "3g.71gb,3g.71gb", dry_run=True)
     assert code == 0 and doc["result"] == "would-change"
