@@ -4,9 +4,9 @@ Output contract: a command prints one JSON document on stdout and exits 0, or pr
 one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. ``reset`` and
 ``mig`` print their report on stdout also when they refuse or fail (exit 1, with the error line
 on stderr); a usage error (an index given to ``reset``, ``--kill-processes`` without
-``--expect-pids``) is exit 2 with the error line only. A reset ended by SIGTERM, SIGHUP or SIGINT
-prints its report (result ``interrupted``) and exits 128 + the signal number. A deprecated flag
-(``reset --timeout``) adds one plain-text line on stderr, never JSON.
+``--expect-pids``) is exit 2 with the error line only. A reset or ``mig apply`` ended by SIGTERM,
+SIGHUP or SIGINT prints its report (result ``interrupted``) and exits 128 + the signal number. A
+deprecated flag (``reset --timeout``) adds one plain-text line on stderr, never JSON.
 
 Reports say what they are in ``kind``, so a reader never guesses from their shape or from stderr
 wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints

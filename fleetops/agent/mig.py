@@ -17,7 +17,8 @@ instance) or the simulator's state; the result is read back and compared with th
 reports ``unchanged`` and changes nothing (exit 0).
 
 Report (``kind: fleetops.mig/v1``, ``action: mig apply``): ``changed``, ``result``
-(``unchanged`` | ``applied`` | ``would-change`` | ``refused`` | ``failed`` | ``mode-pending``),
+(``unchanged`` | ``applied`` | ``would-change`` | ``refused`` | ``failed`` | ``mode-pending`` |
+``interrupted``),
 ``message``, ``source`` (the layout or the config and name), and ``gpus``: per GPU ``uuid``,
 ``bus_id``, ``index``, ``name``, ``status``, ``detail``, ``changed``, ``want`` (``mode``,
 ``layout``), ``mode`` (``current``, ``pending`` before), ``before`` and ``after`` (instances:
@@ -26,7 +27,10 @@ Report (``kind: fleetops.mig/v1``, ``action: mig apply``): ``changed``, ``result
 instance ids), ``create`` (profile and placement start), and on a refusal ``remedy`` and
 ``in_use``. Exit 0 when applied or unchanged (and in a dry run that could apply), 1 when
 refused, failed or left pending a reset (``mode-pending``: nothing else to do until the GPU is
-reset), 2 for bad input (an unknown profile, a config file that does not parse).
+reset), 2 for bad input (an unknown profile, a config file that does not parse). SIGTERM, SIGHUP
+or SIGINT during the change lets the one change in hand finish (a GPU instance is never left
+without its compute instance), releases the lock, reads back what is there and exits 128 + the
+signal number (``result: interrupted``); a rerun completes the layout.
 
 ``mig reset`` destroys and recreates a GPU's MIG instances, when none is in use.
 

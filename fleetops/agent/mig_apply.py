@@ -485,22 +485,41 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
     except node_lock.LockHeld as exc:
         doc.update(refused=True, result="refused", message=str(exc), holder=exc.holder)
         return doc, 1
+    from fleetops.agent.reset.flow import Interrupted, SignalGuard
+
+    guard = SignalGuard()
     try:
-        # the plan again, from a read under the lock: act only on what the operator was shown
-        again = {e["uuid"]: e for e in plan(ops, source, selector, host)}
-        moved = [e for e in todo if _comparable(again.get(e["uuid"], {"status": "gone", "destroy": [], "create": []}))
-                 != _comparable(e)]
-        if moved:
-            for e in moved:
-                fresh = again.get(e["uuid"])
-                e.update(status="refused", detail="the GPU changed between the plan and the lock: "
-                         + (fresh["detail"] if fresh else "it is gone"), remedy="look again and retry")
-            doc.update(refused=True, result="refused", message="refused, nothing changed: "
-                       + "; ".join(f"{e['uuid']}: {e['detail']}" for e in moved))
-            return doc, 1
-        failed, pending = _execute(ops, todo, held, steps)
-        held.heartbeat("read back", mig_budget_s(0))
-        _verify(ops, todo, source)
+        with guard:
+            try:
+                # the plan again, from a read under the lock: act only on what the operator was shown
+                again = {e["uuid"]: e for e in plan(ops, source, selector, host)}
+                moved = [e for e in todo
+                         if _comparable(again.get(e["uuid"], {"status": "gone", "destroy": [], "create": []}))
+                         != _comparable(e)]
+                if moved:
+                    for e in moved:
+                        fresh = again.get(e["uuid"])
+                        e.update(status="refused", detail="the GPU changed between the plan and the lock: "
+                                 + (fresh["detail"] if fresh else "it is gone"), remedy="look again and retry")
+                    doc.update(refused=True, result="refused", message="refused, nothing changed: "
+                               + "; ".join(f"{e['uuid']}: {e['detail']}" for e in moved))
+                    return doc, 1
+                failed, pending = _execute(ops, todo, held, steps, guard)
+                held.heartbeat("read back", mig_budget_s(0))
+                _verify(ops, todo, source)
+            except Interrupted as exc:
+                # a change is never cut in half (each runs deferred); what was made is read back
+                with guard.shielded():
+                    _verify(ops, todo, source)
+                    doc["elapsed_s"] = round(time.time() - started, 3)
+                    doc["changed"] = any(e["changed"] for e in entries)
+                    name = signal_name(exc.signum)
+                    doc.update(result="interrupted", interrupted_by=name,
+                               message=f"interrupted by {name}: look again (mig apply --dry-run) before a rerun")
+                return doc, 128 + exc.signum
+            finally:
+                with guard.shielded():
+                    held.release()
     finally:
         held.release()
     doc["elapsed_s"] = round(time.time() - started, 3)
@@ -521,7 +540,14 @@ def _pending_message(entries: list[dict[str, Any]]) -> str:
             + "; reset them (fleetops-agent reset --gpu UUID), then rerun mig apply")
 
 
-def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> tuple[bool, list[dict[str, Any]]]:
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
+             guard: Any) -> tuple[bool, list[dict[str, Any]]]:
     failed = False
     pending: list[dict[str, Any]] = []
     left = steps
@@ -533,13 +559,15 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> 
         try:
             for gi in e["destroy"]:
                 held.heartbeat(f"destroy GI {gi} on {e['uuid']}", mig_budget_s(left))
-                ops.destroy(e["uuid"], by_id[gi])
-                e["changed"] = True
+                with guard.deferred():
+                    ops.destroy(e["uuid"], by_id[gi])
+                    e["changed"] = True
                 left -= 1
             if gpu.mode_current != want["mode"]:
                 held.heartbeat(f"MIG mode on {e['uuid']}", mig_budget_s(left))
-                now = ops.set_mode(e["uuid"], bool(want["mode"]))
-                e["changed"] = True
+                with guard.deferred():
+                    now = ops.set_mode(e["uuid"], bool(want["mode"]))
+                    e["changed"] = True
                 left -= 1
                 if not now:
                     e.update(result="mode-pending", status="mode-pending",
@@ -554,8 +582,9 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> 
                 prof = table.get(item["profile"])
                 assert prof is not None
                 held.heartbeat(f"create {prof.name} on {e['uuid']}", mig_budget_s(left))
-                ops.create(e["uuid"], prof, int(item["placement_start"]))
-                e["changed"] = True
+                with guard.deferred():
+                    ops.create(e["uuid"], prof, int(item["placement_start"]))
+                    e["changed"] = True
                 left -= 1
             e["result"] = "done"
         except MigChangeError as exc:

@@ -293,6 +293,33 @@ def test_a_gpu_that_changes_between_the_plan_and_the_lock_is_refused(state: Path
     assert [m["uuid"] for m in after[0]["mig_instances"]] == [m["uuid"] for m in before[0]["mig_instances"]]
 
 
+def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_lock(state: Path, tmp_path: Path) -> None:
+    import signal
+
+    class TermDuringTheFirstCreate(mig_apply.SimMig):
+        def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
+            made = super().create(uuid, profile, start)
+            if not getattr(self, "sent", False):
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)  # held until this create is done
+            return made
+
+    lock = tmp_path / "lock"
+    ops = TermDuringTheFirstCreate(str(state), dry_run=False)
+    source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
+    doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
+    assert code == 128 + signal.SIGTERM and doc["result"] == "interrupted" and doc["interrupted_by"] == "SIGTERM"
+    assert doc["changed"] is True
+    assert instances(state, 0) == [("3g.71gb", 0)]  # the first create whole, with its compute instance
+    assert sim.read_state(str(state))["gpus"][0]["mig_instances"][0]["compute_instance_id"] == 0
+    assert [(m["profile"], m["placement"]["start"]) for m in doc["gpus"][0]["after"]] == [("3g.71gb", 0)]
+    assert not lock.exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid_of(state, 0))  # a rerun completes it
+    assert proc.returncode == 0 and doc["gpus"][0]["status"] == "create"
+    assert instances(state, 0) == [("3g.71gb", 0), ("3g.71gb", 4)]
+
+
 def test_a_held_maintenance_lock_refuses(state: Path) -> None:
     from fleetops.agent import lock as node_lock
 
