@@ -14,6 +14,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.baseline import SERVICE_FABRICMANAGER, Baseline
+from fleetops.catalog import mig as mig_catalog
 from fleetops.checks.base import (
     CMD_APPLY_MIG,
     CMD_APPLY_PERSISTENCE,
@@ -276,6 +277,14 @@ def _mig_layout(ctx: Context, gpu: model.Gpu, label: str) -> None:
                 observed={"mode": have}, expected={"mode": want.mode, "layout": list(want.layout)}, action=action)
         return
     if not want.mode:
+        return
+    table = mig_catalog.table_for(gpu.name)
+    foreign = [n for n in want.layout if table is not None and table.get(n) is None]
+    if table is not None and foreign:  # a group's layout for another model: no apply can make it
+        ctx.add("config.mig_layout", "warn", f"{label}: {want.key} wants {', '.join(want.layout)}; "
+                + mig_catalog.unknown_profile_message(foreign[0], table), gpu=gpu,
+                observed=[i.profile for i in gpu.mig_instances or []], expected=list(want.layout),
+                action=f"Give {gpu.name} a layout of its own profiles (gpu_models.*.mig.layout).")
         return
     instances = ctx.get(FAMILY, gpu, "mig_instances", DEMAND_BASELINE)
     if instances is None:

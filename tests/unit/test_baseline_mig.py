@@ -205,3 +205,12 @@ def test_unlistable_instances_are_unknown_not_drift() -> None:
     assert [f for f in found if f.check == "config.mig_layout"] == []
     (unread,) = [f for f in found if f.check == "config.unreadable"]
     assert unread.severity == "unknown" and unread.observed == {"mig_instances": {"NoPermission": ["GPU 0"]}}
+
+
+def test_a_group_layout_a_model_has_no_profiles_for_says_so_instead_of_drift() -> None:
+    node = _node({0: ["3g.71gb", "3g.71gb"]})
+    node.gpus[0].name = "NVIDIA H100 80GB HBM3"  # type: ignore[attr-defined]
+    found = _layout_findings(node, {"mig": {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}})
+    assert [f.gpu["index"] for f in found] == [0]  # type: ignore[attr-defined]
+    assert "unknown MIG profile '3g.71gb' for NVIDIA H100 80GB HBM3 (did you mean '3g.40gb'?)" in found[0].message  # type: ignore[attr-defined]
+    assert found[0].action == "Give NVIDIA H100 80GB HBM3 a layout of its own profiles (gpu_models.*.mig.layout)."  # type: ignore[attr-defined]
