@@ -162,7 +162,8 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("action", choices=["apply", "reset"], help="apply|reset")
     p.add_argument("--gpu", default="all",
-                   help="all (apply: every GPU; reset: the MIG-enabled ones), or UUIDs / bus ids, comma-separated")
+                   help="all (apply: every GPU; reset: the MIG-enabled ones), a UUID or a bus id "
+                   "(apply: several, comma-separated)")
     p.add_argument("--layout", help="apply: comma-separated profiles for every selected GPU (3g.71gb,3g.71gb), "
                    "or 'off' for MIG mode off")
     p.add_argument("--config", help="apply: an nvidia-mig-parted config file (version: v1)")
