@@ -4,14 +4,14 @@ Output contract: a command prints one JSON document on stdout and exits 0, or pr
 one-line JSON error ``{"error": ..., "kind": ...}`` on stderr and exits non-zero. ``reset`` and
 ``mig`` print their report on stdout also when they refuse or fail (exit 1, with the error line
 on stderr); a usage error (an index given to ``reset``, ``--kill-processes`` without
-``--expect-pids``) is exit 2 with the error line only. A reset ended by SIGTERM, SIGHUP or SIGINT
-prints its report (result ``interrupted``) and exits 128 + the signal number. A deprecated flag
-(``reset --timeout``) adds one plain-text line on stderr, never JSON.
+``--expect-pids``) is exit 2 with the error line only. A reset or ``mig apply`` ended by SIGTERM,
+SIGHUP or SIGINT prints its report (result ``interrupted``) and exits 128 + the signal number. A
+deprecated flag (``reset --timeout``) adds one plain-text line on stderr, never JSON.
 
 Reports say what they are in ``kind``, so a reader never guesses from their shape or from stderr
 wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints
 ``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
-the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
+the processes the operator confirmed); ``mig apply`` and ``mig reset`` print ``fleetops.mig/v1``; ``set`` prints
 ``fleetops.set/v1``; ``check`` prints ``fleetops.check/v1`` with ``--json`` (text lines without;
 its exit codes are ``fleetops audit``'s: 0 clean, 1 warn, 2 crit, 3 only unknowns or no snapshot,
 4 usage, such as a baseline that does not validate); ``slurm-healthcheck`` prints ``fleetops.slurm-healthcheck/v1`` (in
@@ -161,11 +161,18 @@ def build_parser() -> Any:
            "else the first that works here: torch with a CUDA device, then cupy, then dcgm (dcgmi on PATH); "
            "none works: refused, naming what to install)")
 
-    p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
+    p = sub.add_parser("mig", help="MIG instances: apply a layout (mode, GPU and compute instances); reset "
+                       "destroys and recreates them when none is in use")
     common(p)
-    p.add_argument("action", choices=["reset"], help="reset")
-    p.add_argument("--gpu", default="all", help="all (the MIG-enabled GPUs), a UUID or a bus id")
-    p.add_argument("--profiles", help="comma-separated profiles to create (default: the current layout)")
+    p.add_argument("action", choices=["apply", "reset"], help="apply|reset")
+    p.add_argument("--gpu", default="all",
+                   help="all (apply: every GPU; reset: the MIG-enabled ones), a UUID or a bus id "
+                   "(apply: several, comma-separated)")
+    p.add_argument("--layout", help="apply: comma-separated profiles for every selected GPU (3g.71gb,3g.71gb), "
+                   "or 'off' for MIG mode off")
+    p.add_argument("--config", help="apply: an nvidia-mig-parted config file (version: v1)")
+    p.add_argument("--select", help="apply: the config to use from --config (a key of mig-configs)")
+    p.add_argument("--profiles", help="reset: comma-separated profiles to create (default: the current layout)")
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 
