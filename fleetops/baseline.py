@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from fleetops.catalog import mig as _mig_catalog
+from fleetops.catalog import migparted as _migparted
 from fleetops.catalog import xid as _xid
 from fleetops.validation import floors as _floors  # plain data, cheap for the agent's cold path
 
@@ -159,6 +161,14 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("gpu_models.*.power_limit_w", T_NUM, None,
               "Power limit (W) this model's GPUs must be set to; overrides power_limit_w.", 700,
               minimum=1, unit="W"),
+    SchemaKey("gpu_models.*.mig", T_MAP, None,
+              "MIG state of this model's GPUs; its keys override the group's mig keys for them.",
+              {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}),
+    SchemaKey("gpu_models.*.mig.mode", T_BOOL, None, "MIG mode of this model's GPUs.", False),
+    SchemaKey("gpu_models.*.mig.layout", T_STR_LIST, None,
+              "GPU instances of this model's GPUs (profile names of this model's table; did-you-mean "
+              "on a typo). fleetops-agent mig apply creates them; config.mig_layout reports a GPU "
+              "whose instances differ.", ["3g.71gb", "3g.71gb"]),
     SchemaKey("power_limit_w", T_NUM, None,
               "Power limit (W) for every GPU whose model has no power_limit_w of its own.", 700,
               minimum=1, unit="W"),
@@ -166,11 +176,21 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("ecc_mode", T_BOOL, None, "ECC must be enabled (true) or disabled (false).", True),
     SchemaKey("compute_mode", T_STR, None, "Compute mode every GPU must be in.", "Default",
               choices=("Default", "Exclusive_Process", "Prohibited")),
-    SchemaKey("mig", T_MAP, None, "MIG (Multi-Instance GPU) state.", {"mode": False, "profile": None}),
+    SchemaKey("mig", T_MAP, None, "MIG (Multi-Instance GPU) state.", {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}),
     SchemaKey("mig.mode", T_BOOL, None, "MIG mode must be enabled (true) or disabled (false).", False),
     SchemaKey("mig.profile", T_STR, None,
               "GPU instance profile every MIG instance must use (only checked with mig.mode true).",
               "1g.18gb"),
+    SchemaKey("mig.layout", T_STR_LIST, None,
+              "GPU instances every MIG GPU must have, as profile names (one instance each, any "
+              "order); implies mig.mode true. A model's gpu_models.*.mig.layout overrides it. Names "
+              "must exist in an H100 or H200 profile table.", ["3g.71gb", "3g.71gb"]),
+    SchemaKey("mig.config_file", T_STR, None,
+              "An nvidia-mig-parted config file (version: v1) giving the layout instead of "
+              "mig.layout: a path, relative to this baseline's file. Needs mig.config.",
+              "mig-parted.yaml"),
+    SchemaKey("mig.config", T_STR, None, "The config of mig.config_file to use (a key of its mig-configs).",
+              "all-3g.71gb"),
     SchemaKey("gpu_count", T_INT, None, "Number of GPUs the driver must enumerate on each node.", 8,
               minimum=1),
     SchemaKey("pcie", T_MAP, None, "Minimum PCIe link each GPU must train to.", {"gen": 5, "width": 16}),
@@ -400,6 +420,12 @@ def json_schema() -> dict[str, Any]:
     }
 
 
+# Keys the generated example leaves out: each excludes a key the example sets (a layout needs
+# the MIG mode the example turns off; mig.config_file names a file of the site's and excludes
+# mig.layout).
+EXAMPLE_ALONE = ("mig.layout", "mig.config_file", "mig.config", "gpu_models.*.mig.layout")
+
+
 def _children(parent: str) -> dict[str, SchemaKey]:
     return {k.name: k for k in SCHEMA if k.parent == parent}
 
@@ -453,16 +479,31 @@ DEFAULT_THRESHOLDS = Thresholds()
 
 
 @dataclass(frozen=True)
+class MigBaseline:
+    mode: bool | None = None
+    profile: str | None = None
+    layout: tuple[str, ...] | None = None
+    config_file: str | None = None
+    config: str | None = None
+    # the selected config of config_file, read when the baseline is built
+    parted: tuple[_migparted.Entry, ...] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class GpuModelBaseline:
     vbios_version: str | None = None
     inforom_image: str | None = None
     power_limit_w: float | None = None
+    mig: MigBaseline | None = None
 
 
 @dataclass(frozen=True)
-class MigBaseline:
-    mode: bool | None = None
-    profile: str | None = None
+class MigWant:
+    """The MIG state a baseline wants for one GPU, and the key that says so (for findings)."""
+
+    mode: bool
+    layout: tuple[str, ...]
+    key: str
 
 
 @dataclass(frozen=True)
@@ -541,6 +582,31 @@ class Baseline:
         if m is not None and m.power_limit_w is not None:
             return m.power_limit_w
         return self.power_limit_w
+
+    def mig_want(self, model_name: str | None, index: int | None) -> MigWant | None:
+        """The layout for a GPU of this model at this NVML index: the model's own
+        ``gpu_models.*.mig.layout``, else ``mig.layout``, else the selected mig-parted config's
+        entry that covers the index; None when the baseline gives no layout for it."""
+        m = self.model(model_name)
+        own = m.mig if m is not None else None
+        if own is not None and own.layout is not None:
+            mode = own.mode if own.mode is not None else True
+            return MigWant(mode, own.layout if mode else (), f'gpu_models["{model_name}"].mig.layout')
+        if own is not None and own.mode is False:
+            return MigWant(False, (), f'gpu_models["{model_name}"].mig.mode')
+        if self.mig.layout is not None:
+            return MigWant(True, self.mig.layout, "mig.layout")
+        if self.mig.parted is not None and index is not None:
+            got = _migparted.want_for(self.mig.parted, index)
+            if got is not None:
+                return MigWant(got[0], tuple(_mig_catalog.normalize(p) for p in got[1]),
+                               f"mig.config {self.mig.config} of {self.mig.config_file}")
+        return None
+
+    def has_mig_layout(self) -> bool:
+        return (self.mig.layout is not None or self.mig.parted is not None
+                or any(g.mig is not None and (g.mig.layout is not None or g.mig.mode is not None)
+                       for g in self.gpu_models.values()))
 
     def expected_fabric_manager(self) -> str | None:
         return self.fabric_manager_version or self.driver_version
@@ -739,6 +805,12 @@ class _Validator:
                 if not isinstance(item, str) or not item.strip():
                     self.fail(f"{shown}[{i}]", f"expected a non-empty string, got {_type_name(item)}", line)
                 items.append(str(item))
+            if schema_path in ("mig.layout", "gpu_models.*.mig.layout"):
+                if not items:
+                    self.fail(shown, "expected at least one profile (mig.mode: false turns MIG off)", line)
+                problem = _layout_problem(shown, items)
+                if problem:
+                    self.fail(shown, problem, line)
             return items
         if spec.minimum is not None and value < spec.minimum:
             self.fail(shown, f"must be at least {spec.minimum:g}, got {value:g}", line)
@@ -799,10 +871,12 @@ def _build(
                 line,
             )
     models = {
-        name: GpuModelBaseline(**{k: v for k, v in (spec or {}).items()})
+        name: GpuModelBaseline(**{k: v for k, v in (spec or {}).items() if k != "mig"},
+                               mig=_mig(spec.get("mig"), source, origins, f'gpu_models["{name}"].mig')
+                               if (spec or {}).get("mig") is not None else None)
         for name, spec in (raw.get("gpu_models") or {}).items()
     }
-    mig = MigBaseline(**(raw.get("mig") or {}))
+    mig = _mig(raw.get("mig"), source, origins, "mig")
     pcie = PcieBaseline(**(raw.get("pcie") or {}))
     nvlinks = raw.get("nvlinks_per_gpu")
     if raw.get("services") is not None:
@@ -840,6 +914,64 @@ def _build(
         origins=dict(origins),
         levels=dict(levels or {}),
     )
+
+
+def _mig(raw: Mapping[str, Any] | None, source: str, origins: Mapping[str, tuple[str, int | None]],
+         path: str) -> MigBaseline:
+    """The rules between mig keys, and the mig-parted config read and selected (so a bad file
+    or a config name it lacks is an error at load time, naming the baseline key's line)."""
+    raw = raw or {}
+
+    def fail(key: str, problem: str) -> NoReturn:
+        src, line = origins.get(f"{path}.{key}", (source, None))
+        raise BaselineError(src, f"{path}.{key}", problem, line)
+
+    layout = raw.get("layout")
+    if layout is not None and raw.get("mode") is False:
+        fail("layout", "a layout needs MIG mode: mig.mode is false")
+    if layout is not None and raw.get("config_file") is not None:
+        fail("config_file", "give the layout once: mig.layout or mig.config_file, not both")
+    if (raw.get("config_file") is None) != (raw.get("config") is None):
+        fail("config" if raw.get("config") is None else "config_file",
+             "mig.config_file and mig.config go together (the file, and the config in it to use)")
+    parted = None
+    if raw.get("config_file") is not None:
+        import os
+
+        src, line = origins.get(f"{path}.config_file", (source, None))
+        where = raw["config_file"]
+        if not os.path.isabs(where) and src and os.path.exists(src):
+            where = os.path.join(os.path.dirname(os.path.abspath(src)), where)
+        try:
+            parsed = _migparted.load(where)
+        except _migparted.MigPartedError as exc:
+            raise BaselineError(src, f"{path}.config_file", str(exc), line) from None
+        try:
+            parted = parsed.select(raw["config"])
+        except _migparted.MigPartedError as exc:
+            fail("config", str(exc))
+    return MigBaseline(mode=raw.get("mode"), profile=raw.get("profile"),
+                       layout=tuple(_mig_catalog.normalize(p) for p in layout) if layout is not None else None,
+                       config_file=raw.get("config_file"), config=raw.get("config"), parted=parted)
+
+
+def _layout_problem(shown: str, items: list[str]) -> str | None:
+    """A layout's profile names against the model's table (``gpu_models["NVIDIA H200"]``),
+    or, for the group's layout, against every table fleetops has."""
+    m = re.match(r'gpu_models\["(.+?)"\]', shown)
+    table = _mig_catalog.table_for(m.group(1)) if m else None
+    tables = [table] if table is not None else ([] if m else list(_mig_catalog.TABLES))
+    if not tables:
+        return None  # a model without a table: its GPU's own table judges the names
+    for name in items:
+        if not any(t.get(name) for t in tables):
+            if table is not None:
+                return _mig_catalog.unknown_profile_message(name, table)
+            known = sorted({n for t in tables for n in t.names()})
+            close = difflib.get_close_matches(_mig_catalog.normalize(name), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"unknown MIG profile {name!r}{hint}; known: {', '.join(known)}"
+    return None
 
 
 def _xid_policy(

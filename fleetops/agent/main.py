@@ -11,7 +11,7 @@ prints its report (result ``interrupted``) and exits 128 + the signal number. A 
 Reports say what they are in ``kind``, so a reader never guesses from their shape or from stderr
 wording: ``collect`` prints ``fleetops.snapshot/v1`` (in ``schema``); ``reset`` prints
 ``fleetops.reset/v1`` (with ``budget_s``, the reset's worst case in seconds, and ``expect_pids``,
-the processes the operator confirmed); ``mig reset`` prints ``fleetops.mig/v1``; ``set`` prints
+the processes the operator confirmed); ``mig apply`` and ``mig reset`` print ``fleetops.mig/v1``; ``set`` prints
 ``fleetops.set/v1``; ``slurm-healthcheck`` prints ``fleetops.slurm-healthcheck/v1`` (in
 ``kind``; exit 1 with the error line when it could not look or scontrol failed). Error lines' ``kind``:
 ``usage``, ``no-such-gpu``, ``refused``, ``failed``, ``interrupted``, ``collect``, ``no-daemon``
@@ -157,11 +157,17 @@ def build_parser() -> Any:
     p.add_argument("--floors", help="with --judge: floor overrides as JSON, the baseline's validation.floors")
     common(p)
 
-    p = sub.add_parser("mig", help="MIG instances: reset destroys and recreates them when none is in use")
+    p = sub.add_parser("mig", help="MIG instances: apply a layout (mode, GPU and compute instances); reset "
+                       "destroys and recreates them when none is in use")
     common(p)
-    p.add_argument("action", choices=["reset"], help="reset")
-    p.add_argument("--gpu", default="all", help="all (the MIG-enabled GPUs), a UUID or a bus id")
-    p.add_argument("--profiles", help="comma-separated profiles to create (default: the current layout)")
+    p.add_argument("action", choices=["apply", "reset"], help="apply|reset")
+    p.add_argument("--gpu", default="all",
+                   help="all (apply: every GPU; reset: the MIG-enabled ones), or UUIDs / bus ids, comma-separated")
+    p.add_argument("--layout", help="apply: comma-separated profiles for every selected GPU (3g.71gb,3g.71gb), "
+                   "or 'off' for MIG mode off")
+    p.add_argument("--config", help="apply: an nvidia-mig-parted config file (version: v1)")
+    p.add_argument("--select", help="apply: the config to use from --config (a key of mig-configs)")
+    p.add_argument("--profiles", help="reset: comma-separated profiles to create (default: the current layout)")
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 

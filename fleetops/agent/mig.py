@@ -1,4 +1,33 @@
-"""``fleetops-agent mig reset``: destroy and recreate a GPU's MIG instances, when none is in use.
+"""``fleetops-agent mig``: MIG instances as declared state.
+
+``mig apply`` makes each selected GPU's MIG mode and GPU instances what a layout says: one
+layout for every GPU (``--layout 3g.71gb,3g.71gb``; ``--layout off`` turns MIG mode off) or a
+named config of an nvidia-mig-parted file (``--config FILE --select NAME``). It plans per GPU,
+``unchanged`` | ``create`` | ``recreate`` | ``mode-change`` | ``refused``, checks the placement
+against the GPU's own profile table (NVML's profile-info and possible-placement answers, or the
+simulator's table), keeps the instances the layout still has where a placement beside them
+exists, and refuses, changing nothing on any GPU, when a GPU cannot be placed, cannot be read,
+or has a workload on an instance it would destroy (or processes it cannot tie to an instance).
+The plan is made again under the node's maintenance lock, from a fresh read: what changed
+between the look and the lock is refused, never acted on. A MIG mode that stays pending after
+the change needs a GPU reset: the GPU is reported ``mode-pending`` with the reset command
+(``fleetops-agent reset`` runs the safe reset flow, which applies it), and the rerun creates
+the instances. Changes go through NVML (GPU instance with its placement, then its compute
+instance) or the simulator's state; the result is read back and compared with the plan. A rerun
+reports ``unchanged`` and changes nothing (exit 0).
+
+Report (``kind: fleetops.mig/v1``, ``action: mig apply``): ``changed``, ``result``
+(``unchanged`` | ``applied`` | ``would-change`` | ``refused`` | ``failed`` | ``mode-pending``),
+``message``, ``source`` (the layout or the config and name), and ``gpus``: per GPU ``uuid``,
+``bus_id``, ``index``, ``name``, ``status``, ``detail``, ``changed``, ``want`` (``mode``,
+``layout``), ``mode`` (``current``, ``pending`` before), ``before`` and ``after`` (instances:
+``gpu_instance_id``, ``compute_instance_id``, ``profile``, ``placement`` {``start``,
+``size``}, ``uuid``, ``in_use``; in a dry run ``after`` is the plan), ``destroy`` (GPU
+instance ids), ``create`` (profile and placement start), and on a refusal ``remedy`` and
+``in_use``. Exit 0 when applied or unchanged (and in a dry run that could apply), 1 when
+refused or failed, 2 for bad input (an unknown profile, a config file that does not parse).
+
+``mig reset`` destroys and recreates a GPU's MIG instances, when none is in use.
 
 The layout recreated is the GPU's current one (its instances' profiles, in order) or the one
 given with ``--profiles``. All-or-nothing: if any selected GPU has an instance in use (or its
@@ -146,5 +175,11 @@ def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, 
 
 
 def main_args(args: Any) -> tuple[dict[str, Any], int]:
+    if args.action == "apply":
+        from fleetops.agent import mig_apply
+
+        return mig_apply.main_args(args)
+    if args.layout or args.config or args.select:
+        raise MigError("--layout, --config and --select belong to mig apply; mig reset takes --profiles", "usage", 2)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
     return run(args.gpu, profiles, bool(args.dry_run), args.backend, args.state, args.lock_file)

@@ -98,6 +98,17 @@ SPECS = (
         applies=lambda n, b: b is not None and bool(b.mig.mode) and b.mig.profile is not None,
     ),
     CheckSpec(
+        "config.mig_layout", FAMILY, "MIG layout",
+        reads="nvmlDeviceGetMigMode, nvmlDeviceGetGpuInstances / GPU instance profile info",
+        threshold="the GPU's MIG instances (profiles, counted) equal to its layout: gpu_models.*.mig.layout, "
+        "else mig.layout, else the mig.config_file entry covering its index; MIG mode as the layout "
+        "needs it where mig.mode does not already say",
+        severities=("warn",),
+        action=f"Apply the layout (drain first): {CMD_APPLY_MIG}, or on the node fleetops-agent mig apply.",
+        requires="mig.layout, gpu_models.*.mig or mig.config_file",
+        applies=lambda n, b: b is not None and b.has_mig_layout(),
+    ),
+    CheckSpec(
         "config.stray_processes", FAMILY, "Processes on GPUs",
         reads="nvmlDeviceGetComputeRunningProcesses",
         threshold="every process name matches stray_process_allowlist",
@@ -208,6 +219,8 @@ def _per_gpu(ctx: Context, gpu: model.Gpu) -> None:
                     action=f"Set the compute mode: nvidia-smi -i {gpu.bus_id} -c {b.compute_mode}.")
     if b.mig.mode is not None:
         _mig(ctx, gpu, label)
+    if b.has_mig_layout():
+        _mig_layout(ctx, gpu, label)
     if b.stray_process_allowlist is not None:
         _processes(ctx, gpu, label, b.stray_process_allowlist)
 
@@ -240,6 +253,52 @@ def _mig(ctx: Context, gpu: model.Gpu, label: str) -> None:
             ctx.add("config.mig_profile", "warn", f"{label}: {what}; baseline {b.mig.profile}",
                     gpu=gpu, observed=[i.profile for i in instances], expected=b.mig.profile,
                     action=f"Recreate the MIG instances as {b.mig.profile}: {CMD_APPLY_MIG}.")
+
+
+def _mig_layout(ctx: Context, gpu: model.Gpu, label: str) -> None:
+    """Instances that differ from the layout. A mode that differs is config.mig_mode's finding
+    where mig.mode says the same; this check reports it only where the layout alone asks it."""
+    b = ctx.baseline
+    assert b is not None
+    want = b.mig_want(gpu.name, gpu.index)
+    if want is None:
+        return
+    have = ctx.get(FAMILY, gpu, "mig_mode_current", DEMAND_BASELINE)
+    if have is None:
+        return
+    action = f"Apply the MIG layout on {ctx.host} (drain the GPU first): {CMD_APPLY_MIG}."
+    if have != want.mode:
+        if b.mig.mode == want.mode:
+            return  # config.mig_mode reports it
+        word = "enabled" if want.mode else "disabled"
+        ctx.add("config.mig_layout", "warn", f"{label}: MIG is {'enabled' if have else 'disabled'}; {want.key} "
+                f"wants it {word}" + (f" with {', '.join(want.layout)}" if want.layout else ""), gpu=gpu,
+                observed={"mode": have}, expected={"mode": want.mode, "layout": list(want.layout)}, action=action)
+        return
+    if not want.mode:
+        return
+    instances = ctx.get(FAMILY, gpu, "mig_instances", DEMAND_BASELINE)
+    if instances is None:
+        return
+    got = sorted(i.profile or "?" for i in instances)
+    if got != sorted(want.layout):
+        missing = _minus(list(want.layout), got)
+        extra = _minus(got, list(want.layout))
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"extra {', '.join(extra)}"] if extra else [])
+        ctx.add("config.mig_layout", "warn",
+                f"{label}: MIG instances {', '.join(got) or 'none'}, {want.key} {', '.join(want.layout)} "
+                f"({'; '.join(parts)})", gpu=gpu, observed=got, expected=sorted(want.layout), action=action)
+
+
+def _minus(a: list[str], b: list[str]) -> list[str]:
+    rest = list(b)
+    out = []
+    for x in a:
+        if x in rest:
+            rest.remove(x)
+        else:
+            out.append(x)
+    return out
 
 
 def _processes(ctx: Context, gpu: model.Gpu, label: str, allow: tuple[str, ...]) -> None:

@@ -156,9 +156,10 @@ def example_baseline() -> dict[str, Any]:
     from fleetops import baseline as bl
 
     parents = {k.parent for k in bl.SCHEMA}
+    alone = set(getattr(bl, "EXAMPLE_ALONE", ()))  # keys that exclude others: documented, not in the example
     out: dict[str, Any] = {}
     for key in bl.SCHEMA:
-        if key.path in parents:
+        if key.path in parents or key.path in alone:
             continue
         _set_path(out, key.path, key.example)
     return out

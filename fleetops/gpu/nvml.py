@@ -957,3 +957,192 @@ def _topology(nv: _Nvml, readers: list[_GpuReader]) -> model.Topology:
     topo.nvlink_counts = counts
     topo.numa = {r.gpu.bus_id: r.gpu.numa_node for r in readers}
     return topo
+
+
+# --- MIG: reading a GPU's profile table and instances, creating and destroying them --------
+#
+# ``fleetops-agent mig apply`` uses these; the collector above reads instances for the snapshot.
+# The changing calls are the only NVML calls in this module that change a GPU. Profiles are
+# asked by their NVML_GPU_INSTANCE_PROFILE_* index; placements, GPU instances and the create
+# call take the profile *id* the answer carries. A compute instance spanning the whole GPU
+# instance is the compute-instance profile of the same slice count (shared engines).
+
+# GPU-instance slice count -> NVML_COMPUTE_INSTANCE_PROFILE_* index of the full compute instance
+CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+MIG_PLACEMENTS_MAX = 32
+
+
+class MigControlError(Exception):
+    """NVML refused a MIG call; the message names the GPU, the call and NVML's reason."""
+
+
+class MigControl:
+    """MIG reads and changes through NVML (``nv``: pynvml, or the module a test names)."""
+
+    def __init__(self, nv: Any = None) -> None:
+        if nv is None:
+            from fleetops.agent.serve.nvml_backend import load_module
+
+            nv = load_module()
+        self.nv = _Nvml(nv)
+        self.N = nv
+        self._started = False
+
+    def _start(self) -> None:
+        if not self._started:
+            _, reason = self.nv.call("nvmlInit")
+            if reason is not None:
+                raise NvmlUnavailable(f"nvmlInit failed: {reason}")
+            self._started = True
+
+    def _must(self, what: str, name: str, *args: Any) -> Any:
+        value, reason = self.nv.call(name, *args)
+        if reason is not None:
+            raise MigControlError(f"{what}: {name}: {reason}")
+        return value
+
+    def _handle(self, uuid: str) -> Any:
+        self._start()
+        return self._must(uuid, "nvmlDeviceGetHandleByUUID", uuid)
+
+    def profiles(self, handle: Any, name: str) -> tuple[Any, str | None]:
+        """The GPU's profile table as a ``catalog.mig.ProfileTable`` (None: MIG not supported)."""
+        import ctypes
+
+        from fleetops.catalog import mig as catalog
+
+        found = []
+        last = None
+        for index in range(int(self.nv.const("NVML_GPU_INSTANCE_PROFILE_COUNT", 0) or 0)):
+            info, reason = self.nv.call("nvmlDeviceGetGpuInstanceProfileInfo", handle, index)
+            if reason is not None:
+                last = reason
+                continue
+            buf = (self.N.c_nvmlGpuInstancePlacement_t * MIG_PLACEMENTS_MAX)()
+            count = ctypes.c_uint(MIG_PLACEMENTS_MAX)
+            _, reason = self.nv.call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, int(info.id), buf,
+                                     ctypes.byref(count))
+            if reason is not None:
+                last = reason
+                continue
+            found.append(catalog.GiProfile(
+                profile=index, id=int(info.id), name=catalog.normalize(_text(info.name)), slices=int(info.sliceCount),
+                instances=int(info.instanceCount), sms=int(info.multiprocessorCount),
+                copy_engines=int(info.copyEngineCount), decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount), jpegs=int(info.jpegCount), ofas=int(info.ofaCount),
+                memory_mib=int(info.memorySizeMB), p2p=bool(info.isP2pSupported),
+                placements=tuple((int(buf[i].start), int(buf[i].size)) for i in range(count.value))))
+        if not found:
+            return None, last or "no GPU instance profile"
+        return catalog.ProfileTable(name, tuple(found)), None
+
+    def _gpu_instances(self, handle: Any, table: Any) -> list[dict[str, Any]]:
+        import ctypes
+
+        out = []
+        for prof in table.profiles:
+            handles = (self.N.c_nvmlGpuInstance_t * max(1, prof.instances))()
+            count = ctypes.c_uint(0)
+            _, reason = self.nv.call("nvmlDeviceGetGpuInstances", handle, prof.id, handles, ctypes.byref(count))
+            if reason is not None:
+                raise MigControlError(f"nvmlDeviceGetGpuInstances({prof.name}): {reason}")
+            for i in range(count.value):
+                info = self._must(prof.name, "nvmlGpuInstanceGetInfo", handles[i])
+                out.append({"gpu_instance_id": int(info.id), "profile": prof.name, "start": int(info.placement.start),
+                            "size": int(info.placement.size), "compute_instance_id": None, "uuid": None, "pids": []})
+        return out
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every GPU: identity, MIG mode, profile table, instances (with their processes)."""
+        self._start()
+        out = []
+        for index in range(int(self._must("node", "nvmlDeviceGetCount"))):
+            h = self._must(f"GPU {index}", "nvmlDeviceGetHandleByIndex", index)
+            name = _text(self._must(f"GPU {index}", "nvmlDeviceGetName", h))
+            gpu: dict[str, Any] = {
+                "index": index, "uuid": _text(self._must(f"GPU {index}", "nvmlDeviceGetUUID", h)),
+                "bus_id": model.normalize_bus_id(_text(self._must(f"GPU {index}", "nvmlDeviceGetPciInfo", h).busId)),
+                "name": name, "mode_current": None, "mode_pending": None, "instances": None, "table": None,
+                "why": None, "loose_pids": []}
+            out.append(gpu)
+            mode, reason = self.nv.call("nvmlDeviceGetMigMode", h)
+            if reason is not None:
+                gpu["why"] = reason
+                continue
+            gpu["mode_current"], gpu["mode_pending"] = bool(mode[0]), bool(mode[1])
+            gpu["table"], why = self.profiles(h, name)
+            if not gpu["mode_current"]:
+                continue
+            if gpu["table"] is None:
+                gpu["why"] = why
+                continue
+            try:
+                instances = self._gpu_instances(h, gpu["table"])
+            except MigControlError as exc:
+                gpu["why"] = str(exc)
+                continue
+            by_gi = {m["gpu_instance_id"]: m for m in instances}
+            tied: set[int] = set()
+            for slot in range(int(self._must(gpu["uuid"], "nvmlDeviceGetMaxMigDeviceCount", h))):
+                mig, reason = self.nv.call("nvmlDeviceGetMigDeviceHandleByIndex", h, slot)
+                if reason is not None:
+                    continue  # NotFound: no MIG device in this slot
+                gi = int(self._must(gpu["uuid"], "nvmlDeviceGetGpuInstanceId", mig))
+                if gi not in by_gi:
+                    continue
+                by_gi[gi]["compute_instance_id"] = int(self._must(gpu["uuid"], "nvmlDeviceGetComputeInstanceId", mig))
+                by_gi[gi]["uuid"] = _text(self._must(gpu["uuid"], "nvmlDeviceGetUUID", mig))
+                procs = self._must(gpu["uuid"], "nvmlDeviceGetComputeRunningProcesses", mig) or []
+                by_gi[gi]["pids"] = sorted(int(p.pid) for p in procs)
+                tied.update(by_gi[gi]["pids"])
+            parent = self._must(gpu["uuid"], "nvmlDeviceGetComputeRunningProcesses", h) or []
+            gpu["loose_pids"] = sorted({int(p.pid) for p in parent} - tied)
+            gpu["instances"] = sorted(instances, key=lambda m: m["gpu_instance_id"])
+        return out
+
+    def set_mode(self, uuid: str, enabled: bool) -> bool:
+        """Request MIG mode; True when current at once, False when it waits for a GPU reset."""
+        h = self._handle(uuid)
+        self._must(uuid, "nvmlDeviceSetMigMode", h, 1 if enabled else 0)
+        mode = self._must(uuid, "nvmlDeviceGetMigMode", h)
+        return bool(mode[0]) == enabled
+
+    def destroy(self, uuid: str, gpu_instance_id: int) -> None:
+        """Destroy the GPU instance's compute instances, then the GPU instance."""
+        import ctypes
+
+        h = self._handle(uuid)
+        what = f"{uuid} GI {gpu_instance_id}"
+        gi = self._must(what, "nvmlDeviceGetGpuInstanceById", h, gpu_instance_id)
+        for index in sorted(set(CI_PROFILE_FOR_SLICES.values())):
+            info, reason = self.nv.call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, index, 0)
+            if reason is not None:
+                continue
+            cis = (self.N.c_nvmlComputeInstance_t * max(1, int(info.instanceCount)))()
+            count = ctypes.c_uint(0)
+            _, reason = self.nv.call("nvmlGpuInstanceGetComputeInstances", gi, int(info.id), cis, ctypes.byref(count))
+            if reason is not None:
+                continue
+            for i in range(count.value):
+                self._must(what, "nvmlComputeInstanceDestroy", cis[i])
+        self._must(what, "nvmlGpuInstanceDestroy", gi)
+
+    def create(self, uuid: str, profile_id: int, start: int, size: int, slices: int) -> int:
+        """A GPU instance of ``profile_id`` at ``start`` and its full compute instance; its id.
+        A compute instance that fails leaves no empty GPU instance behind."""
+        h = self._handle(uuid)
+        what = f"{uuid} profile {profile_id} at slice {start}"
+        placement = self.N.c_nvmlGpuInstancePlacement_t()
+        placement.start = start
+        placement.size = size
+        import ctypes
+
+        gi = self._must(what, "nvmlDeviceCreateGpuInstanceWithPlacement", h, profile_id, ctypes.byref(placement))
+        try:
+            info = self._must(what, "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi,
+                              CI_PROFILE_FOR_SLICES.get(slices, 0), 0)
+            self._must(what, "nvmlGpuInstanceCreateComputeInstance", gi, int(info.id))
+        except MigControlError:
+            self.nv.call("nvmlGpuInstanceDestroy", gi)
+            raise
+        return int(self._must(what, "nvmlGpuInstanceGetInfo", gi).id)

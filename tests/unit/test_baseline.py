@@ -260,12 +260,17 @@ def test_schema_describes_every_key_with_type_default_description_example():
     assert [d["path"] for d in dicts] == [k.path for k in SCHEMA]
 
 
+MIG_PARTED = Path(__file__).resolve().parents[1] / "fixtures" / "mig" / "mig-parted.yaml"
+
+
 @pytest.mark.parametrize("key", SCHEMA, ids=lambda k: k.path)
 def test_every_schema_example_validates_at_its_own_path(key):
     given = _nest(key.path, key.example)
     if key.path.startswith("xid_policy.*.escalate."):  # an escalate needs count and within_s together
         leaf = key.path.rsplit(".", 1)[1]
         given = _nest("xid_policy.*.escalate", {"count": 3, "within_s": 600, leaf: key.example})
+    if key.path in ("mig.config_file", "mig.config"):  # the file and the config in it go together
+        given = {"mig": {"config_file": str(MIG_PARTED), "config": "all-3g.71gb"}}
     kept = given
     if key.path.startswith("xid_policy"):  # XID codes are kept as text keys, as YAML may quote them
         import json

@@ -1,0 +1,567 @@
+"""``fleetops-agent mig apply``: the plan, the change under the lock, and the read-back.
+
+The contract (flags, statuses, report fields, exit codes) is described in ``fleetops.agent.mig``.
+This module has the two ways to read and change a node's MIG state, behind one small interface
+(``MigOps``): the simulator's state file (``SimMig``) and NVML (``NvmlMig``, through
+``fleetops.gpu.nvml``'s MIG helpers). The planner is a pure function of what they read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetops.agent import lock as node_lock
+from fleetops.agent.mig import REPORT_KIND, MigError
+from fleetops.catalog import mig as catalog
+from fleetops.catalog.actions import mig_budget_s
+
+OFF = "off"
+
+
+class MigChangeError(Exception):
+    """The node refused one MIG change (NVML's answer, the simulator's rule); the message says which."""
+
+
+@dataclass
+class Inst:
+    gpu_instance_id: int
+    profile: str | None
+    start: int | None
+    size: int | None
+    compute_instance_id: int | None = None
+    uuid: str | None = None
+    in_use: bool = False
+    pids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "gpu_instance_id": self.gpu_instance_id, "compute_instance_id": self.compute_instance_id,
+            "profile": self.profile,
+            "placement": {"start": self.start, "size": self.size} if self.start is not None else None,
+            "uuid": self.uuid, "in_use": self.in_use}
+        if self.pids:
+            out["pids"] = list(self.pids)
+        return out
+
+
+@dataclass
+class GpuMig:
+    uuid: str
+    bus_id: str
+    index: int
+    name: str | None
+    mode_current: bool | None
+    mode_pending: bool | None
+    instances: list[Inst] | None  # None: cannot be listed (``why``)
+    table: catalog.ProfileTable | None
+    why: str | None = None
+    loose_pids: list[int] = field(default_factory=list)  # processes on the GPU tied to no instance
+    device_id: str | None = None
+
+
+class MigOps:
+    """Reading and changing one node's MIG state; changing methods refuse in a dry run."""
+
+    name = "unknown"
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+
+    def _changing(self, what: str) -> None:
+        from fleetops.agent.reset.backends import DryRunViolation
+
+        if self.dry_run:
+            raise DryRunViolation(f"dry run: refusing to {what}")
+
+    def hostname(self) -> str:
+        raise NotImplementedError
+
+    def read(self) -> list[GpuMig]:
+        raise NotImplementedError
+
+    def set_mode(self, uuid: str, enabled: bool) -> bool:
+        """True when the mode is current now, False when it waits for a GPU reset."""
+        raise NotImplementedError
+
+    def destroy(self, uuid: str, inst: Inst) -> None:
+        raise NotImplementedError
+
+    def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
+        """A GPU instance at ``start`` and its one compute instance; its GPU instance id."""
+        raise NotImplementedError
+
+
+class SimMig(MigOps):
+    name = "sim"
+
+    def __init__(self, path: str, dry_run: bool) -> None:
+        super().__init__(dry_run)
+        self.path = path
+
+    def hostname(self) -> str:
+        from fleetops.gpu import sim
+
+        return str(sim.read_state(self.path)["hostname"])
+
+    def read(self) -> list[GpuMig]:
+        from fleetops.gpu import sim
+
+        state = sim.read_state(self.path)
+        out = []
+        for g in sim.snapshot(state)["gpus"]:
+            pos = next(i for i, raw in enumerate(state["gpus"]) if raw["uuid"] == g["uuid"])
+            raw = state["gpus"][pos]
+            try:
+                table: catalog.ProfileTable | None = sim.mig_table(state, pos)
+            except sim.SimError:
+                table = None
+            current = bool(raw.get("mig_mode_current"))
+            instances = None
+            if current:
+                instances = [
+                    Inst(gpu_instance_id=int(m["gpu_instance_id"]), profile=m.get("profile"),
+                         start=m.get("placement_start"), size=m.get("placement_size"),
+                         compute_instance_id=m.get("compute_instance_id"), uuid=m.get("uuid"),
+                         in_use=bool(m.get("in_use") or m.get("pids")), pids=[int(p) for p in m.get("pids") or []])
+                    for m in g.get("mig_instances") or []
+                ]
+            out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=int(g["index"]), name=g.get("name"),
+                              mode_current=current, mode_pending=bool(raw.get("mig_mode_pending", current)),
+                              instances=instances, table=table,
+                              loose_pids=[int(p["pid"]) for p in g.get("processes") or []]))
+        return out
+
+    def _change(self, uuid: str, what: str, fn: Any) -> Any:
+        from fleetops.gpu import sim
+
+        self._changing(what)
+        try:
+            with sim.locked_state(self.path) as st:
+                pos, _ = sim.find_gpu(st, uuid)
+                if pos is None:
+                    raise sim.SimError(f"{uuid} is no longer on this node")
+                return fn(st, pos)
+        except sim.SimError as exc:
+            raise MigChangeError(str(exc)) from exc
+
+    def set_mode(self, uuid: str, enabled: bool) -> bool:
+        from fleetops.gpu import sim
+
+        return bool(self._change(uuid, "set MIG mode", lambda st, pos: sim.set_mig_mode(st, pos, enabled)))
+
+    def destroy(self, uuid: str, inst: Inst) -> None:
+        from fleetops.gpu import sim
+
+        self._change(uuid, "destroy a MIG instance",
+                     lambda st, pos: sim.destroy_gpu_instance(st, pos, inst.gpu_instance_id))
+
+    def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
+        from fleetops.gpu import sim
+
+        def make(st: dict[str, Any], pos: int) -> int:
+            gi = sim.create_gpu_instance(st, pos, profile.name, start)
+            sim.create_compute_instance(st, pos, int(gi["gpu_instance_id"]))
+            return int(gi["gpu_instance_id"])
+
+        return int(self._change(uuid, "create a MIG instance", make))
+
+
+class NvmlMig(MigOps):
+    """A real node, through ``fleetops.gpu.nvml``'s MIG helpers (pynvml, or the module tests name)."""
+
+    name = "nvml"
+
+    def __init__(self, dry_run: bool, nv: Any = None) -> None:
+        super().__init__(dry_run)
+        from fleetops.gpu import nvml
+
+        self.ctl = nvml.MigControl(nv)
+
+    def hostname(self) -> str:
+        import socket
+
+        return socket.gethostname()
+
+    def read(self) -> list[GpuMig]:
+        from fleetops.gpu import nvml
+
+        try:
+            raw = self.ctl.read()
+        except (nvml.MigControlError, nvml.NvmlUnavailable) as exc:
+            raise MigError(f"cannot read the node's MIG state through NVML: {exc}", "collect") from exc
+        out = []
+        for g in raw:
+            instances = None
+            if g["instances"] is not None:
+                instances = [Inst(gpu_instance_id=m["gpu_instance_id"], profile=m["profile"], start=m["start"],
+                                  size=m["size"], compute_instance_id=m["compute_instance_id"], uuid=m["uuid"],
+                                  in_use=bool(m["pids"]), pids=list(m["pids"]))
+                             for m in g["instances"]]
+            out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=g["index"], name=g["name"],
+                              mode_current=g["mode_current"], mode_pending=g["mode_pending"], instances=instances,
+                              table=g["table"], why=g["why"], loose_pids=list(g["loose_pids"])))
+        return out
+
+    def set_mode(self, uuid: str, enabled: bool) -> bool:
+        self._changing("set MIG mode")
+        return bool(self._call(self.ctl.set_mode, uuid, enabled))
+
+    def destroy(self, uuid: str, inst: Inst) -> None:
+        self._changing("destroy a MIG instance")
+        self._call(self.ctl.destroy, uuid, inst.gpu_instance_id)
+
+    def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
+        self._changing("create a MIG instance")
+        return int(self._call(self.ctl.create, uuid, profile.id, start, profile.placements[0][1], profile.slices))
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        from fleetops.gpu import nvml
+
+        try:
+            return fn(*args)
+        except nvml.MigControlError as exc:
+            raise MigChangeError(str(exc)) from exc
+
+
+def make_ops(requested: str, state_path: str | None, dry_run: bool) -> tuple[MigOps, str]:
+    """The ops and the default lock path of the backend the agent picks (as reset does)."""
+    from fleetops.agent.reset.backends import ResetError, make_backend
+
+    try:
+        back = make_backend(requested, state_path, dry_run)
+    except ResetError as exc:
+        raise MigError(str(exc), exc.kind, exc.exit_code) from exc
+    path = getattr(back, "path", None)
+    ops: MigOps = SimMig(str(path), dry_run) if back.name == "sim" and path else NvmlMig(dry_run)
+    return ops, back.default_lock()
+
+
+# --- what is wanted ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Want:
+    mode: bool
+    layout: tuple[str, ...]
+
+
+def parse_layout(text: str) -> Want:
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if items == [OFF]:
+        return Want(False, ())
+    if not items:
+        raise MigError("--layout: give the profiles (3g.71gb,3g.71gb), or 'off' to turn MIG mode off", "usage", 2)
+    if OFF in items:
+        raise MigError("--layout: 'off' stands alone (it turns MIG mode off)", "usage", 2)
+    return Want(True, tuple(catalog.normalize(p) for p in items))
+
+
+class Source:
+    """Where the wanted state comes from: one layout for all GPUs, or a mig-parted config."""
+
+    def __init__(self, layout: Want | None = None, config: str | None = None, select: str | None = None) -> None:
+        self.layout = layout
+        self.config_path = config
+        self.select = select
+        self.entries: Any = None
+        if config is not None:
+            from fleetops.catalog import migparted
+
+            try:
+                self.entries = migparted.load(config).select(select or "")
+            except migparted.MigPartedError as exc:
+                raise MigError(str(exc), "usage", 2) from None
+
+    def describe(self) -> dict[str, Any]:
+        if self.layout is not None:
+            return {"layout": list(self.layout.layout) if self.layout.mode else OFF}
+        return {"config": self.config_path, "select": self.select}
+
+    def want(self, gpu: GpuMig) -> Want | None:
+        if self.layout is not None:
+            return self.layout
+        from fleetops.catalog import migparted
+
+        got = migparted.want_for(self.entries, gpu.index, gpu.device_id)
+        if got is None:
+            return None
+        return Want(got[0], tuple(catalog.normalize(p) for p in got[1]))
+
+
+# --- the plan (pure) -----------------------------------------------------------------------------
+
+
+def _complete(m: Inst) -> bool:
+    return m.compute_instance_id is not None and m.start is not None and m.profile is not None
+
+
+def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "name": gpu.name, "changed": False,
+        "want": {"mode": want.mode, "layout": list(want.layout)} if want else None,
+        "mode": {"current": gpu.mode_current, "pending": gpu.mode_pending},
+        "before": [m.to_dict() for m in gpu.instances or []], "after": None, "destroy": [], "create": []}
+
+    def refuse(detail: str, remedy: str, **extra: Any) -> dict[str, Any]:
+        entry.update(status="refused", detail=detail, remedy=remedy, **extra)
+        return entry
+
+    if want is None:
+        entry.update(status="unchanged", detail="the selected config has no entry for this GPU: left alone",
+                     after=entry["before"])
+        return entry
+    if gpu.mode_current is None:
+        return refuse(f"MIG mode unreadable ({gpu.why or 'unknown'})", "check the driver (nvidia-smi -q) and retry")
+    current = gpu.instances or []
+    if gpu.mode_current and gpu.instances is None:
+        return refuse(f"cannot list the MIG instances ({gpu.why or 'unknown'})",
+                      "list them with nvidia-smi mig -lgi and retry")
+    if not want.mode:
+        if not gpu.mode_current:
+            entry.update(status="unchanged", detail="MIG mode is off, as wanted", after=[])
+            return entry
+        destroy = current
+        plan: list[tuple[catalog.GiProfile, int]] = []
+    else:
+        if gpu.table is None:
+            return refuse(f"no MIG profile table for {gpu.name or 'this GPU'} (NVML lists no GPU instance profile)",
+                          "check that the GPU supports MIG")
+        for name in want.layout:
+            if gpu.table.get(name) is None:
+                raise MigError(f"GPU {gpu.uuid}: {catalog.unknown_profile_message(name, gpu.table)}", "usage", 2)
+        have = Counter(m.profile for m in current if _complete(m))
+        if gpu.mode_current and have == Counter(want.layout) and all(_complete(m) for m in current):
+            entry.update(status="unchanged", detail=f"instances already {', '.join(want.layout)}", after=entry["before"])
+            return entry
+        # keep the instances the layout still has, where the rest can be placed beside them
+        need = Counter(want.layout)
+        keep: list[Inst] = []
+        for m in sorted((m for m in current if _complete(m)), key=lambda m: m.gpu_instance_id):
+            if m.profile is not None and need[m.profile] > 0:
+                need[m.profile] -= 1
+                keep.append(m)
+        rest = []
+        for name in want.layout:
+            if need[name] > 0:
+                need[name] -= 1
+                rest.append(name)
+        try:
+            plan = catalog.place(gpu.table, rest, [(str(m.profile), int(m.start or 0)) for m in keep])
+        except catalog.LayoutError:
+            keep = []
+            try:
+                plan = catalog.place(gpu.table, list(want.layout))
+            except catalog.LayoutError as exc:
+                return refuse(str(exc), "choose a layout whose instances fit the GPU's placements "
+                              "(larger profiles take fixed slices: a 4g takes slices 0-3)")
+        kept_ids = {m.gpu_instance_id for m in keep}
+        destroy = [m for m in current if m.gpu_instance_id not in kept_ids]
+    busy = [m for m in destroy if m.in_use]
+    if busy:
+        names = ", ".join(f"GI {m.gpu_instance_id} {m.profile} {m.uuid}" + (f" (pid {', '.join(map(str, m.pids))})"
+                                                                              if m.pids else "") for m in busy)
+        return refuse(f"workloads run on MIG instances it would destroy: {names}",
+                      "stop the workloads on those instances (drain the GPU), then retry",
+                      in_use=[m.to_dict() for m in busy])
+    if gpu.loose_pids and (destroy or gpu.mode_current != want.mode):
+        pids = ", ".join(map(str, gpu.loose_pids))
+        return refuse(f"compute processes on the GPU (pid {pids}) that no MIG instance accounts for",
+                      "drain the GPU's jobs first, then retry", processes=list(gpu.loose_pids))
+    entry["destroy"] = [m.gpu_instance_id for m in destroy]
+    entry["create"] = [{"profile": p.name, "placement_start": s} for p, s in plan]
+    kept = [m.to_dict() for m in current if m not in destroy]
+    entry["after"] = sorted(kept + [{"gpu_instance_id": None, "compute_instance_id": None, "profile": p.name,
+                                     "placement": {"start": s, "size": p.placements[0][1]}, "uuid": None,
+                                     "in_use": False} for p, s in plan],
+                            key=lambda m: m["placement"]["start"] if m["placement"] else -1)
+    if gpu.mode_current != want.mode:
+        word = "enable" if want.mode else "disable"
+        made = f", then create {', '.join(p.name for p, _ in plan)}" if plan else ""
+        gone = f"destroy {len(destroy)} instance(s), then " if destroy else ""
+        entry.update(status="mode-change", detail=f"{gone}{word} MIG mode{made}")
+    elif destroy:
+        entry.update(status="recreate", detail=f"destroy GI {', '.join(str(m.gpu_instance_id) for m in destroy)} "
+                     f"({', '.join(str(m.profile) for m in destroy)}), create {', '.join(p.name for p, _ in plan)}")
+    else:
+        entry.update(status="create", detail=f"create {', '.join(p.name for p, _ in plan)}")
+    return entry
+
+
+def _select(gpus: list[GpuMig], selector: str, host: str) -> list[GpuMig]:
+    text = (selector or "all").strip()
+    if text == "all":
+        return gpus
+    from fleetops import model
+    from fleetops.ops import selectors
+
+    chosen = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        try:
+            sel = selectors.parse_identity(part)
+        except selectors.SelectorError as exc:
+            raise MigError(exc.message, "usage", 2) from None
+        if sel.uuid:
+            hit = next((g for g in gpus if g.uuid == sel.uuid), None)
+        else:
+            hit = next((g for g in gpus if model.normalize_bus_id(g.bus_id) == sel.bus_id), None)
+        if hit is None:
+            present = ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in gpus) or "none"
+            raise MigError(f"--gpu {part}: no such GPU on {host} (present: {present})", "no-such-gpu")
+        if hit not in chosen:
+            chosen.append(hit)
+    return chosen
+
+
+def plan(ops: MigOps, source: Source, selector: str, host: str) -> list[dict[str, Any]]:
+    gpus = _select(ops.read(), selector, host)
+    return [plan_gpu(g, source.want(g)) for g in gpus]
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def _comparable(entry: dict[str, Any]) -> Any:
+    return (entry["status"], entry["destroy"], entry["create"])
+
+
+def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: str | None,
+        lock_path: str | None, ops: MigOps | None = None) -> tuple[dict[str, Any], int]:
+    started = time.time()
+    default_lock = None
+    if ops is None:
+        ops, default_lock = make_ops(backend, state_path, dry_run)
+    host = ops.hostname()
+    entries = plan(ops, source, selector, host)
+    doc: dict[str, Any] = {"kind": REPORT_KIND, "action": "mig apply", "node": host, "backend": ops.name,
+                           "dry_run": dry_run, "source": source.describe(), "gpus": entries, "changed": False,
+                           "refused": False, "result": None, "message": ""}
+    refused = [e for e in entries if e["status"] == "refused"]
+    todo = [e for e in entries if e["status"] != "unchanged"]
+    if refused:
+        doc.update(refused=True, result="refused", message="refused, nothing changed: "
+                   + "; ".join(f"{e['uuid']}: {e['detail']}" for e in refused))
+        return doc, 1
+    if not todo:
+        doc.update(result="unchanged", message=f"MIG layout already as wanted on {len(entries)} GPU(s)")
+        return doc, 0
+    if dry_run:
+        doc.update(result="would-change", message=f"dry run: would change MIG on {len(todo)} GPU(s): "
+                   + "; ".join(f"{e['uuid']}: {e['detail']}" for e in todo))
+        return doc, 0
+    path = lock_path or default_lock or node_lock.DEFAULT_PATH
+    steps = sum(len(e["destroy"]) + len(e["create"]) + 1 for e in todo)
+    try:
+        held = node_lock.acquire(path, "mig apply", ",".join(e["uuid"] for e in todo), mig_budget_s(steps))
+    except node_lock.LockHeld as exc:
+        doc.update(refused=True, result="refused", message=str(exc), holder=exc.holder)
+        return doc, 1
+    try:
+        # the plan again, from a read under the lock: act only on what the operator was shown
+        again = {e["uuid"]: e for e in plan(ops, source, selector, host)}
+        moved = [e for e in todo if _comparable(again.get(e["uuid"], {"status": "gone", "destroy": [], "create": []}))
+                 != _comparable(e)]
+        if moved:
+            for e in moved:
+                fresh = again.get(e["uuid"])
+                e.update(status="refused", detail="the GPU changed between the plan and the lock: "
+                         + (fresh["detail"] if fresh else "it is gone"), remedy="look again and retry")
+            doc.update(refused=True, result="refused", message="refused, nothing changed: "
+                       + "; ".join(f"{e['uuid']}: {e['detail']}" for e in moved))
+            return doc, 1
+        failed, pending = _execute(ops, todo, held, steps)
+        held.heartbeat("read back", mig_budget_s(0))
+        _verify(ops, todo, source)
+    finally:
+        held.release()
+    doc["elapsed_s"] = round(time.time() - started, 3)
+    doc["changed"] = any(e["changed"] for e in entries)
+    bad = [e for e in todo if e.get("result") == "failed"]
+    if bad or failed:
+        doc.update(result="failed", message="MIG apply failed on " + "; ".join(f"{e['uuid']}: {e['detail']}" for e in bad))
+        return doc, 1
+    if pending:
+        doc.update(result="mode-pending", message="MIG mode pending until a GPU reset on "
+                   + ", ".join(e["uuid"] for e in pending) + "; reset them (fleetops-agent reset --gpu UUID), then rerun")
+        return doc, 1
+    doc.update(result="applied", message=f"applied the MIG layout on {len(todo)} GPU(s)")
+    return doc, 0
+
+
+def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> tuple[bool, list[dict[str, Any]]]:
+    failed = False
+    pending: list[dict[str, Any]] = []
+    left = steps
+    current = {g.uuid: g for g in ops.read()}
+    for e in todo:
+        gpu = current[e["uuid"]]
+        by_id = {m.gpu_instance_id: m for m in gpu.instances or []}
+        want = e["want"]
+        try:
+            for gi in e["destroy"]:
+                held.heartbeat(f"destroy GI {gi} on {e['uuid']}", mig_budget_s(left))
+                ops.destroy(e["uuid"], by_id[gi])
+                e["changed"] = True
+                left -= 1
+            if gpu.mode_current != want["mode"]:
+                held.heartbeat(f"MIG mode on {e['uuid']}", mig_budget_s(left))
+                now = ops.set_mode(e["uuid"], bool(want["mode"]))
+                e["changed"] = True
+                left -= 1
+                if not now:
+                    e.update(result="mode-pending", status="mode-pending",
+                             detail=f"MIG mode {'enabled' if want['mode'] else 'disabled'} is pending until the GPU "
+                             f"is reset: fleetops-agent reset --gpu {e['uuid']}, then rerun mig apply",
+                             remedy=f"fleetops-agent reset --gpu {e['uuid']}")
+                    pending.append(e)
+                    continue
+            table = gpu.table
+            for item in e["create"]:
+                assert table is not None
+                prof = table.get(item["profile"])
+                assert prof is not None
+                held.heartbeat(f"create {prof.name} on {e['uuid']}", mig_budget_s(left))
+                ops.create(e["uuid"], prof, int(item["placement_start"]))
+                e["changed"] = True
+                left -= 1
+            e["result"] = "done"
+        except MigChangeError as exc:
+            e.update(result="failed", detail=f"{e['detail']}: stopped: {exc}")
+            failed = True
+    return failed, pending
+
+
+def _verify(ops: MigOps, todo: list[dict[str, Any]], source: Source) -> None:
+    after = {g.uuid: g for g in ops.read()}
+    for e in todo:
+        gpu = after.get(e["uuid"])
+        if gpu is None:
+            e.update(result="failed", detail=f"{e['detail']}; the GPU is gone after the change")
+            continue
+        e["after"] = [m.to_dict() for m in gpu.instances or []]
+        if e.get("result") != "done":
+            continue
+        check = plan_gpu(gpu, source.want(gpu))
+        if check["status"] != "unchanged":
+            e.update(result="failed", detail=f"{e['detail']}; read back: {check['detail']}")
+            continue
+        placed = {(m.profile, m.start) for m in gpu.instances or []}
+        missing = [c for c in e["create"] if (c["profile"], c["placement_start"]) not in placed]
+        if missing:
+            e.update(result="failed", detail=f"{e['detail']}; read back without "
+                     + ", ".join(f"{c['profile']} at slice {c['placement_start']}" for c in missing))
+
+
+def main_args(args: Any) -> tuple[dict[str, Any], int]:
+    if args.profiles:
+        raise MigError("--profiles belongs to mig reset; mig apply takes --layout or --config/--select", "usage", 2)
+    if bool(args.layout) == bool(args.config):
+        raise MigError("mig apply needs exactly one of --layout PROFILES or --config FILE --select NAME", "usage", 2)
+    if args.config and not args.select:
+        raise MigError("--config needs --select NAME (the config in the file)", "usage", 2)
+    if args.select and not args.config:
+        raise MigError("--select needs --config FILE", "usage", 2)
+    source = Source(layout=parse_layout(args.layout)) if args.layout else Source(config=args.config, select=args.select)
+    return run(source, args.gpu, bool(args.dry_run), args.backend, args.state, args.lock_file)
