@@ -84,7 +84,7 @@ def test_role_has_defaults_specs_and_prefixed_documented_variables(role: str) ->
 def test_agent_helper_block_is_identical_in_every_module_that_calls_the_agent() -> None:
     library = REPO / "playbooks" / "library"
     callers = sorted(p.stem for p in library.glob("*.py") if "fleetops-agent" in p.read_text())
-    assert callers == ["fleetops_gpu_facts", "fleetops_gpu_reset", "fleetops_gpu_set", "fleetops_gpu_validate"]
+    assert callers == ["fleetops_gpu_facts", "fleetops_gpu_mig", "fleetops_gpu_reset", "fleetops_gpu_set", "fleetops_gpu_validate"]
 
     def block(name: str) -> str:
         text = (library / f"{name}.py").read_text()
