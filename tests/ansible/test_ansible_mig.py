@@ -132,3 +132,31 @@ def test_a_busy_instance_is_refused_and_its_node_named_while_the_others_change(f
     for node in fleet.nodes:
         if node != busy:
             assert layouts(fleet, node) == [(True, wanted)] * 8, node
+
+
+def fleetops_apply(fleet: Any, *args: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [FLEETOPS, "apply", "mig", "-i", fleet.inventory, "--artifacts", str(fleet.artifacts), *args],
+        check=False, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_fleetops_apply_mig_asks_checks_and_names_the_refused_node(fleet: Any) -> None:
+    # after the test above: node002 still has a busy instance (and 3g.71gb x2), the others run 2g.35gb x3
+    busy = fleet.nodes[1]
+    before = fleet.state_bytes()
+    code, out = fleetops_apply(fleet, "--layout", "3g.71gb,3g.71gb")
+    assert code == 4 and "without --yes" in out and fleet.state_bytes() == before
+    code, out = fleetops_apply(fleet, "--layout", "3g.71gb,3g.71gb", "--limit", fleet.nodes[0], "--check")
+    assert code == 0, out
+    assert "CHECK (nothing is changed): apply the MIG layout 3g.71gb, 3g.71gb" in out
+    assert "MIG would change 8 of 8 GPUs (0: on [2g.35gb GI 1, 2g.35gb GI 2, 2g.35gb GI 3] -> on [3g.71gb" in out
+    assert fleet.state_bytes() == before
+    # one instance spanning the GPU: the busy node's instances would all go
+    code, out = fleetops_apply(fleet, "--layout", "7g.141gb", "--yes")
+    assert code == 1 and f"FAILED: {busy}" in out, out
+    assert fleet.state_bytes()[busy] == before[busy], "the refused node was changed"
+    for node in fleet.nodes:
+        if node != busy:
+            assert layouts(fleet, node) == [(True, ["7g.141gb"])] * 8, node
