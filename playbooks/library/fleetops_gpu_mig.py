@@ -30,7 +30,8 @@ options:
     type: bool
   model_layouts:
     description:
-      - GPU model name (as NVML names it, C(NVIDIA H200)) to that model's layout; C(off) or an empty list for MIG off.
+      - GPU model name (as NVML names it, C(NVIDIA H200)) to that model's layout, C(off) (or an empty list) for
+        MIG off, or the baseline's C(gpu_models.*.mig) mapping (C(mode), C(layout)).
     type: dict
   config_file:
     description: An nvidia-mig-parted config file on the node (version v1), in place of O(layout). Needs O(config).
@@ -250,6 +251,22 @@ def _apply(module, source_args, gpu, dry_run):
     return doc
 
 
+def _model_arg(own, layout_arg):
+    """A model's --layout: its own list, ``off``, or the baseline's {mode, layout} mapping (a
+    model with MIG on and no layout of its own takes the group's, as the audit does)."""
+    if own is None:
+        return layout_arg
+    if isinstance(own, dict):
+        if own.get("mode") is False:
+            return OFF
+        if own.get("layout") is None:
+            return layout_arg
+        return _layout_arg(own["layout"], True) or OFF
+    if own == OFF or own == []:
+        return OFF
+    return _layout_arg(own, None)
+
+
 def _groups(module, layout_arg):
     """[(agent source args, GPU selector)]: one group for every GPU, or one per model layout."""
     models = module.params.get("model_layouts") or {}
@@ -267,10 +284,7 @@ def _groups(module, layout_arg):
     for g in snapshot.get("gpus") or []:
         if wanted is not None and g.get("uuid") not in wanted and g.get("bus_id") not in wanted:
             continue
-        own = models.get(g.get("name"))
-        arg = layout_arg
-        if own is not None:
-            arg = OFF if own == OFF or own == [] else _layout_arg(own, None)
+        arg = _model_arg(models.get(g.get("name")), layout_arg)
         if arg is None:
             continue  # no layout for this model: left alone
         by_layout.setdefault(arg, []).append(g["uuid"])

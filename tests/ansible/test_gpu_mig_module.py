@@ -55,6 +55,14 @@ def test_a_models_own_layout_wins_over_the_groups_and_other_models_get_the_group
     code, res = run_module(MODULE, args)
     assert code == 0 and res["changed_gpus"] == uuids
     assert _instances(sim_state) == [(True, ["7g.141gb"])] * 8
+    # the baseline's gpu_models.*.mig mapping, as the role passes it: mode false turns MIG off
+    args = {"layout": LAYOUT, "model_layouts": {"NVIDIA H200": {"mode": False}}, "sim_state": sim_state}
+    code, res = run_module(MODULE, args)
+    assert code == 0 and res["changed_gpus"] == uuids and _instances(sim_state) == [(False, [])] * 8
+    # mode true without a layout of its own: the group's layout
+    args = {"layout": LAYOUT, "model_layouts": {"NVIDIA H200": {"mode": True}}, "sim_state": sim_state}
+    code, res = run_module(MODULE, args)
+    assert code == 0 and _instances(sim_state) == [(True, LAYOUT)] * 8
 
 
 def test_a_busy_instance_is_refused_and_no_gpu_changes(run_module: Any, sim_state: str) -> None:
