@@ -597,7 +597,7 @@ class Baseline:
         if self.mig.layout is not None:
             return MigWant(True, self.mig.layout, "mig.layout")
         if self.mig.parted is not None and index is not None:
-            got = _migparted.want_for(self.mig.parted, index)
+            got = _migparted.want_for(self.mig.parted, index, _mig_catalog.device_id_for(model_name))
             if got is not None:
                 return MigWant(got[0], tuple(_mig_catalog.normalize(p) for p in got[1]),
                                f"mig.config {self.mig.config} of {self.mig.config_file}")

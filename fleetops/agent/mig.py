@@ -3,8 +3,8 @@
 ``mig apply`` makes each selected GPU's MIG mode and GPU instances what a layout says: one
 layout for every GPU (``--layout 3g.71gb,3g.71gb``; ``--layout off`` turns MIG mode off) or a
 named config of an nvidia-mig-parted file (``--config FILE --select NAME``). It plans per GPU,
-``unchanged`` | ``create`` | ``recreate`` | ``mode-change`` | ``refused``, checks the placement
-against the GPU's own profile table (NVML's profile-info and possible-placement answers, or the
+``unchanged`` | ``create`` | ``recreate`` | ``mode-change`` | ``mode-pending`` | ``refused``,
+checks the placement against the GPU's own profile table (NVML's profile-info and possible-placement answers, or the
 simulator's table), keeps the instances the layout still has where a placement beside them
 exists, and refuses, changing nothing on any GPU, when a GPU cannot be placed, cannot be read,
 or has a workload on an instance it would destroy (or processes it cannot tie to an instance).
@@ -25,7 +25,8 @@ Report (``kind: fleetops.mig/v1``, ``action: mig apply``): ``changed``, ``result
 ``size``}, ``uuid``, ``in_use``; in a dry run ``after`` is the plan), ``destroy`` (GPU
 instance ids), ``create`` (profile and placement start), and on a refusal ``remedy`` and
 ``in_use``. Exit 0 when applied or unchanged (and in a dry run that could apply), 1 when
-refused or failed, 2 for bad input (an unknown profile, a config file that does not parse).
+refused, failed or left pending a reset (``mode-pending``: nothing else to do until the GPU is
+reset), 2 for bad input (an unknown profile, a config file that does not parse).
 
 ``mig reset`` destroys and recreates a GPU's MIG instances, when none is in use.
 

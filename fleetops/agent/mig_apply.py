@@ -126,12 +126,13 @@ class SimMig(MigOps):
                          start=m.get("placement_start"), size=m.get("placement_size"),
                          compute_instance_id=m.get("compute_instance_id"), uuid=m.get("uuid"),
                          in_use=bool(m.get("in_use") or m.get("pids")), pids=[int(p) for p in m.get("pids") or []])
-                    for m in g.get("mig_instances") or []
+                    for m in raw.get("mig_instances") or []  # the state's records: with their placements
                 ]
             out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=int(g["index"]), name=g.get("name"),
                               mode_current=current, mode_pending=bool(raw.get("mig_mode_pending", current)),
                               instances=instances, table=table,
-                              loose_pids=[int(p["pid"]) for p in g.get("processes") or []]))
+                              loose_pids=[int(p["pid"]) for p in g.get("processes") or []],
+                              device_id=catalog.device_id_for(g.get("name"))))
         return out
 
     def _change(self, uuid: str, what: str, fn: Any) -> Any:
@@ -202,7 +203,8 @@ class NvmlMig(MigOps):
                              for m in g["instances"]]
             out.append(GpuMig(uuid=g["uuid"], bus_id=g["bus_id"], index=g["index"], name=g["name"],
                               mode_current=g["mode_current"], mode_pending=g["mode_pending"], instances=instances,
-                              table=g["table"], why=g["why"], loose_pids=list(g["loose_pids"])))
+                              table=g["table"], why=g["why"], loose_pids=list(g["loose_pids"]),
+                              device_id=g.get("device_id")))
         return out
 
     def set_mode(self, uuid: str, enabled: bool) -> bool:
@@ -298,6 +300,36 @@ def _complete(m: Inst) -> bool:
     return m.compute_instance_id is not None and m.start is not None and m.profile is not None
 
 
+def _keep_and_place(table: catalog.ProfileTable, current: list[Inst], layout: tuple[str, ...]
+                    ) -> tuple[list[Inst], list[tuple[catalog.GiProfile, int]]] | str:
+    """The instances to keep and the placements of the rest: of the subsets of current
+    instances the layout still has, the one that keeps the most busy instances, then the most
+    instances, with which the rest of the layout can be placed. A string: no placement at all."""
+    import itertools
+
+    candidates = [m for m in current if _complete(m) and m.profile in layout]
+    wanted = Counter(layout)
+    subsets = []
+    for n in range(len(candidates), -1, -1):
+        for combo in itertools.combinations(candidates, n):
+            if all(c <= wanted[p] for p, c in Counter(str(m.profile) for m in combo).items()):
+                subsets.append(list(combo))
+    subsets.sort(key=lambda ms: (-sum(m.in_use for m in ms), -len(ms)))
+    problem = ""
+    for keep in subsets:
+        rest = Counter(layout) - Counter(str(m.profile) for m in keep)
+        names = []
+        for name in layout:
+            if rest[name] > 0:
+                rest[name] -= 1
+                names.append(name)
+        try:
+            return keep, catalog.place(table, names, [(str(m.profile), int(m.start or 0)) for m in keep])
+        except catalog.LayoutError as exc:
+            problem = problem if keep else str(exc)
+    return problem
+
+
 def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "name": gpu.name, "changed": False,
@@ -319,6 +351,13 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
     if gpu.mode_current and gpu.instances is None:
         return refuse(f"cannot list the MIG instances ({gpu.why or 'unknown'})",
                       "list them with nvidia-smi mig -lgi and retry")
+    if gpu.mode_current != want.mode and gpu.mode_pending == want.mode and not (gpu.mode_current and current):
+        # asked for already (here or by nvidia-smi -mig): only the GPU reset that applies it is missing
+        word = "enabled" if want.mode else "disabled"
+        entry.update(status="mode-pending", result="mode-pending",
+                     detail=f"MIG mode {word} is pending until the GPU is reset: fleetops-agent reset --gpu "
+                     f"{gpu.uuid}, then rerun mig apply", remedy=f"fleetops-agent reset --gpu {gpu.uuid}")
+        return entry
     if not want.mode:
         if not gpu.mode_current:
             entry.update(status="unchanged", detail="MIG mode is off, as wanted", after=[])
@@ -336,27 +375,11 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
         if gpu.mode_current and have == Counter(want.layout) and all(_complete(m) for m in current):
             entry.update(status="unchanged", detail=f"instances already {', '.join(want.layout)}", after=entry["before"])
             return entry
-        # keep the instances the layout still has, where the rest can be placed beside them
-        need = Counter(want.layout)
-        keep: list[Inst] = []
-        for m in sorted((m for m in current if _complete(m)), key=lambda m: m.gpu_instance_id):
-            if m.profile is not None and need[m.profile] > 0:
-                need[m.profile] -= 1
-                keep.append(m)
-        rest = []
-        for name in want.layout:
-            if need[name] > 0:
-                need[name] -= 1
-                rest.append(name)
-        try:
-            plan = catalog.place(gpu.table, rest, [(str(m.profile), int(m.start or 0)) for m in keep])
-        except catalog.LayoutError:
-            keep = []
-            try:
-                plan = catalog.place(gpu.table, list(want.layout))
-            except catalog.LayoutError as exc:
-                return refuse(str(exc), "choose a layout whose instances fit the GPU's placements "
-                              "(larger profiles take fixed slices: a 4g takes slices 0-3)")
+        found = _keep_and_place(gpu.table, current, want.layout)
+        if isinstance(found, str):
+            return refuse(found, "choose a layout whose instances fit the GPU's placements "
+                          "(larger profiles take fixed slices: a 4g takes slices 0-3)")
+        keep, plan = found
         kept_ids = {m.gpu_instance_id for m in keep}
         destroy = [m for m in current if m.gpu_instance_id not in kept_ids]
     busy = [m for m in destroy if m.in_use]
@@ -439,10 +462,14 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
                            "dry_run": dry_run, "source": source.describe(), "gpus": entries, "changed": False,
                            "refused": False, "result": None, "message": ""}
     refused = [e for e in entries if e["status"] == "refused"]
-    todo = [e for e in entries if e["status"] != "unchanged"]
+    waiting = [e for e in entries if e["status"] == "mode-pending"]
+    todo = [e for e in entries if e["status"] not in ("unchanged", "mode-pending")]
     if refused:
         doc.update(refused=True, result="refused", message="refused, nothing changed: "
                    + "; ".join(f"{e['uuid']}: {e['detail']}" for e in refused))
+        return doc, 1
+    if not todo and waiting:
+        doc.update(result="mode-pending", message=_pending_message(waiting))
         return doc, 1
     if not todo:
         doc.update(result="unchanged", message=f"MIG layout already as wanted on {len(entries)} GPU(s)")
@@ -482,12 +509,16 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
     if bad or failed:
         doc.update(result="failed", message="MIG apply failed on " + "; ".join(f"{e['uuid']}: {e['detail']}" for e in bad))
         return doc, 1
-    if pending:
-        doc.update(result="mode-pending", message="MIG mode pending until a GPU reset on "
-                   + ", ".join(e["uuid"] for e in pending) + "; reset them (fleetops-agent reset --gpu UUID), then rerun")
+    if pending or waiting:
+        doc.update(result="mode-pending", message=_pending_message(pending + waiting))
         return doc, 1
     doc.update(result="applied", message=f"applied the MIG layout on {len(todo)} GPU(s)")
     return doc, 0
+
+
+def _pending_message(entries: list[dict[str, Any]]) -> str:
+    return ("MIG mode pending until a GPU reset on " + ", ".join(e["uuid"] for e in entries)
+            + "; reset them (fleetops-agent reset --gpu UUID), then rerun mig apply")
 
 
 def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int) -> tuple[bool, list[dict[str, Any]]]:

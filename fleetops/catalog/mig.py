@@ -17,9 +17,8 @@ Hopper memory-slice layout the H200 reports (profile sizes 1, 2, 4, 4, 8 slices)
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -49,6 +48,9 @@ class GiProfile:
 class ProfileTable:
     model: str  # the NVML product name
     profiles: tuple[GiProfile, ...]
+    # PCI device ids (nvidia-mig-parted's device-filter form); compare=False: NVML's answer
+    # builds a table without them
+    device_ids: tuple[str, ...] = field(default=(), compare=False)
 
     def names(self) -> list[str]:
         return [p.name for p in self.profiles]
@@ -81,7 +83,7 @@ H200_SXM = ProfileTable("NVIDIA H200", (
     _p(4, 0, "7g.141gb", 7, 1, 132, 8, 7, 1, 143360, (0,), 8),
     _p(7, 20, "1g.18gb+me", 1, 1, 16, 1, 1, 1, 16384, range(7), 1),
     _p(9, 15, "1g.35gb", 1, 4, 26, 1, 1, 0, 33280, (0, 2, 4, 6), 2),
-))
+), device_ids=("0x233510DE",))  # the captured H200's nvidia-smi -q Device Id
 
 H100_SXM = ProfileTable("NVIDIA H100 80GB HBM3", (
     _p(0, 19, "1g.10gb", 1, 7, 16, 1, 1, 0, 9984, range(7), 1),
@@ -91,9 +93,15 @@ H100_SXM = ProfileTable("NVIDIA H100 80GB HBM3", (
     _p(4, 0, "7g.80gb", 7, 1, 132, 8, 7, 1, 81152, (0,), 8),
     _p(7, 20, "1g.10gb+me", 1, 1, 16, 1, 1, 1, 9984, range(7), 1),
     _p(9, 15, "1g.20gb", 1, 4, 26, 1, 1, 0, 20096, (0, 2, 4, 6), 2),
-))
+), device_ids=("0x233010DE",))  # H100 SXM5 80GB in the PCI ID database
 
 TABLES: tuple[ProfileTable, ...] = (H200_SXM, H100_SXM)
+
+
+def device_id_for(model: str | None) -> str | None:
+    """The PCI device id of a model fleetops has a table for (to match a device-filter)."""
+    table = table_for(model)
+    return table.device_ids[0] if table is not None and table.device_ids else None
 
 
 def table_for(model: str | None) -> ProfileTable | None:
@@ -117,6 +125,8 @@ class LayoutError(ValueError):
 
 
 def unknown_profile_message(name: str, table: ProfileTable) -> str:
+    import difflib  # only on bad input: the agent's collect imports this module
+
     close = difflib.get_close_matches(normalize(name), table.names(), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown MIG profile {name!r} for {table.model}{hint}; known: {', '.join(table.names())}"

@@ -286,7 +286,7 @@ def _mig_layout(ctx: Context, gpu: model.Gpu, label: str) -> None:
         extra = _minus(got, list(want.layout))
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"extra {', '.join(extra)}"] if extra else [])
         ctx.add("config.mig_layout", "warn",
-                f"{label}: MIG instances {', '.join(got) or 'none'}, {want.key} {', '.join(want.layout)} "
+                f"{label}: MIG instances {', '.join(got) or 'none'}; {want.key} wants {', '.join(want.layout)} "
                 f"({'; '.join(parts)})", gpu=gpu, observed=got, expected=sorted(want.layout), action=action)
 
 

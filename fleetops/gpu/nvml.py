@@ -1059,10 +1059,13 @@ class MigControl:
         for index in range(int(self._must("node", "nvmlDeviceGetCount"))):
             h = self._must(f"GPU {index}", "nvmlDeviceGetHandleByIndex", index)
             name = _text(self._must(f"GPU {index}", "nvmlDeviceGetName", h))
+            pci = self._must(f"GPU {index}", "nvmlDeviceGetPciInfo", h)
+            device = getattr(pci, "pciDeviceId", None)  # 0x233510DE: what a mig-parted device-filter names
             gpu: dict[str, Any] = {
                 "index": index, "uuid": _text(self._must(f"GPU {index}", "nvmlDeviceGetUUID", h)),
-                "bus_id": model.normalize_bus_id(_text(self._must(f"GPU {index}", "nvmlDeviceGetPciInfo", h).busId)),
-                "name": name, "mode_current": None, "mode_pending": None, "instances": None, "table": None,
+                "bus_id": model.normalize_bus_id(_text(pci.busId)), "name": name,
+                "device_id": f"0x{int(device):08X}" if device is not None else None,
+                "mode_current": None, "mode_pending": None, "instances": None, "table": None,
                 "why": None, "loose_pids": []}
             out.append(gpu)
             mode, reason = self.nv.call("nvmlDeviceGetMigMode", h)

@@ -640,7 +640,9 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         gpu["clocks_event_reasons"] = throttle.decode(gpu["clocks_event_mask"])
         gpu["nvlinks"] = links
         # configured instances (see mig_reset); a state without any shows an empty list, as before
-        gpu["mig_instances"] = [dict(m) for m in raw.get("mig_instances") or []] if gpu.get("mig_mode_current") else None
+        # (the snapshot has the fields NVML's collector gives; placements are the state's own)
+        gpu["mig_instances"] = ([{k: m.get(k) for k in MIG_SNAPSHOT_KEYS} for m in raw.get("mig_instances") or []]
+                                if gpu.get("mig_mode_current") else None)
         unavailable = gpu.setdefault("unavailable", {})
         if not gpu.get("mig_mode_current"):
             unavailable["mig_instances"] = "MIG disabled"
@@ -921,6 +923,7 @@ def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) ->
 # the first free placement its profile lists, as NVML does without an explicit placement, and
 # fails when none is free (4g + 4g): nothing is half made.
 
+MIG_SNAPSHOT_KEYS = ("gpu_instance_id", "compute_instance_id", "profile", "uuid", "in_use")
 # Profile name -> compute slices, for the default (H200) GPU.
 MIG_PROFILES = {p.name: p.slices for p in _mig_catalog.H200_SXM.profiles}
 # A node whose ``mig_mode_needs_reset`` is true keeps a MIG mode change pending until the GPU is

@@ -108,7 +108,7 @@ def nvmlDeviceGetUUID(h: int) -> str:
 
 def nvmlDeviceGetPciInfo(h: int) -> Any:
     _gate("nvmlDeviceGetPciInfo")
-    return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0")
+    return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0", pciDeviceId=0x233510DE)  # an H200
 
 
 nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
@@ -175,3 +175,278 @@ def nvmlDeviceGetFieldValues(h: int, ids: list[Any]) -> list[Any]:
         else:
             out.append(_field(fid, scope, NOT_SUPPORTED))
     return out
+
+
+# --- MIG ------------------------------------------------------------------------------------
+# The GPU-instance profiles are the real H200's (tests/fixtures/h200/mig_profiles.json); each
+# GPU's MIG state lives in the control file under ``mig`` ({"GPU": {"mode": [current, pending],
+# "instances": [{"gi", "profile_id", "start", "size", "ci", "pids"}]}}) so a subprocess sees it;
+# ``mig_needs_reset`` keeps a mode change pending. Handles: a GPU is its index; a GPU instance
+# is GPU*1000 + 100 + GI id, a compute instance + 500, a MIG device + 800.
+
+import ctypes  # noqa: E402
+
+NVML_GPU_INSTANCE_PROFILE_COUNT = 18
+NVML_DEVICE_MIG_ENABLE = 1
+c_nvmlGpuInstance_t = ctypes.c_int64
+c_nvmlComputeInstance_t = ctypes.c_int64
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class NVMLError_NotFound(NVMLError):
+    pass
+
+
+class NVMLError_InUse(NVMLError):
+    pass
+
+
+class NVMLError_InsufficientResources(NVMLError):
+    pass
+
+
+class NVMLError_InvalidArgument(NVMLError):
+    pass
+
+
+_CAPTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "h200", "mig_profiles.json")
+_GI, _CI, _DEV = 100, 500, 800
+
+
+def _profiles() -> list[dict[str, Any]]:
+    with open(_CAPTURE, encoding="utf-8") as fh:
+        rows: list[dict[str, Any]] = json.load(fh)["gpus"][0]["profiles"]
+    return [r for r in rows if "error" not in r]
+
+
+def _write(c: dict[str, Any]) -> None:
+    path = os.environ["FAKE_NVML_CONTROL"]
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(c, fh)
+    os.replace(path + ".tmp", path)
+
+
+def _gpu_mig(c: dict[str, Any], gpu: int) -> dict[str, Any]:
+    mig: dict[str, Any] = c.setdefault("mig", {}).setdefault(str(gpu), {"mode": [0, 0], "instances": []})
+    return mig
+
+
+def _split(handle: int) -> tuple[int, int, int]:
+    """(GPU, kind, GI id) of a MIG handle."""
+    gpu, rest = divmod(int(handle), 1000)
+    kind = _DEV if rest >= _DEV else _CI if rest >= _CI else _GI
+    return gpu, kind, rest - kind
+
+
+def _inst(c: dict[str, Any], gpu: int, gi: int) -> dict[str, Any]:
+    for m in _gpu_mig(c, gpu)["instances"]:
+        if m["gi"] == gi:
+            return dict(m)
+    raise NVMLError_NotFound(6)
+
+
+def _require_mig(c: dict[str, Any], gpu: int) -> dict[str, Any]:
+    mig = _gpu_mig(c, gpu)
+    if not mig["mode"][0]:
+        raise NVMLError_InvalidArgument(2)  # NVML answers so on a GPU not in MIG mode
+    return mig
+
+
+def nvmlDeviceGetName(h: int) -> str:
+    _gate("nvmlDeviceGetName")
+    return "NVIDIA H200"
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str) -> int:
+    _gate("nvmlDeviceGetHandleByUUID")
+    if not uuid.startswith("GPU-fake-"):
+        raise NVMLError_NotFound(6)
+    return int(uuid.rsplit("-", 1)[1])
+
+
+def nvmlDeviceGetMigMode(h: int) -> list[int]:
+    c = _gate("nvmlDeviceGetMigMode")
+    return list(_gpu_mig(c, int(h))["mode"])
+
+
+def nvmlDeviceSetMigMode(h: int, mode: int) -> int:
+    c = _gate("nvmlDeviceSetMigMode")
+    mig = _gpu_mig(c, int(h))
+    if not mode and mig["instances"]:
+        raise NVMLError_InUse(19)
+    mig["mode"][1] = int(mode)
+    if not c.get("mig_needs_reset"):
+        mig["mode"][0] = int(mode)
+    _write(c)
+    return 0
+
+
+def nvmlDeviceGetGpuInstanceProfileInfo(h: int, profile: int, version: int = 2) -> Any:
+    _gate("nvmlDeviceGetGpuInstanceProfileInfo")
+    for row in _profiles():
+        if row["profile"] == profile:
+            return SimpleNamespace(**{k: v for k, v in row.items() if k not in ("profile", "placements")})
+    raise NVMLError_NotSupported(3)
+
+
+def nvmlDeviceGetGpuInstancePossiblePlacements(h: int, profile_id: int, buf: Any, count_ref: Any) -> None:
+    _gate("nvmlDeviceGetGpuInstancePossiblePlacements")
+    row = next((r for r in _profiles() if r["id"] == profile_id), None)
+    if row is None:
+        raise NVMLError_InvalidArgument(2)
+    for i, (start, size) in enumerate(row["placements"]):
+        buf[i].start, buf[i].size = start, size
+    count_ref._obj.value = len(row["placements"])
+
+
+def nvmlDeviceGetGpuInstances(h: int, profile_id: int, buf: Any, count_ref: Any) -> None:
+    c = _gate("nvmlDeviceGetGpuInstances")
+    mig = _require_mig(c, int(h))
+    found = [m for m in mig["instances"] if m["profile_id"] == profile_id]
+    for i, m in enumerate(found):
+        buf[i] = int(h) * 1000 + _GI + m["gi"]
+    count_ref._obj.value = len(found)
+
+
+def nvmlGpuInstanceGetInfo(gi_handle: int) -> Any:
+    c = _gate("nvmlGpuInstanceGetInfo")
+    gpu, _, gi = _split(gi_handle)
+    m = _inst(c, gpu, gi)
+    return SimpleNamespace(id=gi, profileId=m["profile_id"], device=gpu,
+                           placement=SimpleNamespace(start=m["start"], size=m["size"]))
+
+
+def nvmlDeviceGetGpuInstanceById(h: int, gi: int) -> int:
+    c = _gate("nvmlDeviceGetGpuInstanceById")
+    _inst(c, int(h), gi)
+    return int(h) * 1000 + _GI + gi
+
+
+def nvmlDeviceCreateGpuInstanceWithPlacement(h: int, profile_id: int, placement_ref: Any) -> int:
+    c = _gate("nvmlDeviceCreateGpuInstanceWithPlacement")
+    mig = _require_mig(c, int(h))
+    placement = placement_ref._obj
+    row = next((r for r in _profiles() if r["id"] == profile_id), None)
+    if row is None or [placement.start, placement.size] not in row["placements"]:
+        raise NVMLError_InvalidArgument(2)
+    if sum(1 for m in mig["instances"] if m["profile_id"] == profile_id) >= row["instanceCount"]:
+        raise NVMLError_InsufficientResources(23)
+    start, size = placement.start, placement.size
+    if any(not (start + size <= m["start"] or m["start"] + m["size"] <= start) for m in mig["instances"]):
+        raise NVMLError_InsufficientResources(23)
+    used = {m["gi"] for m in mig["instances"]}
+    gi = next(i for i in range(1, 64) if i not in used)
+    mig["instances"].append({"gi": gi, "profile_id": profile_id, "start": start, "size": size, "ci": None, "pids": []})
+    _write(c)
+    return int(h) * 1000 + _GI + gi
+
+
+def nvmlGpuInstanceGetComputeInstanceProfileInfo(gi_handle: int, profile: int, eng_profile: int, version: int = 2) -> Any:
+    c = _gate("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+    gpu, _, gi = _split(gi_handle)
+    m = _inst(c, gpu, gi)
+    slices = next(r["sliceCount"] for r in _profiles() if r["id"] == m["profile_id"])
+    full = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}[slices]
+    if profile != full:  # the fake knows only the compute instance spanning the GPU instance
+        raise NVMLError_NotSupported(3)
+    return SimpleNamespace(id=profile, sliceCount=slices, instanceCount=1)
+
+
+def nvmlGpuInstanceCreateComputeInstance(gi_handle: int, profile_id: int) -> int:
+    c = _gate("nvmlGpuInstanceCreateComputeInstance")
+    gpu, _, gi = _split(gi_handle)
+    for m in _gpu_mig(c, gpu)["instances"]:
+        if m["gi"] == gi:
+            if m["ci"] is not None:
+                raise NVMLError_InsufficientResources(23)
+            m["ci"] = 0
+            _write(c)
+            return gpu * 1000 + _CI + gi
+    raise NVMLError_NotFound(6)
+
+
+def nvmlGpuInstanceGetComputeInstances(gi_handle: int, profile_id: int, buf: Any, count_ref: Any) -> None:
+    c = _gate("nvmlGpuInstanceGetComputeInstances")
+    gpu, _, gi = _split(gi_handle)
+    m = _inst(c, gpu, gi)
+    count = 1 if m["ci"] is not None else 0
+    if count:
+        buf[0] = gpu * 1000 + _CI + gi
+    count_ref._obj.value = count
+
+
+def nvmlComputeInstanceDestroy(ci_handle: int) -> None:
+    c = _gate("nvmlComputeInstanceDestroy")
+    gpu, _, gi = _split(ci_handle)
+    for m in _gpu_mig(c, gpu)["instances"]:
+        if m["gi"] == gi:
+            if m["pids"]:
+                raise NVMLError_InUse(19)
+            m["ci"] = None
+            _write(c)
+            return
+    raise NVMLError_NotFound(6)
+
+
+def nvmlGpuInstanceDestroy(gi_handle: int) -> None:
+    c = _gate("nvmlGpuInstanceDestroy")
+    gpu, _, gi = _split(gi_handle)
+    mig = _gpu_mig(c, gpu)
+    for m in mig["instances"]:
+        if m["gi"] == gi:
+            if m["ci"] is not None:
+                raise NVMLError_InUse(19)
+            mig["instances"].remove(m)
+            _write(c)
+            return
+    raise NVMLError_NotFound(6)
+
+
+def nvmlDeviceGetMaxMigDeviceCount(h: int) -> int:
+    _gate("nvmlDeviceGetMaxMigDeviceCount")
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h: int, index: int) -> int:
+    c = _gate("nvmlDeviceGetMigDeviceHandleByIndex")
+    devices = [m for m in _gpu_mig(c, int(h))["instances"] if m["ci"] is not None]
+    if index >= len(devices):
+        raise NVMLError_NotFound(6)
+    return int(h) * 1000 + _DEV + devices[index]["gi"]
+
+
+def nvmlDeviceGetGpuInstanceId(mig_handle: int) -> int:
+    _gate("nvmlDeviceGetGpuInstanceId")
+    return _split(mig_handle)[2]
+
+
+def nvmlDeviceGetComputeInstanceId(mig_handle: int) -> int:
+    c = _gate("nvmlDeviceGetComputeInstanceId")
+    gpu, _, gi = _split(mig_handle)
+    return int(_inst(c, gpu, gi)["ci"])
+
+
+def nvmlDeviceGetComputeRunningProcesses(h: int) -> list[Any]:
+    c = _gate("nvmlDeviceGetComputeRunningProcesses")
+    if int(h) < 1000:  # the parent GPU lists the processes of all its instances
+        return [SimpleNamespace(pid=p, usedGpuMemory=0) for m in _gpu_mig(c, int(h))["instances"] for p in m["pids"]]
+    gpu, _, gi = _split(h)
+    return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in _inst(c, gpu, gi)["pids"]]
+
+
+def mig_uuid(gpu: int, gi: int) -> str:
+    return f"MIG-fake-{gpu}-{gi}"
+
+
+_plain_uuid = nvmlDeviceGetUUID
+
+
+def nvmlDeviceGetUUID(h: int) -> str:  # type: ignore[no-redef]  # MIG devices have their own
+    if int(h) >= 1000:
+        _count("nvmlDeviceGetUUID")
+        gpu, _, gi = _split(h)
+        return mig_uuid(gpu, gi)
+    return _plain_uuid(h)
