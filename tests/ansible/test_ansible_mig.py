@@ -115,6 +115,25 @@ def test_a_drifted_node_is_found_by_the_audit_and_only_it_is_changed(fleet: Any)
     assert audit(fleet) == (0, [])
 
 
+PARTED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "mig", "mig-parted.yaml")
+
+
+def test_a_sites_mig_parted_file_is_applied_in_check_mode_by_its_entries(fleet: Any) -> None:
+    # "mixed": GPUs 0 and 1 get 1g.18gb x3 + 4g.71gb, GPU 2 MIG off, the others are not covered
+    before = fleet.state_bytes()
+    check, lines = run(fleet, check=True, gpu_mig_config_file=os.path.abspath(PARTED), gpu_mig_config="mixed")
+    assert check.ok and check.changed_hosts() == fleet.nodes, "\n".join(lines)
+    assert fleet.state_bytes() == before
+    gpus = fleet.collect(fleet.nodes[0])["gpus"]
+    [d] = diffs(check)[fleet.nodes[0]]
+    assert [g["uuid"] for g in gpus if g["uuid"] in d["after"]] == [g["uuid"] for g in gpus[:3]]
+    assert f"{gpus[2]['uuid']} {gpus[2]['bus_id']}: MIG off\n" in d["after"]
+    assert "1g.18gb GI new, 1g.18gb GI new, 1g.18gb GI new" in d["after"] and "4g.71gb GI new" in d["after"]
+    relative, lines = run(fleet, check=True, gpu_mig_config_file="mig-parted.yaml", gpu_mig_config="mixed")
+    assert relative.failed_hosts == fleet.nodes
+    assert any("give its absolute path" in line for line in lines), lines
+
+
 def test_a_busy_instance_is_refused_and_its_node_named_while_the_others_change(fleet: Any) -> None:
     busy = fleet.nodes[1]
     with sim.locked_state(str(fleet.state_path(busy))) as state:
