@@ -127,3 +127,28 @@ def test_a_process_the_driver_places_in_no_listed_instance_is_kept_apart() -> No
     assert [(i["gi"], i["pids"], i["in_use"]) for i in entry["instances"]] == [(1, [10], True), (2, [], False)]
     assert entry["other_pids"] == [11, 12]
     assert instances.gpu_table({"uuid": "GPU-2", "mig_mode_current": False, "mig_instances": None}) is None
+
+
+def test_the_nvml_daemon_serves_instances_from_its_full_snapshot(tmp_path: Path) -> None:
+    # the fake NVML holds GPU 1 in MIG mode with a 3g.71gb (GI 1) running pid 4242 and an idle 3g (GI 2)
+    # (GPU 1: the fake's MIG handles of GPU 0 fall below 1000, where it takes them for GPU indices)
+    from test_agent_serve import _ask_path, _nvml_daemon
+
+    d, control, _, sock = _nvml_daemon(tmp_path)
+    doc = json.loads(control.read_text())
+    doc["mig"] = {"1": {"mode": [1, 1], "instances": [
+        {"gi": 1, "profile_id": 9, "start": 0, "size": 4, "ci": 0, "pids": [4242]},
+        {"gi": 2, "profile_id": 9, "start": 4, "size": 4, "ci": 0, "pids": []},
+    ]}}
+    control.write_text(json.dumps(doc))
+    try:
+        served = _until("the NVML daemon's instances", lambda: ((_ask_path(sock) or {}).get("mig") or None))
+        [(uuid, entry)] = served.items()
+        assert uuid == (_ask_path(sock) or {})["gpus"][1]["uuid"]
+        assert [(i["gi"], i["ci"], i["profile"], i["uuid"], i["pids"], i["in_use"]) for i in entry["instances"]] == [
+            (1, 0, "3g.71gb", "MIG-fake-1-1", [4242], True),
+            (2, 0, "3g.71gb", "MIG-fake-1-2", [], False),
+        ]
+        assert entry["other_pids"] == []
+    finally:
+        d.stop()
