@@ -342,8 +342,9 @@ def main():
         # every group planned before any is changed: a refusal anywhere changes nothing
         plans = [_apply(module, args, gpu, True) for args, gpu in groups]
         docs = plans
-        if not module.check_mode and all(p.get("result") in GOOD for p in plans):
-            docs = [_apply(module, groups[i][0], groups[i][1], False) if p.get("result") != "unchanged" else p
+        if not module.check_mode and all(p.get("result") in GOOD + ("mode-pending",) for p in plans):
+            # a group already waiting for a GPU reset is not asked again (the agent would refuse)
+            docs = [_apply(module, groups[i][0], groups[i][1], False) if p.get("result") == "would-change" else p
                     for i, p in enumerate(plans)]
     except AgentError as exc:
         fail_from(module, exc)
@@ -383,6 +384,11 @@ def main():
                       for g in changing))
     else:
         result["msg"] = "MIG layout: all %d GPUs already as wanted" % len(gpus)
+    if result["reset_required"]:
+        result["msg"] = "%s%s; MIG mode waits for a GPU reset on %s" % (
+            result["msg"] if changing else "MIG layout",
+            "" if changing else " not complete",
+            ", ".join(result["reset_required"]))
     module.exit_json(**result)
 
 

@@ -89,3 +89,17 @@ def test_bad_input_is_named_before_anything_runs(run_module: Any, sim_state: str
     code, res = run_module(MODULE, {"sim_state": sim_state})
     assert code == 1 and res["kind"] == "usage" and "needs layout" in res["msg"]
     assert Path(sim_state).read_bytes() == before
+
+
+def test_a_mode_that_waits_for_a_reset_is_reported_and_not_asked_again(run_module: Any, sim_state: str) -> None:
+    with sim.locked_state(sim_state) as state:
+        state["node"][sim.MIG_NEEDS_RESET_FIELD] = True  # this node applies a MIG mode change at a GPU reset
+    uuids = [g["uuid"] for g in sim.read_state(sim_state)["gpus"]]
+    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    assert code == 0 and res["changed"] is True and res["result"] == "mode-pending" and res["reset_required"] == uuids
+    assert "MIG mode waits for a GPU reset on " + ", ".join(uuids) in res["msg"]
+    pending = Path(sim_state).read_bytes()
+    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    assert code == 0 and res["changed"] is False and res["reset_required"] == uuids
+    assert res["msg"].startswith("MIG layout not complete; MIG mode waits for a GPU reset on ")
+    assert Path(sim_state).read_bytes() == pending
