@@ -55,6 +55,11 @@ class GpuProcess:
     pid: int
     name: str | None = None
     used_memory_mib: int | None = None
+    # The MIG instance the process runs in (NVML's process info, GPU instance and compute
+    # instance ids); None outside MIG mode or when the driver does not say. Optional in
+    # fleetops.snapshot/v1.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 @dataclass

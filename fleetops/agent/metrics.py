@@ -340,8 +340,10 @@ def render(state: MetricsInput) -> str:
                      [*_gpu_labels(gpu), ("reason", name)], bool(gpu.clocks_event_mask & bit))
 
     by_uuid = {g.uuid: g for g in node.gpus}
-    page.family("fleetops_gpu_nvlink_up", "gauge", "1 when the NVLink is up.")
+    page.family("fleetops_gpu_nvlink_up", "gauge", "1 when the NVLink is up; absent while the GPU is in MIG mode.")
     for gpu in node.gpus:
+        if gpu.mig_mode_current:
+            continue  # NVML reports every link down under MIG, by design: no series, so no NvlinkDown alert
         for link in gpu.nvlinks or []:
             up = None if link.state is None else link.state == "up"
             page.add("fleetops_gpu_nvlink_up", "gauge", "", [*_gpu_labels(gpu), ("link", link.link)], up)

@@ -21,7 +21,8 @@ FAMILY = "nvlink"
 COUNTERS = ("crc_errors", "replay_errors", "recovery_errors")
 
 MIG_NOTE = (
-    "With MIG mode on, NVML reports every NVLink as down: that is not a fault and is not reported. "
+    "With MIG mode on, NVML reports every NVLink as down: MIG does not use NVLink, so that is not a fault and "
+    "is not reported (the GPU's links are not judged, and the daemon exports no link state for it). "
     "A passthrough VM reports NVLink as Not Supported: silent unless nvlinks_per_gpu expects links."
 )
 
@@ -48,7 +49,8 @@ SPECS = (
         severities=("info", "warn", "crit"),
         action="Reset the GPU in a service window to retrain its links (fleetops reset NODE GPU-UUID); errors "
         "that return point at the baseboard or NVSwitch: drain and inspect.",
-        not_a_fault="Counters accumulate since the driver loaded: totals without a rate are not a fault.",
+        not_a_fault="Counters accumulate since the driver loaded: totals without a rate are not a fault. A GPU in "
+        "MIG mode is not judged: MIG does not use NVLink.",
         applies=lambda n, b: _applies(n, b),
     ),
     CheckSpec(
@@ -65,7 +67,8 @@ SPECS = (
         "drain and inspect.",
         not_a_fault="A GPU whose links are all idle is an idle GPU, and a job that talks to one peer over "
         "direct links leaves the links to other peers idle: links are compared only with links to the "
-        "same kind of peer. Counters that went back (a GPU reset) give no evidence either way.",
+        "same kind of peer. Counters that went back (a GPU reset) give no evidence either way. A GPU in MIG mode "
+        "is not judged: MIG does not use NVLink.",
         applies=lambda n, b: _applies(n, b),
     ),
 )

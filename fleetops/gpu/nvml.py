@@ -701,9 +701,18 @@ def _read_processes(r: _GpuReader) -> None:
                 pid=int(p.pid),
                 name=_proc_name(int(p.pid)),
                 used_memory_mib=int(used) // _MIB if used is not None else None,
+                gpu_instance_id=_instance_id(getattr(p, "gpuInstanceId", None)),
+                compute_instance_id=_instance_id(getattr(p, "computeInstanceId", None)),
             )
         )
     r.gpu.processes = procs
+
+
+def _instance_id(value: Any) -> int | None:
+    """A process's MIG instance id; NVML fills 0xFFFFFFFF where the GPU is not in MIG mode."""
+    if value is None or int(value) == 0xFFFFFFFF:
+        return None
+    return int(value)
 
 
 def _read_nvlinks(r: _GpuReader, N: Any, fields: dict[str, tuple[Any, str | None]]) -> None:

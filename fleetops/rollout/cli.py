@@ -23,7 +23,7 @@ __all__ = ["EXIT_HOSTS_FAILED", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "reg
 APPLY_PLAYBOOKS = {"power": "power_caps.yml", "mig": "mig.yml", "firmware": "firmware.yml"}
 APPLY_WHAT = {
     "power": "enforce and persist GPU power caps",
-    "mig": "change MIG mode (nodes are drained first)",
+    "mig": "apply MIG layouts: mode, GPU and compute instances (nodes are drained first)",
     "firmware": "audit GPU firmware",
 }
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
@@ -133,10 +133,15 @@ def register(subparsers: Any) -> None:
 
     a = subparsers.add_parser(
         "apply",
-        help="apply GPU settings: power caps, MIG mode, firmware",
+        help="apply GPU settings: power caps, MIG layouts, firmware",
         description="Runs playbooks/power_caps.yml, mig.yml or firmware.yml through ansible-runner.",
     )
     a.add_argument("what", choices=sorted(APPLY_PLAYBOOKS), help="power, mig or firmware")
+    a.add_argument(
+        "--layout",
+        help="mig: comma-separated GPU instance profiles for every managed GPU (3g.71gb,3g.71gb), or 'off'; "
+        "default: the baseline's mig.layout (gpu_mig_layout)",
+    )
     a.add_argument(
         "--update-firmware",
         action="store_true",
@@ -171,6 +176,19 @@ def rollout_driver(args: argparse.Namespace) -> int:
 def apply(args: argparse.Namespace) -> int:
     extravars: dict[str, Any] = {}
     action = APPLY_WHAT[args.what]
+    layout = getattr(args, "layout", None)
+    if layout is not None:
+        if args.what != "mig":
+            return _usage("--layout goes with 'apply mig'")
+        profiles = [p.strip() for p in layout.split(",") if p.strip()]
+        if not profiles:
+            return _usage("--layout: give GPU instance profiles (3g.71gb,3g.71gb) or 'off'")
+        if profiles == ["off"]:
+            extravars.update(gpu_mig_layout=[], gpu_mig_mode=False)
+            action = "turn MIG mode off (instances destroyed; nodes are drained first)"
+        else:
+            extravars.update(gpu_mig_layout=profiles, gpu_mig_mode=True)
+            action = f"apply the MIG layout {', '.join(profiles)} (nodes are drained first)"
     if args.update_firmware:
         if args.what != "firmware":
             return _usage("--update-firmware goes with 'apply firmware'")

@@ -147,6 +147,8 @@ def fmt_nvlink(gpu: model.Gpu) -> str:
         return "n/a"
     if not gpu.nvlinks:
         return "none"
+    if gpu.mig_mode_current:
+        return "mig"  # NVML reports every link down under MIG, by design: not a count to read as a fault
     return f"{gpu.nvlinks_up}/{len(gpu.nvlinks)}"
 
 

@@ -103,7 +103,7 @@ def test_the_agent_helper_is_one_file_in_module_utils_and_no_module_carries_a_co
     helper = _top_level_definitions(REPO / "plugins" / "module_utils" / "agent.py")
     assert {"run_agent", "agent_command", "backend_args", "AgentError", "AGENT_ARGUMENT_SPEC"} <= set(helper)
     callers = sorted(p.stem for p in modules.glob("*.py") if "fleetops-agent" in p.read_text())
-    assert callers == ["fleetops_gpu_facts", "fleetops_gpu_reset", "fleetops_gpu_set", "fleetops_gpu_validate"]
+    assert callers == ["fleetops_gpu_facts", "fleetops_gpu_mig", "fleetops_gpu_reset", "fleetops_gpu_set", "fleetops_gpu_validate"]
     bodies = {code: name for name, code in helper.items()}
     copies = []
     for path in sorted(modules.glob("*.py")):

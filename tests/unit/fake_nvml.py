@@ -431,8 +431,9 @@ def nvmlDeviceGetComputeInstanceId(mig_handle: int) -> int:
 
 def nvmlDeviceGetComputeRunningProcesses(h: int) -> list[Any]:
     c = _gate("nvmlDeviceGetComputeRunningProcesses")
-    if int(h) < 1000:  # the parent GPU lists the processes of all its instances
-        return [SimpleNamespace(pid=p, usedGpuMemory=0) for m in _gpu_mig(c, int(h))["instances"] for p in m["pids"]]
+    if int(h) < 1000:  # the parent GPU lists the processes of all its instances, each with its instance ids
+        return [SimpleNamespace(pid=p, usedGpuMemory=0, gpuInstanceId=m["gi"], computeInstanceId=m["ci"])
+                for m in _gpu_mig(c, int(h))["instances"] for p in m["pids"]]
     gpu, _, gi = _split(h)
     return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in _inst(c, gpu, gi)["pids"]]
 

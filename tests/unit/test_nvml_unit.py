@@ -547,6 +547,19 @@ def test_process_names_come_from_proc(monkeypatch, tmp_path):
     ]
 
 
+def test_a_process_in_a_mig_instance_carries_its_instance_ids(monkeypatch, tmp_path):
+    # NVML's process info under MIG names the GPU and compute instance; outside MIG it fills 0xFFFFFFFF
+    gpu = h200()
+    gpu["processes"] = [
+        {"pid": 4242, "usedGpuMemory": 1024 * MIB, "gpuInstanceId": 2, "computeInstanceId": 0},
+        {"pid": 7, "usedGpuMemory": None, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF},
+    ]
+    FakeNvml([gpu], monkeypatch)
+    procs = collect(None).gpus[0].processes
+    assert procs is not None
+    assert [(p.pid, p.gpu_instance_id, p.compute_instance_id) for p in procs] == [(4242, 2, 0), (7, None, None)]
+
+
 @pytest.mark.parametrize(
     "fabric, state, status, reason",
     [

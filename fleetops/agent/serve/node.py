@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from fleetops.agent.serve import kmsg
+from fleetops.agent.serve import instances, kmsg
 from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
 
@@ -38,6 +38,9 @@ class SimBackend:
         self.run_dir = base + ".agent"
         self.kmsg_path = base + ".kmsg"
         self.boot: float | None = None
+        # MIG instances as of the last light read (serve/instances.py): the simulator's state
+        # holds them, so every tick sees them at no extra cost
+        self.mig: dict[str, dict[str, Any]] | None = None
 
     def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
         """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
@@ -46,6 +49,7 @@ class SimBackend:
         state = sim.read_state(self.state_path)
         self.boot = float(state["node"].get("boot_time", 0.0)) or None
         data = sim.snapshot(state)
+        self.mig = instances.table(data["gpus"])
         values: dict[str, dict[str, float | None]] = {}
         for g in data["gpus"]:
             row: dict[str, float | None] = {n: _num(g.get(n)) for n in GPU_FIELDS}
@@ -124,6 +128,9 @@ class NodeService:
         self._doc: dict[str, Any] | None = None
         self._node_doc: tuple[Any, dict[str, Any]] | None = None  # (node, to_dict(node)), shared by docs
         self._baseline_cache: tuple[Any, dict[str, Any]] | None = None
+        # GPU UUID -> MIG instances and the PIDs in each (serve/instances.py): from every light
+        # read where the backend samples them (``backend.mig``), else from each full snapshot
+        self.mig: dict[str, dict[str, Any]] = {}
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         os.chmod(state_dir, 0o700)
         self.book = kmsg.XidBook(os.path.join(state_dir, "xid-state.json"), self._boot_id())
@@ -178,6 +185,10 @@ class NodeService:
                 values, lost = self._call("sample", self.backend.light)
                 if self._changed_state(values, lost):
                     next_full = 0.0  # judge it now, not at the next full interval
+                sampled = getattr(self.backend, "mig", None)
+                if sampled is not None and sampled != self.mig:
+                    self.mig = sampled
+                    next_full = 0.0  # instances that changed are judged against the layout now
                 for uuid, row in values.items():
                     ring = self.rings.get(uuid)
                     if ring is None:
@@ -333,10 +344,13 @@ class NodeService:
         node = self.node
         if node is not None and (self._node_doc is None or self._node_doc[0] is not node):
             self._node_doc = (node, to_dict(node))  # once per full snapshot, not on every publish
+            if getattr(self.backend, "mig", None) is None:  # no per-tick sampling: the full snapshot's
+                self.mig = instances.table(self._node_doc[1]["gpus"])
         doc: dict[str, Any] = (
             dict(self._node_doc[1]) if node is not None and self._node_doc is not None
             else {"schema": "fleetops.snapshot/v1", "gpus": []}
         )
+        doc["mig"] = self.mig
         book = self.book.snapshot()
         degraded = self.degraded_reason or self.follower.error or book["write_error"]
         doc["daemon"] = {

@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
+from fleetops.agent.serve import instances
 from fleetops.tui import data
 from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
@@ -122,6 +123,8 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
         )
         if g.nvlinks is None:
             t.append(f"   NVLink n/a ({g.unavailable.get('nvlinks', 'not reported')})")
+        elif g.mig_mode_current:
+            t.append("   NVLink unused in MIG mode (NVML reports the links down; not a fault)", style="dim")
         else:
             down = [str(link.link) for link in g.nvlinks if link.state != "up"]
             crc = sum(link.crc_errors or 0 for link in g.nvlinks)
@@ -131,18 +134,47 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
                 + f", CRC {crc}"
             )
         t.append(f"   fabric {n(g.fabric_state)}/{n(g.fabric_status)}   recovery {n(g.recovery_action)}")
-        mig = "n/a" if g.mig_mode_current is None else ("on" if g.mig_mode_current else "off")
-        t.append(f"\nMIG {mig} (pending {n(g.mig_mode_pending)})")
-        for inst in g.mig_instances or []:
-            t.append(f"  [{inst.gpu_instance_id}] {inst.profile or '?'}{' in use' if inst.in_use else ''}")
-        procs = g.processes or []
-        t.append(f"   processes {len(procs)}")
-        for p in procs:
-            t.append(f"\n  pid {p.pid} {p.name or '?'} {n(p.used_memory_mib, ' MiB')}")
+        _mig_lines(t, g)
     if gv.findings:
         t.append("\n\n")
         _finding_lines(t, gv.findings)
     return t
+
+
+def _process_text(p: model.GpuProcess) -> str:
+    return f"pid {p.pid} {p.name or '?'} {'n/a' if p.used_memory_mib is None else f'{p.used_memory_mib} MiB'}"
+
+
+def _mig_lines(t: Text, g: model.Gpu) -> None:
+    """MIG mode, then each instance (profile, GPU/compute instance ids, UUID) with the processes
+    the driver places in it, then the GPU's other processes: the incident question on a split
+    GPU is which tenant's instance a process belongs to."""
+    mig = "n/a" if g.mig_mode_current is None else ("on" if g.mig_mode_current else "off")
+    pending = ""
+    if g.mig_mode_pending is not None and g.mig_mode_pending != g.mig_mode_current:
+        pending = f" (pending {'on' if g.mig_mode_pending else 'off'}: applied at the next GPU reset)"
+    procs = list(g.processes or [])
+    if g.mig_instances is None:
+        reason = g.unavailable.get("mig_instances")
+        t.append(f"\nMIG {mig}{pending}" + (f"   instances n/a ({reason})" if g.mig_mode_current and reason else ""))
+    else:
+        t.append(f"\nMIG {mig}{pending}   {len(g.mig_instances)} instance(s)")
+        entry = instances.gpu_table(model.to_dict(g)) or {"instances": []}
+        by_pid = {p.pid: p for p in procs}
+        shown: set[int] = set()
+        for inst, row in zip(g.mig_instances, entry["instances"], strict=True):
+            ci = "-" if inst.compute_instance_id is None else str(inst.compute_instance_id)
+            t.append(f"\n  GI {inst.gpu_instance_id:<2} CI {ci:<2} {inst.profile or '?':<9} {inst.uuid or 'no compute instance'}")
+            pids: list[int] = row["pids"]
+            if not pids:
+                t.append("  in use (processes not visible)" if inst.in_use else "  idle", style="dim")
+            for pid in pids:
+                shown.add(pid)
+                t.append(f"\n      {_process_text(by_pid[pid])}")
+        procs = [p for p in procs if p.pid not in shown]
+    t.append(f"\nprocesses {len(g.processes or [])}" + (" (outside the instances above)" if g.mig_instances and procs else ""))
+    for p in procs:
+        t.append(f"\n  {_process_text(p)}")
 
 
 class NodeScreen(Screen[None]):
