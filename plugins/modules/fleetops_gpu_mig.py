@@ -104,15 +104,14 @@ import json
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.fleetops.gpu.plugins.module_utils.agent import (
     AGENT_ARGUMENT_SPEC,
-    agent_command,
     AgentError,
+    agent_command,
     backend_args,
     error_line,
     fail_from,
     gpu_label,
     run_agent,
 )
-
 
 OFF = "off"
 # agent results that leave the node as the layout says (or would, in a dry run)
