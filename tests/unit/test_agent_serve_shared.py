@@ -272,3 +272,51 @@ def test_a_hung_node_does_not_stop_the_others(tmp_path: Path) -> None:
         _until("n00 recovered", lambda: not (_snapshot(states[0]) or {"daemon": {"degraded": True}})["daemon"]["degraded"])
     finally:
         assert _stop(proc) == 0
+
+
+SLOW_FIRST = textwrap.dedent('''
+    import os, time
+    from fleetops.agent.serve.node import SimBackend
+
+    class SlowFirst(SimBackend):
+        def full(self):
+            while os.path.exists(self.state_path + ".slow"):
+                time.sleep(0.05)
+            return super().full()
+''')
+
+
+def test_watch_opened_before_the_first_snapshot_gets_the_whole_snapshot(tmp_path: Path) -> None:
+    """A watcher that connected while the daemon was starting (its first line says so) gets the
+    whole snapshot as its next line, not a change it would have nothing to merge into."""
+    import socket
+
+    (tmp_path / "slowmod.py").write_text(SLOW_FIRST)
+    env = {"FLEETOPS_AGENT_SERVE_BACKEND": "slowmod:SlowFirst",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    (state,) = _nodes(tmp_path, 1)
+    Path(str(state) + ".slow").write_text("")
+    proc = _daemon([state], env)
+    try:
+        path = str(state.with_suffix("")) + ".agent/agent.sock"
+        _until("the socket", lambda: os.path.exists(path))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(DEADLINE_S)
+        s.connect(path)
+        s.sendall(b"watch\n")
+        fh = s.makefile("rb")
+        first = json.loads(fh.readline())
+        assert first["kind"] == "starting"
+        Path(str(state) + ".slow").unlink()
+        second = json.loads(fh.readline())
+        assert "change" not in second and second["hostname"] == "n00" and len(second["gpus"]) == 8
+        assert "age_s" in second["daemon"]
+        sim.inject(str(state), "ecc-dbe", 1)
+        while True:  # then changes, as before
+            line = json.loads(fh.readline())
+            assert set(line) == {"change", "at"}
+            if any(f["severity"] == "crit" for f in line["change"].get("daemon", {}).get("findings", [])):
+                break
+        s.close()
+    finally:
+        assert _stop(proc) == 0

@@ -123,10 +123,12 @@ def _changes(old: dict[str, object], new: dict[str, object]) -> dict[str, object
 
 
 def _watch(svc: NodeService, conn: socket.socket, fh: object) -> None:
-    """The whole snapshot first, then one line per change (the top-level keys that changed)."""
+    """The whole snapshot first, then one line per change (the top-level keys that changed).
+    A daemon still starting answers its "no snapshot yet" line first, then the whole snapshot
+    once it has one: a watcher only merges changes into a snapshot it has."""
     seen, doc = svc.state()
     conn.sendall(svc.snapshot_json().encode() + b"\n")
-    last = doc or {}
+    last = doc
     while not svc.stop.is_set():
         with svc.changed:
             svc.changed.wait_for(lambda s=seen: svc.version != s or svc.stop.is_set(), timeout=5.0)  # type: ignore[misc]
@@ -134,6 +136,10 @@ def _watch(svc: NodeService, conn: socket.socket, fh: object) -> None:
         if version == seen or doc is None:
             continue
         seen = version
+        if last is None:
+            conn.sendall(svc.snapshot_json().encode() + b"\n")
+            last = doc
+            continue
         diff = _changes(last, doc)
         last = doc
         if diff:
