@@ -276,13 +276,23 @@ def check_fault_name(name: str) -> None:
 
 
 def read_state(path: str) -> dict[str, Any]:
+    return parse_state(path, read_state_text(path))
+
+
+def read_state_text(path: str) -> str:
+    """The state file's text, unparsed: a reader that keeps the state it parsed last (the
+    daemon's sim backend, every tick) compares the text and parses only a changed file."""
     try:
         with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+            return fh.read()
     except FileNotFoundError as exc:
         raise SimError(f"{path}: simulator state file not found") from exc
     except OSError as exc:
         raise SimError(f"{path}: cannot read simulator state: {exc.strerror}") from exc
+
+
+def parse_state(path: str, text: str) -> dict[str, Any]:
+    """``text`` (read from ``path``) as a state, with the errors ``read_state`` gives."""
     try:
         state = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -599,6 +609,10 @@ def _nvlinks(state: dict[str, Any], gpu: dict[str, Any], now: float | None = Non
     return links
 
 
+def uptime_s(state: dict[str, Any], now: float) -> float:
+    return round(now - float(state["node"].get("boot_time", now)), 1)
+
+
 def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """The node's snapshot as a ``model.Node``-shaped dict (without the collector's timing)."""
     now = time.time() if now is None else now
@@ -680,7 +694,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         "backend": "sim",
         "kernel": node.get("kernel"),
         "os": node.get("os"),
-        "uptime_s": round(now - float(node.get("boot_time", now)), 1),
+        "uptime_s": uptime_s(state, now),
         "driver_version": node.get("driver_version"),
         "cuda_driver_version": node.get("cuda_driver_version"),
         "nvml_version": node.get("nvml_version"),
@@ -698,6 +712,24 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         },
         "_kernel_log": list(kernel_log),
     }
+
+
+STEADY_PROBE_S = 3600.0
+
+
+def steady(state: dict[str, Any], now: float | None = None) -> bool:
+    """Whether ``snapshot(state)`` stays the same as time passes, its uptime aside: an idle node
+    with no growing error storm and no kernel-log lines. Such a state's samples and snapshots can
+    be reused until the state file changes, which is what lets one daemon process serve a
+    thousand simulated nodes cheaply. Decided by taking the snapshot an hour apart rather than
+    by a list of the time-dependent faults, so a new one cannot be missed."""
+    now = time.time() if now is None else now
+    first, later = snapshot(state, now), snapshot(state, now + STEADY_PROBE_S)
+    if first["_kernel_log"]:  # XIDs: their times are derived from the (rounded) uptime
+        return False
+    first.pop("uptime_s")
+    later.pop("uptime_s")
+    return first == later
 
 
 # --- setters used by the agent (power, persistence, MIG) and by reset -----------------

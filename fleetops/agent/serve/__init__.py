@@ -227,8 +227,9 @@ def run(args: Any) -> int:
     signal.signal(signal.SIGINT, _term)
     reload = threading.Event()
     signal.signal(signal.SIGHUP, lambda s, f: reload.set())
-    for svc in services:
-        svc.start()
+    from fleetops.agent.serve import loops
+
+    loops.start(services)
     if args.metrics_address:
         start_metrics(args.metrics_address, services)
     if textfile:

@@ -127,6 +127,8 @@ class Follower(threading.Thread):
         self.stop_event = stop
         self.poll_s = poll_s
         self.error: str | None = None
+        self._offset = 0  # a file's: how far it has been read, and the unfinished last line
+        self._pending = ""
 
     def handle(self, records: list[str]) -> None:
         from fleetops.gpu import xid
@@ -166,39 +168,43 @@ class Follower(threading.Thread):
 
     def _run_file(self) -> None:
         """A regular file is always readable, so ``select`` cannot wait on it: it is polled every
-        ``poll_s`` (0.2 s keeps a line's way to the endpoint well under the 1 s asked), and a
-        poll that finds the size unchanged costs one ``stat`` and opens nothing."""
-        offset = 0
-        pending = ""
+        ``poll_s`` (0.2 s keeps a line's way to the endpoint well under the 1 s asked)."""
         while not self.stop_event.is_set():
-            try:
-                if os.stat(self.path).st_size == offset:
-                    self.error = None
-                    self.stop_event.wait(self.poll_s)
-                    continue
-            except OSError:
-                pass  # the open below says why
-            try:
-                with open(self.path, encoding="utf-8", errors="replace") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    if size < offset:  # rewritten from the start (a new simulated boot)
-                        offset, pending = 0, ""
-                    fh.seek(offset)
-                    chunk = fh.read()
-                    offset = fh.tell()
-                self.error = None
-            except FileNotFoundError:
-                chunk = ""
-            except OSError as exc:
-                self.error = f"{self.path}: {exc.strerror or exc}"
-                chunk = ""
-            if chunk:
-                text = pending + chunk
-                lines = text.split("\n")
-                pending = lines.pop()
-                if lines:
-                    self.handle(lines)
+            self.poll_file()
             self.stop_event.wait(self.poll_s)
+
+    def poll_file(self) -> None:
+        """One look at the file: a poll that finds the size unchanged (or no file yet) costs one
+        ``stat`` and opens nothing. ``loops`` calls this for every simulated node of a process
+        from one thread, in place of one thread per node."""
+        try:
+            if os.stat(self.path).st_size == self._offset:
+                self.error = None
+                return
+        except FileNotFoundError:
+            return  # not written yet: the simulator creates it with the node's first record
+        except OSError:
+            pass  # the open below says why
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < self._offset:  # rewritten from the start (a new simulated boot)
+                    self._offset, self._pending = 0, ""
+                fh.seek(self._offset)
+                chunk = fh.read()
+                self._offset = fh.tell()
+            self.error = None
+        except FileNotFoundError:
+            chunk = ""
+        except OSError as exc:
+            self.error = f"{self.path}: {exc.strerror or exc}"
+            chunk = ""
+        if chunk:
+            text = self._pending + chunk
+            lines = text.split("\n")
+            self._pending = lines.pop()
+            if lines:
+                self.handle(lines)
 
     def _run_kmsg(self) -> None:
         while not self.stop_event.is_set():

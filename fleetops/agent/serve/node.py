@@ -1,8 +1,9 @@
 """One served node: the sampler, health, XID book and the unix socket for one backend.
 
-Threads: the sampler (light read every ``interval_s``, full snapshot every ``full_interval_s``),
-the kernel-log follower, the socket server, and a watchdog that marks the node degraded when a
-backend call has not returned within ``hang_s`` (the follower keeps recording XIDs meanwhile).
+Loops (``loops.py``, shared by the nodes one process serves): the sampler (``tick``: light read
+every ``interval_s``, full snapshot every ``full_interval_s``), the kernel-log follower, the
+socket server, and a watchdog that marks the node degraded when a backend call has not returned
+within ``hang_s`` (the follower keeps recording XIDs meanwhile).
 Readers get ``state()``: an immutable snapshot (a JSON-ready mapping built once per change).
 """
 
@@ -27,8 +28,20 @@ RATE_GPU_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie
 RATE_LINK_COUNTERS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
 
 
+RACY_S = 1.0  # a state file changed this recently before it was read is read again next time
+
+
 class SimBackend:
-    """The simulator: its state file is read on every tick (it changes under the daemon)."""
+    """The simulator: its state file is read on every tick (it changes under the daemon).
+
+    The file's text is kept and parsed again only when it changed; a state that ``sim.steady``
+    finds time-independent (an idle node without a growing storm: a simulated fleet's usual
+    node) answers its light samples and full snapshots from what the last change produced, the
+    snapshot's time and uptime renewed. One process serves every node of ``sim up --daemon``, a
+    thousand of them on a two-core machine, and rebuilding a thousand identical snapshots cost
+    that process more than a core (the simulator's cost, not the daemon's). Callers must not
+    mutate what ``light`` and ``full`` return (the daemon never does): both share what they
+    hold between calls."""
 
     name = "sim"
 
@@ -41,13 +54,45 @@ class SimBackend:
         # MIG instances as of the last light read (serve/instances.py): the simulator's state
         # holds them, so every tick sees them at no extra cost
         self.mig: dict[str, dict[str, Any]] | None = None
+        self._text: str | None = None
+        self._key: tuple[int, ...] | None = None  # the file's stat when ``_text`` may be trusted by it
+        self._state: dict[str, Any] = {}
+        self._steady = False
+        self._light: tuple[dict[str, dict[str, float | None]], dict[str, str]] | None = None
+        self._node: Any = None  # the full snapshot of a steady state, kept until the file changes
+
+    def _current(self) -> dict[str, Any]:
+        """The state as the file holds it now. An unchanged ``stat`` is trusted only when the
+        text was read more than ``RACY_S`` after the file's last change (git's racy-clean rule):
+        a write in the same clock tick as that read, or one that got a freed inode back with
+        the same size, is then caught by reading the text again."""
+        from fleetops.gpu import sim
+
+        try:
+            st = os.stat(self.state_path)
+            key: tuple[int, ...] | None = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            key = None  # the read below says why
+        if key is None or key != self._key:
+            self._key = None
+            read_at = time.time()
+            text = sim.read_state_text(self.state_path)
+            if text != self._text:
+                state = sim.parse_state(self.state_path, text)
+                self._text, self._state, self._steady = text, state, sim.steady(state)
+                self._light = self._node = None
+            if key is not None and read_at - max(key[3], key[4]) / 1e9 > RACY_S:
+                self._key = key
+        self.boot = float(self._state["node"].get("boot_time", 0.0)) or None
+        return self._state
 
     def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
         """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
         from fleetops.gpu import sim
 
-        state = sim.read_state(self.state_path)
-        self.boot = float(state["node"].get("boot_time", 0.0)) or None
+        state = self._current()
+        if self._light is not None:
+            return self._light
         data = sim.snapshot(state)
         self.mig = instances.table(data["gpus"])
         values: dict[str, dict[str, float | None]] = {}
@@ -57,12 +102,28 @@ class SimBackend:
                 for n in LINK_FIELDS:
                     row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
             values[g["uuid"]] = row
-        return values, {}
+        result: tuple[dict[str, dict[str, float | None]], dict[str, str]] = (values, {})
+        if self._steady:
+            self._light = result
+        return result
 
     def full(self) -> Any:
         from fleetops.agent.collect import collect
+        from fleetops.gpu import sim
 
-        return collect("sim", self.state_path)
+        start = time.perf_counter()
+        state = self._current()
+        if self._node is None:
+            node = collect("sim", self.state_path)
+            if not self._steady:
+                return node
+            self._node = node
+        now = time.time()
+        node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
+        node.collected_at = now
+        node.uptime_s = sim.uptime_s(state, now)
+        node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
+        return node
 
     def boot_epoch(self) -> float | None:
         return self.boot
@@ -125,6 +186,9 @@ class NodeService:
         self._trigger_values: dict[str, tuple[float | None, float | None]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
+        self._next_full = 0.0  # time.monotonic() of the next full snapshot; 0: at the next tick
+        # _previous's last GPUs: (the retained snapshot's GPU list, GPUs with rings, base time, GPUs)
+        self._prev_cache: tuple[list[Any], set[str], float, list[Any]] | None = None
         self._doc: dict[str, Any] | None = None
         self._node_doc: tuple[Any, dict[str, Any]] | None = None  # (node, to_dict(node)), shared by docs
         self._baseline_cache: tuple[Any, dict[str, Any]] | None = None
@@ -153,10 +217,12 @@ class NodeService:
     # --- threads -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.follower.start()
-        threading.Thread(target=self._sampler, name="sampler", daemon=True).start()
-        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
-        threading.Thread(target=self._serve, name="socket", daemon=True).start()
+        """This node's loops, alone in its process (``loops.start`` runs several nodes' together)."""
+        from fleetops.agent.serve import loops
+
+        loops.start([self])
+
+    def start_events(self) -> None:
         events = getattr(self.backend, "events", None)
         if events is not None:  # NVML: critical XIDs as events, beside the kernel log
             threading.Thread(target=events, args=(self._nvml_xid, self.stop), name="nvml-events", daemon=True).start()
@@ -177,40 +243,40 @@ class NodeService:
         finally:
             self.in_call = None
 
-    def _sampler(self) -> None:
-        next_full = 0.0
-        while not self.stop.is_set():
-            now = time.time()
-            try:
-                values, lost = self._call("sample", self.backend.light)
-                if self._changed_state(values, lost):
-                    next_full = 0.0  # judge it now, not at the next full interval
-                sampled = getattr(self.backend, "mig", None)
-                if sampled is not None and sampled != self.mig:
-                    self.mig = sampled
-                    next_full = 0.0  # instances that changed are judged against the layout now
-                for uuid, row in values.items():
-                    ring = self.rings.get(uuid)
-                    if ring is None:
-                        ring = self.rings[uuid] = Ring(int(HISTORY_S / self.interval_s), GPU_FIELDS)
+    def tick(self) -> None:
+        """One light sample, and the full snapshot when it is due or the sample shows a change;
+        ``loops.Sampling`` calls it every ``interval_s``."""
+        now = time.time()
+        try:
+            values, lost = self._call("sample", self.backend.light)
+            if self._changed_state(values, lost):
+                self._next_full = 0.0  # judge it now, not at the next full interval
+            sampled = getattr(self.backend, "mig", None)
+            if sampled is not None and sampled != self.mig:
+                self.mig = sampled
+                self._next_full = 0.0  # instances that changed are judged against the layout now
+            for uuid, row in values.items():
+                ring = self.rings.get(uuid)
+                if ring is None:
+                    ring = self.rings[uuid] = Ring(int(HISTORY_S / self.interval_s), GPU_FIELDS)
+                if not ring.columns.keys() >= row.keys():
                     for name in row:
                         ring.add_field(name)
-                    ring.append(now, row)
-                    hold = self.holds.get(uuid)
-                    if hold is None:
-                        hold = self.holds[uuid] = ThrottleHold()
-                    hold.observe(now, row.get("clocks_event_mask"), self.clear_after)
-                self.lost.update(lost)
-                if self.degraded_reason and self.degraded_reason.startswith("sample"):
-                    self.degraded_reason = None
-            except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
-                self.degraded_reason = f"sample failed: {type(exc).__name__}: {exc}"
-            if time.monotonic() >= next_full:
-                next_full = time.monotonic() + self.full_interval_s
-                self._full()
-            self._hold_findings()
-            self._publish()
-            self.stop.wait(self.interval_s)
+                ring.append(now, row)
+                hold = self.holds.get(uuid)
+                if hold is None:
+                    hold = self.holds[uuid] = ThrottleHold()
+                hold.observe(now, row.get("clocks_event_mask"), self.clear_after)
+            self.lost.update(lost)
+            if self.degraded_reason and self.degraded_reason.startswith("sample"):
+                self.degraded_reason = None
+        except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
+            self.degraded_reason = f"sample failed: {type(exc).__name__}: {exc}"
+        if time.monotonic() >= self._next_full:
+            self._next_full = time.monotonic() + self.full_interval_s
+            self._full()
+        self._hold_findings()
+        self._publish()
 
     def _changed_state(self, values: dict[str, dict[str, float | None]], lost: dict[str, str]) -> bool:
         """Whether this tick shows what a check judges on its value, not on a rate: a new
@@ -297,10 +363,23 @@ class NodeService:
         if not rings:
             return None
         t = max(r.base_time(since) for r in rings)  # one tick: every ring sampled then shares it
-        prev = copy.copy(self.full_history[0])
+        base = self.full_history[0]
+        prev = copy.copy(base)
         prev.collected_at = t
-        prev.gpus = []
-        for old in self.full_history[0].gpus:
+        cached = self._prev_cache
+        if (
+            cached is not None and cached[0] is base.gpus and cached[1] == self.rings.keys()
+            and all(r.same_as_now(cached[2]) and r.same_as_now(t) for r in self.rings.values())
+        ):  # the very same GPUs (the sim backend's unchanged state), no counter moved since
+            prev.gpus = cached[3]
+            return prev
+        prev.gpus = self._previous_gpus(base, t)
+        self._prev_cache = (base.gpus, set(self.rings), t, prev.gpus)
+        return prev
+
+    def _previous_gpus(self, base: Any, t: float) -> list[Any]:
+        gpus = []
+        for old in base.gpus:
             gpu = copy.copy(old)
             gpu.nvlinks = [copy.copy(link) for link in old.nvlinks] if old.nvlinks is not None else None
             ring = self.rings.get(gpu.uuid)
@@ -310,21 +389,22 @@ class NodeService:
             for link in gpu.nvlinks or []:
                 for name in RATE_LINK_COUNTERS:
                     setattr(link, name, _count(values.get(f"nvlink{link.link}_{name}")) if values is not None else None)
-            prev.gpus.append(gpu)
-        return prev
+            gpus.append(gpu)
+        return gpus
 
-    def _watchdog(self) -> None:
-        while not self.stop.wait(min(1.0, self.hang_s / 4)):
-            call = self.in_call
-            if call is not None and time.monotonic() - call[1] > self.hang_s:
-                reason = f"hung: backend call {call[0]!r} has not returned within {self.hang_s:g} s"
-                if self.degraded_reason != reason:
-                    self.degraded_reason = reason
-                    self._publish()
-            elif call is None and self.degraded_reason and self.degraded_reason.startswith("hung:"):
-                self.degraded_reason = None
-            if self.degraded_reason is None:
-                notify("WATCHDOG=1")
+    def check_hang(self) -> bool:
+        """The watchdog's look at this node (``loops`` calls it at least every second): a backend
+        call running past ``hang_s`` marks the node degraded, its return clears that. True when
+        the node is healthy, which is what the systemd watchdog's ping stands for."""
+        call = self.in_call
+        if call is not None and time.monotonic() - call[1] > self.hang_s:
+            reason = f"hung: backend call {call[0]!r} has not returned within {self.hang_s:g} s"
+            if self.degraded_reason != reason:
+                self.degraded_reason = reason
+                self._publish()
+        elif call is None and self.degraded_reason and self.degraded_reason.startswith("hung:"):
+            self.degraded_reason = None
+        return self.degraded_reason is None
 
     def _on_xid(self, event: dict[str, Any]) -> None:
         self._publish()
@@ -338,12 +418,30 @@ class NodeService:
             self.version += 1
             self.changed.notify_all()
 
-    def _build(self) -> dict[str, Any]:
+    def _node_dict(self, node: Any) -> dict[str, Any]:
+        """``to_dict(node)``, each field the previous snapshot held as the very same object (the
+        sim backend's GPUs, topology and XIDs while its state is unchanged) taken from the
+        previous conversion: snapshots are never mutated once taken, so the same object
+        converts the same, and a thousand simulated nodes' full snapshots cost their few
+        changed scalars rather than a conversion of every GPU."""
+        import dataclasses
+
         from fleetops.model import to_dict
 
+        if self._node_doc is None or type(self._node_doc[0]) is not type(node):
+            doc: dict[str, Any] = to_dict(node)
+            return doc
+        old, old_doc = self._node_doc
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            out[f.name] = old_doc[f.name] if value is getattr(old, f.name) else to_dict(value)
+        return out
+
+    def _build(self) -> dict[str, Any]:
         node = self.node
         if node is not None and (self._node_doc is None or self._node_doc[0] is not node):
-            self._node_doc = (node, to_dict(node))  # once per full snapshot, not on every publish
+            self._node_doc = (node, self._node_dict(node))  # once per full snapshot, not on every publish
             if getattr(self.backend, "mig", None) is None:  # no per-tick sampling: the full snapshot's
                 self.mig = instances.table(self._node_doc[1]["gpus"])
         doc: dict[str, Any] = (
@@ -399,13 +497,6 @@ class NodeService:
         daemon["age_s"] = round(time.time() - at, 3) if at else None
         out["daemon"] = daemon
         return json.dumps(out, separators=(",", ":"))
-
-    # --- socket --------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        from fleetops.agent.serve import server
-
-        server.serve(self)
 
 
 def notify(message: str) -> None:

@@ -95,18 +95,29 @@ class Ring:
             self.columns[name] = Column()
         self.total = 0  # samples appended since the start: the next sample's number
         self.count = 0
+        # The last sample's values, while every column is a single run: the same values again
+        # change nothing but the time column (an idle GPU's sample, most of a fleet's).
+        self._settled: dict[str, float | None] | None = None
+        self._steady_from = 0
 
     def add_field(self, name: str) -> None:
         """A field first seen now (a GPU's NVLinks): NaN in the samples before."""
         if name not in self.columns:
             self.columns[name] = Column()
+            self._settled = None
 
     def append(self, t: float, values: dict[str, float | None]) -> None:
         seq, capacity = self.total, self.capacity
         self.times[seq % capacity] = t
-        for name, column in self.columns.items():
-            value = values.get(name)
-            column.put(seq, math.nan if value is None else float(value), capacity)
+        if self._settled is None or values != self._settled:
+            single = True
+            for name, column in self.columns.items():
+                value = values.get(name)
+                column.put(seq, math.nan if value is None else float(value), capacity)
+                single = single and column.dense is None and len(column.starts) == 1
+            self._settled = dict(values) if single else None
+            # from this sample on, every field holds the value it has now
+            self._steady_from = max((c.starts[0] for c in self.columns.values()), default=0) if single else 0
         self.total = seq + 1
         self.count = min(self.count + 1, capacity)
 
@@ -159,6 +170,14 @@ class Ring:
         if seq is None:
             seq = self.total - self.count
         return self.times[seq % self.capacity]
+
+    def same_as_now(self, t: float) -> bool:
+        """Whether the ring has a sample taken at exactly ``t`` and every field has kept that
+        sample's value since (what ``sample_at(t)`` returns equals the newest sample)."""
+        if self._settled is None:
+            return False
+        seq = self._at_or_before(t)
+        return seq is not None and seq >= self._steady_from and self.times[seq % self.capacity] == t
 
     def sample_at(self, t: float) -> dict[str, float | None] | None:
         """Every field of the sample taken at exactly ``t``, or None when this ring has none."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
     from fleetops.agent.serve.node import NodeService
 
 
-def serve(svc: NodeService) -> None:
+def listen(svc: NodeService) -> socket.socket:
+    """The node's listening socket, bound at its path (a stale socket file replaced)."""
     path = svc.socket_path
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -33,17 +35,48 @@ def serve(svc: NodeService) -> None:
         os.umask(old)
     os.chmod(path, 0o600)
     sock.listen(16)
-    sock.settimeout(0.5)
-    while not svc.stop.is_set():
+    return sock
+
+
+def serve(svc: NodeService) -> None:
+    serve_all([svc])
+
+
+def serve_all(services: list[NodeService]) -> None:
+    """Accept on every node's socket from one thread (a simulated fleet's one process serves a
+    thousand): each connection gets its own thread, as before. The 0.5 s select bounds how long
+    a stopped node's socket stays."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for svc in services:
         try:
-            conn, _ = sock.accept()
-        except TimeoutError:
+            sock = listen(svc)
+        except OSError as exc:
+            sys.stderr.write(f"fleetops-agent serve: socket {svc.socket_path}: {exc.strerror or exc}\n")
             continue
-        except OSError:
-            if svc.stop.is_set():
-                break
-            continue
-        threading.Thread(target=_client, args=(svc, conn), daemon=True).start()
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, svc)
+    try:
+        while sel.get_map():
+            for key, _ in sel.select(timeout=0.5):
+                listener: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # BlockingIOError: another wake took it; anything else: the next one
+                    continue
+                conn.setblocking(True)
+                threading.Thread(target=_client, args=(key.data, conn), daemon=True).start()
+            for key in [k for k in sel.get_map().values() if k.data.stop.is_set()]:
+                sel.unregister(key.fileobj)
+                _close(key.fileobj, key.data.socket_path)  # type: ignore[arg-type]
+    finally:
+        for key in list(sel.get_map().values()):
+            _close(key.fileobj, key.data.socket_path)  # type: ignore[arg-type]
+        sel.close()
+
+
+def _close(sock: socket.socket, path: str) -> None:
     sock.close()
     try:
         os.unlink(path)
@@ -90,10 +123,12 @@ def _changes(old: dict[str, object], new: dict[str, object]) -> dict[str, object
 
 
 def _watch(svc: NodeService, conn: socket.socket, fh: object) -> None:
-    """The whole snapshot first, then one line per change (the top-level keys that changed)."""
+    """The whole snapshot first, then one line per change (the top-level keys that changed).
+    A daemon still starting answers its "no snapshot yet" line first, then the whole snapshot
+    once it has one: a watcher only merges changes into a snapshot it has."""
     seen, doc = svc.state()
     conn.sendall(svc.snapshot_json().encode() + b"\n")
-    last = doc or {}
+    last = doc
     while not svc.stop.is_set():
         with svc.changed:
             svc.changed.wait_for(lambda s=seen: svc.version != s or svc.stop.is_set(), timeout=5.0)  # type: ignore[misc]
@@ -101,6 +136,10 @@ def _watch(svc: NodeService, conn: socket.socket, fh: object) -> None:
         if version == seen or doc is None:
             continue
         seen = version
+        if last is None:
+            conn.sendall(svc.snapshot_json().encode() + b"\n")
+            last = doc
+            continue
         diff = _changes(last, doc)
         last = doc
         if diff:
