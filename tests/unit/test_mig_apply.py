@@ -305,6 +305,7 @@ def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_loc
             return made
 
     lock = tmp_path / "lock"
+    handler_before = signal.getsignal(signal.SIGTERM)  # another test of this process may have set one
     ops = TermDuringTheFirstCreate(str(state), dry_run=False)
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
@@ -314,7 +315,7 @@ def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_loc
     assert sim.read_state(str(state))["gpus"][0]["mig_instances"][0]["compute_instance_id"] == 0
     assert [(m["profile"], m["placement"]["start"]) for m in doc["gpus"][0]["after"]] == [("3g.71gb", 0)]
     assert not lock.exists()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == handler_before  # the guard put back what it found
     proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid_of(state, 0))  # a rerun completes it
     assert proc.returncode == 0 and doc["gpus"][0]["status"] == "create"
     assert instances(state, 0) == [("3g.71gb", 0), ("3g.71gb", 4)]
