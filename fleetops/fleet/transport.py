@@ -920,8 +920,10 @@ class StreamOpener:
         keepalive_s: float = 15.0,
         ssh_config: str | None = None,
         global_known_hosts: str | None = None,
+        idle_wakeup_s: float = 2.0,
     ) -> None:
         self.keepalive_s = keepalive_s
+        self.idle_wakeup_s = idle_wakeup_s
         self._runner = _Runner(
             connect_timeout, connect_timeout, known_hosts, accept_new_hostkeys, ssh_config, global_known_hosts
         )
@@ -946,6 +948,7 @@ class StreamOpener:
             if transport is None or not transport.is_active():
                 raise _Failure("unreachable", f"{target.where}: connection lost before the command was sent")
             transport.set_keepalive(int(self.keepalive_s))
+            self._quiet(transport)
             timeout = target.connect_timeout or self._runner.connect_timeout
             try:
                 channel = transport.open_session(timeout=timeout)
@@ -962,3 +965,16 @@ class StreamOpener:
             client.close()
             raise
         return Stream(name, client, channel)
+
+    def _quiet(self, transport: paramiko.Transport) -> None:
+        """paramiko's transport thread reads its socket with a 0.1 s timeout, to look at its own
+        state between packets: a thousand idle streams are then ten thousand wake-ups a second
+        fighting for one interpreter lock, which took the TUI's controller past a core at 1000
+        nodes. A stream's transport has nothing to do between packets but keepalives (seconds
+        apart), and a packet or the socket's end wakes the read at once, so the read's timeout is
+        raised to ``idle_wakeup_s``. ``Transport.sock`` is the socket (or the jump host's channel)
+        the thread reads; both take ``settimeout``."""
+        sock = getattr(transport, "sock", None)
+        settimeout = getattr(sock, "settimeout", None)
+        if callable(settimeout) and self.idle_wakeup_s > 0:
+            settimeout(self.idle_wakeup_s)

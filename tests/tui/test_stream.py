@@ -145,6 +145,31 @@ def test_stream_shows_every_node_from_its_daemon_with_no_command_run(fleet_dir: 
     drive(app, body)
 
 
+def test_stream_transports_wake_only_for_packets_and_end_after_close(fleet_dir: tuple[str, Daemon]) -> None:
+    """An idle stream's transport thread waits ``idle_wakeup_s`` between its own looks (not
+    paramiko's 0.1 s, which at 1000 nodes is what held the controller's CPU), data still comes
+    at once (the streams deliver every node), and closing ends every transport thread."""
+    directory, _ = fleet_dir
+    app, source = stream_app(directory)
+    transports: list[Any] = []
+
+    async def body(pilot: Any) -> None:
+        await all_streaming(pilot, app, source)
+        for name in NODES:
+            s = source._nodes[name].stream
+            assert s is not None, name
+            transport = s._client.get_transport()
+            assert transport is not None and transport.is_alive(), name
+            assert transport.sock.gettimeout() == source.opener.idle_wakeup_s == 2.0, name
+            transports.append(transport)
+
+    drive(app, body)
+    source.close()
+    for transport in transports:
+        transport.join(10.0)
+        assert not transport.is_alive()
+
+
 def test_stream_an_injected_fault_arrives_without_a_poll(fleet_dir: tuple[str, Daemon]) -> None:
     directory, _ = fleet_dir
     app, source = stream_app(directory)
