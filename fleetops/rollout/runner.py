@@ -174,8 +174,12 @@ def run_playbook(
     if not sources:
         raise RolloutError("no inventory given (-i INVENTORY)")
 
+    from fleetops.fleet.inventory import BASELINE_VAR
+
     extravars = dict(extravars or {})
-    if layered_baselines and PLAYBOOK_VAR not in extravars:
+    # an extra variable fleetops_baseline is the caller's baseline for every host, and wins over
+    # the inventory's in Ansible too: layering the inventory's levels would override it
+    if layered_baselines and PLAYBOOK_VAR not in extravars and BASELINE_VAR not in extravars:
         layered = _layered_baselines(sources, limit)
         if layered is not None:
             extravars[PLAYBOOK_VAR] = layered

@@ -41,11 +41,12 @@ def _layered_inventory(fleet: Any, tmp_path: Path, parent: dict[str, Any] = PARE
     return inv / "hosts.yml"
 
 
-def _run(fleet: Any, inv: Path, layered: bool) -> list[str]:
+def _run(fleet: Any, inv: Path, layered: bool, **extravars: Any) -> list[str]:
     lines: list[str] = []
     result = run_playbook(
         "power_caps.yml",
         [str(inv)],
+        extravars=extravars or None,
         check=True,
         emit=lambda kind, line: lines.append(line),
         private_data_dir=str(fleet.artifacts),
@@ -79,6 +80,14 @@ def test_apply_power_plans_the_parent_groups_cap_that_ansible_alone_hides(sim_fl
     for node in sim_fleet.nodes:
         assert any(node in line and "CHANGED" in line and "600 W" in line for line in layered), (node, layered)
     assert sim_fleet.state_bytes() == before, "check mode changed a node's state"
+
+
+def test_an_extra_variable_baseline_wins_over_the_inventorys_layers(sim_fleet, tmp_path: Path) -> None:
+    inv = _layered_inventory(sim_fleet, tmp_path)
+    lines = _run(sim_fleet, inv, layered=True, fleetops_baseline={"power_limit_w": 650})
+    for node in sim_fleet.nodes:
+        assert any(node in line and "CHANGED" in line and "650 W" in line for line in lines), (node, lines)
+    assert not [line for line in lines if "600 W" in line], lines
 
 
 def test_a_bad_level_stops_the_run_before_it_starts_naming_the_file(sim_fleet, tmp_path: Path) -> None:
