@@ -60,22 +60,8 @@ options:
         mode), so the verification reads the node as it is now.
     type: bool
     default: false
-  agent:
-    description: Path of fleetops-agent; searched for when unset.
-    type: path
-  sim_state:
-    description: Simulator state file of a simulated node.
-    type: path
-    aliases: [state_file]
-  backend:
-    description: Agent backend.
-    type: str
-    default: auto
-    choices: [auto, nvml, sim]
-  timeout:
-    description: Seconds the agent may take.
-    type: int
-    default: 120
+extends_documentation_fragment:
+  - fleetops.gpu.agent
 author: fleetops
 """
 

@@ -43,22 +43,12 @@ options:
     description: Systemd units stopped before and restarted after the reset; the agent's default when unset.
     type: list
     elements: str
-  agent:
-    description: Path of fleetops-agent; found on PATH, in /usr/local/bin or /opt/fleetops/venv/bin when unset.
-    type: path
-  sim_state:
-    description: Simulator state file of a simulated node (passed as C(--backend sim --state)).
-    type: path
-    aliases: [state_file]
-  backend:
-    description: Agent backend.
-    type: str
-    default: auto
-    choices: [auto, nvml, sim]
   timeout:
     description: Seconds the agent may take (unused by the agent; kept for the shared options).
     type: int
     default: 120
+extends_documentation_fragment:
+  - fleetops.gpu.agent
 author: fleetops
 """
 

@@ -30,22 +30,8 @@ options:
     description: After a change, read the GPUs back and fail unless they enforce the value.
     type: bool
     default: true
-  agent:
-    description: Path of fleetops-agent; found on PATH, in /usr/local/bin or /opt/fleetops/venv/bin when unset.
-    type: path
-  sim_state:
-    description: Simulator state file of a simulated node (passed as C(--backend sim --state)).
-    type: path
-    aliases: [state_file]
-  backend:
-    description: Agent backend.
-    type: str
-    default: auto
-    choices: [auto, nvml, sim]
-  timeout:
-    description: Seconds the agent may take.
-    type: int
-    default: 120
+extends_documentation_fragment:
+  - fleetops.gpu.agent
 author: fleetops
 """
 

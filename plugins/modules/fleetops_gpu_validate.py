@@ -23,22 +23,8 @@ options:
       - Floor overrides, the baseline's C(validation.floors) (GPU model name to metric to floor).
     type: dict
     default: {}
-  agent:
-    description: Path of fleetops-agent; searched for when unset.
-    type: path
-  sim_state:
-    description: Simulator state file of a simulated node.
-    type: path
-    aliases: [state_file]
-  backend:
-    description: Agent backend.
-    type: str
-    default: auto
-    choices: [auto, nvml, sim]
-  timeout:
-    description: Seconds the agent may take.
-    type: int
-    default: 120
+extends_documentation_fragment:
+  - fleetops.gpu.agent
 author: fleetops
 """
 
