@@ -1024,6 +1024,12 @@ def load_file(path: str) -> Baseline:
             text = fh.read()
     except OSError as exc:
         raise BaselineError(path, "", f"cannot read: {exc.strerror or exc}") from exc
+    return load_text(text, path)
+
+
+def load_text(text: str, path: str) -> Baseline:
+    """``load_file`` for a baseline already read (``fleetops-agent check --baseline -`` reads
+    stdin); ``path`` names it in errors and as the baseline's source."""
     if text.lstrip().startswith("{"):
         import json
 
@@ -1143,6 +1149,7 @@ __all__ = [
     "json_schema",
     "layer",
     "load_file",
+    "load_text",
     "merge",
     "schema_dicts",
 ]

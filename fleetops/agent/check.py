@@ -100,23 +100,13 @@ def load_baseline(path: str | None, stdin: Any = None) -> tuple[Baseline | None,
             return read_baseline(path), path
         except BaselineError as exc:
             raise CheckError(str(exc)) from exc
-    import os
-    import tempfile
+    from fleetops.baseline import load_text
 
     text = (stdin if stdin is not None else sys.stdin).read()
-    # The loader reads files (its JSON-without-PyYAML rule and its line numbers come with it): stdin
-    # goes through a private file, and its errors are given back under stdin's name.
-    fd, tmp = tempfile.mkstemp(prefix="fleetops-check-", suffix=".baseline")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        try:
-            return read_baseline(tmp), STDIN_LABEL
-        except BaselineError as exc:
-            relabelled = BaselineError(STDIN_LABEL, exc.path, exc.problem.replace(tmp, STDIN_LABEL), exc.line)
-            raise CheckError(str(relabelled)) from exc
-    finally:
-        os.unlink(tmp)
+        return load_text(text, STDIN_LABEL), STDIN_LABEL
+    except BaselineError as exc:
+        raise CheckError(str(exc)) from exc
 
 
 def take_snapshot(args: Any) -> tuple[model.Node, str]:
