@@ -122,7 +122,6 @@ def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
     """With ``output``, every format is written whole to a temporary file in the same folder
     and renamed over ``output``: a reader (node-exporter's textfile collector, a CI job) sees
     the old report or the new one, never half of one."""
-    import contextlib
     import io
 
     from fleetops.report import json_report, junit, prometheus, table
@@ -138,18 +137,7 @@ def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
         text = buffer.getvalue()
     else:
         text = {"json": json_report.render, "junit": junit.render, "prom": prometheus.render}[fmt](result, code)
-        if not output:
-            sys.stdout.write(text)
-            return
-    tmp = f"{output}.tmp.{os.getpid()}"  # same folder: the rename stays on one file system
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _write_out(text, output)
 
 
 # --- history -----------------------------------------------------------------------------
@@ -312,18 +300,19 @@ def _show_value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _write_out(text: str, output: str | None, prefix: str) -> None:
-    """``text`` to ``output`` atomically (a reader never sees half a file), or to stdout."""
+def _write_out(text: str, output: str | None) -> None:
+    """``text`` to ``output`` atomically (a reader never sees half a file), or to stdout. The
+    temporary file is in the same folder (the rename stays on one file system), hidden, with no
+    suffix a collector globs for, and made by ``open`` so the result has the umask's mode."""
     if not output:
         sys.stdout.write(text)
         return
     import contextlib
-    import tempfile
 
     folder = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".json")
+    tmp = os.path.join(folder, f".{os.path.basename(output)}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, output)
     except BaseException:
@@ -338,7 +327,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     if args.baseline_command == "schema":
         from fleetops import baseline as bl
 
-        _write_out(json.dumps(bl.json_schema(), indent=2) + "\n", args.output, ".schema-")
+        _write_out(json.dumps(bl.json_schema(), indent=2) + "\n", args.output)
         return 0
     if args.baseline_command == "vars":
         from fleetops import baseline as bl
@@ -350,7 +339,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         except bl.BaselineError as exc:
             raise UsageError(str(exc)) from None
         _write_out(json.dumps({PLAYBOOK_VAR: layered or {"hosts": {}, "baselines": []}}, indent=1) + "\n",
-                   args.output, ".vars-")
+                   args.output)
         return 0
     from fleetops.fleet import inventory
     from fleetops.ops.baseline import explain
