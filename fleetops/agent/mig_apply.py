@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetops.agent import lock as node_lock
 from fleetops.agent.mig import REPORT_KIND, MigError
+from fleetops.agent.reset.backends import DryRunGuard
 from fleetops.catalog import mig as catalog
 from fleetops.catalog.actions import mig_budget_s
 
@@ -62,19 +63,10 @@ class GpuMig:
     device_id: str | None = None
 
 
-class MigOps:
+class MigOps(DryRunGuard):
     """Reading and changing one node's MIG state; changing methods refuse in a dry run."""
 
     name = "unknown"
-
-    def __init__(self, dry_run: bool) -> None:
-        self.dry_run = dry_run
-
-    def _changing(self, what: str) -> None:
-        from fleetops.agent.reset.backends import DryRunViolation
-
-        if self.dry_run:
-            raise DryRunViolation(f"dry run: refusing to {what}")
 
     def hostname(self) -> str:
         raise NotImplementedError

@@ -132,11 +132,9 @@ def _wait_gone(reports: list[dict[str, Any]], timeout: float) -> None:
 # --- the interface ------------------------------------------------------------------------------
 
 
-class Backend:
-    """What the reset flow (and ``mig reset``) may do to a node. Reading methods work in a dry
-    run; changing methods call ``_changing`` first and so refuse in one."""
-
-    name = "unknown"
+class DryRunGuard:
+    """Reading methods work in a dry run; changing methods call ``_changing`` first and so
+    refuse in one (the reset backends and ``mig apply``'s node access)."""
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
@@ -144,6 +142,12 @@ class Backend:
     def _changing(self, what: str) -> None:
         if self.dry_run:
             raise DryRunViolation(f"dry run: refusing to {what}")
+
+
+class Backend(DryRunGuard):
+    """What the reset flow (and ``mig reset``) may do to a node."""
+
+    name = "unknown"
 
     # reading
     def snapshot(self) -> model.Node:
