@@ -199,7 +199,8 @@ class Node:
     unavailable: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     # Set only in snapshots served by ``fleetops-agent serve``: age_s, interval_s, started_at,
-    # degraded, reason, lost, findings, xid_counts, xid_events; absent from a cold collect.
+    # rate_since (the rate base's time), degraded, reason, lost, findings, xid_counts,
+    # xid_events; absent from a cold collect.
     daemon: dict[str, Any] | None = None
 
     def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:

@@ -216,14 +216,23 @@ def daemon_judges_rates(baseline: Any, daemon: dict[str, Any] | None = None) -> 
 
 
 def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
-    """Whether the daemon ran long enough before this snapshot to have a rate: one just started
-    judges with no window (totals only), where the previous audit may still give a rate."""
+    """Whether the daemon's rate findings for this snapshot were judged over a long enough
+    window: ``rate_since`` is the time of the base it judged against (None: it had none yet, so
+    only totals). A daemon that does not report it is judged by its start time. One just started
+    judges with no window, where the previous audit may still give a rate."""
     from fleetops.baseline import DEFAULT_THRESHOLDS
 
-    started = daemon.get("started_at")
-    if not isinstance(started, (int, float)) or not snap.collected_at:
-        return True  # no start time to judge by: the daemon's own findings say what it had
-    return float(snap.collected_at) - float(started) >= DEFAULT_THRESHOLDS.rate_min_interval_s
+    if not snap.collected_at:
+        return True  # no time to judge by: the daemon's own findings say what it had
+    if "rate_since" in daemon:
+        since = daemon["rate_since"]
+        if not isinstance(since, (int, float)):
+            return False
+    else:
+        since = daemon.get("started_at")
+        if not isinstance(since, (int, float)):
+            return True
+    return float(snap.collected_at) - float(since) >= DEFAULT_THRESHOLDS.rate_min_interval_s
 
 
 # Findings the daemon holds from its per-tick samples after the snapshot stopped showing them

@@ -69,6 +69,22 @@ def wait_daemon_after(d: str, nodes: list[str], after: float, timeout: float = 9
     assert not pending, f"no daemon snapshot newer than {after:.1f} from {sorted(pending)} within {timeout:.0f} s"
 
 
+def wait_window(d: str, nodes: list[str], timeout: float = 90) -> None:
+    """Until every node's daemon judged its last full snapshot against a rate base more than
+    RATE_MIN_INTERVAL_S old (``rate_since``): each daemon's own first sample, which on a
+    loaded machine comes at a different time on each node."""
+    deadline = time.monotonic() + timeout
+    pending = set(nodes)
+    while pending and time.monotonic() < deadline:
+        for node in sorted(pending):
+            doc = daemon_snapshot(d, node)
+            since = ((doc or {}).get("daemon") or {}).get("rate_since")
+            if doc is not None and since is not None and float(doc["collected_at"]) - since > RATE_MIN_INTERVAL_S + 1:
+                pending.discard(node)
+        time.sleep(0.5)
+    assert not pending, f"no daemon window over {RATE_MIN_INTERVAL_S:g} s from {sorted(pending)} within {timeout:.0f} s"
+
+
 @pytest.fixture(scope="module")
 def storm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.geteuid() != 0 or not fleet.find_sshd():
@@ -81,9 +97,9 @@ def storm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         nodes = [f"node{i:03d}" for i in range(1, NODES + 1)]
         wait_daemon_after(d, nodes, 0.0)
-        # the daemon's window must reach back past the injection by more than the rate interval
-        first = min(float(daemon_snapshot(d, n)["collected_at"]) for n in nodes)  # type: ignore[index]
-        time.sleep(max(0.0, first + RATE_MIN_INTERVAL_S + 1 - time.time()))
+        # every daemon's window must reach back past the injection by more than the rate
+        # interval: its first sample (its rate base while it is young) must be that old
+        wait_window(d, nodes)
         for node, (fault, gpu) in INJECTED.items():
             fleet.inject(d, node, fault, gpu)
         wait_daemon_after(d, nodes, time.time())

@@ -26,7 +26,8 @@ def _served(node: model.Node, window_start: model.Node | None, age_s: float = 1.
     """``node`` as the daemon serves it: its findings are the checks over its window (no baseline)."""
     found = checks.run_node_checks(node, None, window_start)
     started = (window_start or node).collected_at - 5.0
-    node.daemon = {"age_s": age_s, "interval_s": 2.0, "started_at": started,
+    since = window_start.collected_at if window_start is not None else None
+    node.daemon = {"age_s": age_s, "interval_s": 2.0, "started_at": started, "rate_since": since,
                    "findings": [f.to_dict() for f in found], "xid_counts": {}}
     return node
 
@@ -108,6 +109,27 @@ def test_a_daemon_just_started_leaves_the_rate_to_the_previous_audit(sim_node: C
     nr_alone = _result(served)
     assert _rates(audit.node_findings(nr_alone, None, previous=None)) == {("pcie.replay_rate", now.gpus[2].uuid): "info"}
     assert nr_alone.rates is None
+
+
+def test_a_daemon_whose_rate_base_is_too_recent_leaves_the_rate_to_the_previous_audit(
+    sim_node: Callable[..., model.Node],
+) -> None:
+    """The daemon started a minute ago, but its first sample came late (a loaded node): its base
+    lies 5 s before the snapshot, under rate_min_interval_s, so its rate findings are totals
+    only; the audit judges the rate against its previous audit instead."""
+    old, now = _pair(sim_node, "pcie-replay-storm@2", dt=3600.0)
+    base = dataclasses.replace(now, collected_at=now.collected_at - 5.0)
+    served = _served(now, None)
+    assert served.daemon is not None
+    served.daemon.update(started_at=now.collected_at - 60.0, rate_since=base.collected_at)
+    nr = _result(served)
+    assert _rates(audit.node_findings(nr, None, previous=old)) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
+    assert nr.rates == audit.RATES_PREVIOUS
+    # a daemon that does not report its base is judged by its start time: 60 s is a window
+    del served.daemon["rate_since"]
+    nr_old = _result(served)
+    audit.node_findings(nr_old, None, previous=old)
+    assert nr_old.rates == audit.RATES_DAEMON
 
 
 @pytest.mark.parametrize("bad", [{"check": "pcie.replay_rate", "severity": "bogus", "node": "x", "message": ""},

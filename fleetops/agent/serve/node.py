@@ -169,6 +169,9 @@ class NodeService:
         self.baseline = baseline  # fleetops.baseline.Baseline or None; replaced whole on SIGHUP
         self.clear_after = clear_after  # clean light samples that clear a throttle hold
         self.started_at = time.time()
+        # collected_at of the rate base the last full snapshot's findings were judged against
+        # (None: no base yet, so the rate checks could only report totals)
+        self.rate_since: float | None = None
         self.reloaded_at: float | None = None
         self.reload_error: str | None = None  # the last SIGHUP's refusal; the running config stayed
         self.stop = threading.Event()
@@ -305,6 +308,7 @@ class NodeService:
             node.xids = self._xid_models(node)
         previous = self._previous(node)
         self._checked = checks.run_node_checks(node, self.baseline, previous)
+        self.rate_since = float(previous.collected_at) if previous is not None and previous.collected_at else None
         present = {g.uuid for g in node.gpus}
         for uuid in [u for u in self.lost if u in present]:  # back (a reset, a reboot)
             del self.lost[uuid]
@@ -455,6 +459,7 @@ class NodeService:
             "collected_at": node.collected_at if node is not None else None,
             "interval_s": self.interval_s,
             "started_at": self.started_at,
+            "rate_since": self.rate_since,
             "reloaded_at": self.reloaded_at,
             "reload_error": self.reload_error,
             # what the findings were judged by: the controller takes the daemon's rate findings
