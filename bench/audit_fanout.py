@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -31,11 +32,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fleetops.agent.serve import client
 from fleetops.sim import fleet
 
+CPU: dict[str, list[float]] = {}  # label -> the controller's CPU seconds (user + system) per run
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+
+def timed(cmd: list[str], env: dict[str, str], label: str = "") -> tuple[float, int, str]:
+    """Wall seconds, exit status and output tail of ``cmd``; its CPU (user + system of it and
+    the processes it waited for: the controller, with Ansible's forks) goes to ``CPU[label]``."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    return time.perf_counter() - t0, proc.returncode, proc.stdout[-300:] + proc.stderr[-300:]
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(label, []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return dt, proc.returncode, proc.stdout[-300:] + proc.stderr[-300:]
 
 
 def free_port(address: str) -> int:
@@ -103,7 +112,7 @@ def main() -> int:
             line = []
             for label, extra in modes:
                 dt, rc, tail = timed([fleetops_bin, "audit", "-i", inv, "--forks", str(args.forks), "--format", "json",
-                                      "--no-history", "-q", "-o", out, *extra], env)
+                                      "--no-history", "-q", "-o", out, *extra], env, label)
                 if rc not in (0, 1, 2):
                     print(f"fleetops audit ({label}) failed rc={rc}: {tail}")
                     return 1
@@ -115,7 +124,7 @@ def main() -> int:
                 times[label].append(dt)
                 line.append(f"fleetops audit, {label} {dt:.2f} s")
             dt2, rc2, tail2 = timed([ansible_bin, "all", "-i", inv, "-m", "ansible.builtin.command",
-                                     "-a", "fleetops-agent collect", "-f", str(args.forks), "-o"], env)
+                                     "-a", "fleetops-agent collect", "-f", str(args.forks), "-o"], env, "ansible")
             if rc2 != 0:
                 print(f"ansible failed rc={rc2}: {tail2}")
                 return 1
@@ -124,9 +133,12 @@ def main() -> int:
             print(f"run {i + 1}: " + "   ".join(line))
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\n{args.nodes} hosts, forks {args.forks}, median of {args.runs}:")
+        cpu = {k: statistics.median(v) for k, v in CPU.items()}
         for label, _ in modes:
-            print(f"  fleetops audit, {label}: {med[label]:.2f} s")
-        print(f"  ansible -m command 'fleetops-agent collect': {med['ansible']:.2f} s")
+            print(f"  fleetops audit, {label}: {med[label]:.2f} s (controller CPU {cpu[label]:.1f} s, "
+                  f"{cpu[label] / args.nodes * 1000:.1f} ms per node)")
+        print(f"  ansible -m command 'fleetops-agent collect': {med['ansible']:.2f} s "
+              f"(controller CPU {cpu['ansible']:.1f} s)")
         for label, _ in modes:
             print(f"  ansible / fleetops audit ({label}): {med['ansible'] / med[label]:.1f}x")
         if daemon:
