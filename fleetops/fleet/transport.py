@@ -1112,12 +1112,17 @@ class ProcessStream:
         return self._out
 
     def send(self, data: bytes) -> None:
-        """Write to the command's stdin (OSError when ssh is gone)."""
+        """Write to the command's stdin (OSError once closed here). A broken pipe is not an
+        error: ssh ended, and why (its exit status, its stderr) is what the caller learns from
+        the stream's end, as from any other end: a remote command that ended at once (sudo
+        refusing) must read as that, not as a lost connection."""
         if self._closed:
             raise OSError(f"{self.host}: stream closed")
         try:
             self._in.write(data)
             self._in.flush()
+        except BrokenPipeError:
+            pass
         except ValueError as exc:  # the pipe was closed on our side
             raise OSError(f"{self.host}: stream closed: {exc}") from exc
 
@@ -1182,7 +1187,9 @@ class ProcessStream:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group ``proc`` leads (its own session), then reap ``proc``."""
+    """SIGKILL the process group ``proc`` leads (its own session) while it runs, then reap it.
+    Once ssh has ended (and been reaped) its group is left alone: without a ProxyCommand ssh
+    starts nothing of its own, and the group's id may belong to someone else by then."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -1190,11 +1197,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             pass
         except PermissionError:
             proc.kill()
-    else:  # ssh ended; anything it left in its group goes too
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
