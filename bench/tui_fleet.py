@@ -19,7 +19,7 @@ screen draws from):
 - CPU: this process's user+system time per wall second over the steady part of the run (after
   the injections), in % of one core (target <= 50 %), alone and with its child processes (with
   ``--stream-transport openssh`` the handshakes and the ciphers run in one ``ssh`` per node: the
-  honest figure counts them; live children from /proc, ended ones from ``os.times``); the same
+  honest figure counts them; live ssh children from /proc, ended ones from ``os.times``); the same
   two for the start (until every node is shown); the simulated fleet's one daemon's beside it
   (the simulator's cost: on a real fleet each node runs its own);
 - ssh client memory: the PSS and RSS of the controller's ``ssh`` children (openssh streams);
@@ -77,8 +77,9 @@ def _proc_cpu(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children() -> list[int]:
-    """This process's live child processes (the ssh clients of openssh streams)."""
+def _children(comm: str = "ssh") -> list[int]:
+    """This process's live child processes named ``comm``: the ssh clients of openssh streams
+    (not the fleet's sshd and daemon, which this process started too: the daemon has its own figure)."""
     me = str(os.getpid())
     out = []
     for pid in os.listdir("/proc"):
@@ -86,16 +87,17 @@ def _children() -> list[int]:
             continue
         try:
             fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace").rpartition(")")[2].split()
+            name = Path(f"/proc/{pid}/comm").read_text(encoding="ascii", errors="replace").strip()
         except OSError:
             continue
-        if fields[1] == me:
+        if fields[1] == me and name == comm:
             out.append(int(pid))
     return out
 
 
 def _cpu_with_children() -> float:
-    """user+system seconds of this process, its ended children (reaped: ``os.times``) and its
-    live ones (/proc)."""
+    """user+system seconds of this process and its ssh clients: the live ones from /proc, the
+    ended ones from ``os.times`` (reaped children: during the app's run only ssh clients end)."""
     t = os.times()
     live = sum(c for c in (_proc_cpu(pid) for pid in _children()) if c is not None)
     return t.user + t.system + t.children_user + t.children_system + live
@@ -105,12 +107,6 @@ def ssh_client_memory() -> dict[str, Any]:
     """PSS/RSS (kB) of this process's ``ssh`` children."""
     row = {"count": 0, "pss_kb": 0, "rss_kb": 0}
     for pid in _children():
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text(encoding="ascii", errors="replace").strip()
-        except OSError:
-            continue
-        if comm != "ssh":
-            continue
         row["count"] += 1
         row["pss_kb"] += _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
         row["rss_kb"] += _kb(f"/proc/{pid}/status", "VmRSS:")

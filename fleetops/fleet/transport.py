@@ -34,6 +34,13 @@ ProxyJump hop is a paramiko connection whose ``direct-tcpip`` channel carries th
 
 The command is a list of arguments, quoted with ``shlex.join`` for the remote shell; ``env`` is
 passed as ``env K=V ...`` in front of it (sshd drops most environment requests).
+
+Long-lived streams (the TUI's daemon streams) have two openers with one contract:
+``StreamOpener`` (a paramiko connection per stream) and ``OpenSSHStreamOpener`` (an ``ssh``
+client process per stream, given the resolved Target as ``-o`` options with ``-F none``: the
+handshake runs in C outside this interpreter and the stream is a pipe; targets behind jump
+hosts go through paramiko). ``stream_opener`` picks one (``auto``: openssh where ``ssh`` is on
+PATH).
 """
 
 from __future__ import annotations
