@@ -375,7 +375,10 @@ class StreamSource(SshSource):
                     self._selector.unregister(stream)
                 except (KeyError, ValueError):
                     pass
-            self._connects.submit(self._ended, node, stream, stopping)
+            try:
+                self._connects.submit(self._ended, node, stream, stopping)
+            except RuntimeError:  # closing: close() ends every stream itself
+                pass
 
     def _ended(self, node: _Node, stream: transport.AnyStream, stopping: Callable[[], bool]) -> None:
         """The stream closed: the daemon went, the relay ended, or the connection broke. The

@@ -456,8 +456,8 @@ def test_openssh_accept_new_records_the_key_then_a_changed_key_is_refused(
     key = folder / "id 100%"
     shutil.copy(host.key_file, key)
     key.chmod(0o600)
-    first, second = tmp_path / "kh first", tmp_path / "kh_second"
-    args = f"-o StrictHostKeyChecking=accept-new -o 'UserKnownHostsFile=\"{first}\" {second}'"
+    first, second = tmp_path / "kh_first", tmp_path / "kh_second"
+    args = f"-o StrictHostKeyChecking=accept-new -o 'UserKnownHostsFile={first} {second}'"
     accepting = _with_args([host], args, key_file=str(key))
     source = stream_source(accepting, baselines, "openssh")
     with Running(source) as run:
