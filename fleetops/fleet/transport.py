@@ -1058,7 +1058,9 @@ def ssh_argv(ssh: str, target: sshconfig.Target, key_files: Sequence[str], conne
     (with password logins off), fleetops refuses that whatever the setting; with no user known
     hosts file to record a new key in, nothing is accepted (``yes``), as on the paramiko path.
     Authentication is public keys only (the Target's files; with none, ssh's default keys and
-    the agent, as paramiko's look_for_keys)."""
+    the agent, as paramiko's look_for_keys). ConnectTimeout is whole seconds in OpenSSH: a
+    fraction is rounded up. A Target's values are passed as they are: %-tokens are escaped where
+    ssh expands them, but a ``${VAR}`` in a known hosts path would still be expanded by ssh."""
     strict = target.strict if target.known_hosts else "yes"
     if strict == "no":
         strict = "accept-new"
