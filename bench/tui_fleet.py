@@ -17,8 +17,12 @@ screen draws from):
   sampling interval, as the daemon takes a full snapshot at once on a new DBE rather than at its
   next full interval) and from that snapshot to the entry (the stream's own share);
 - CPU: this process's user+system time per wall second over the steady part of the run (after
-  the injections), in % of one core (target <= 50 %); the simulated fleet's one daemon's beside
-  it (the simulator's cost: on a real fleet each node runs its own);
+  the injections), in % of one core (target <= 50 %), alone and with its child processes (with
+  ``--stream-transport openssh`` the handshakes and the ciphers run in one ``ssh`` per node: the
+  honest figure counts them; live ssh children from /proc, ended ones from ``os.times``); the same
+  two for the start (until every node is shown); the simulated fleet's one daemon's beside it
+  (the simulator's cost: on a real fleet each node runs its own);
+- ssh client memory: the PSS and RSS of the controller's ``ssh`` children (openssh streams);
 - memory per session: PSS and RSS of the sshd session processes and relays, divided by the
   streams open (the listeners' sshd are not counted: they are there without the TUI).
 
@@ -71,6 +75,42 @@ def _proc_cpu(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(comm: str = "ssh") -> list[int]:
+    """This process's live child processes named ``comm``: the ssh clients of openssh streams
+    (not the fleet's sshd and daemon, which this process started too: the daemon has its own figure)."""
+    me = str(os.getpid())
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace").rpartition(")")[2].split()
+            name = Path(f"/proc/{pid}/comm").read_text(encoding="ascii", errors="replace").strip()
+        except OSError:
+            continue
+        if fields[1] == me and name == comm:
+            out.append(int(pid))
+    return out
+
+
+def _cpu_with_children() -> float:
+    """user+system seconds of this process and its ssh clients: the live ones from /proc, the
+    ended ones from ``os.times`` (reaped children: during the app's run only ssh clients end)."""
+    t = os.times()
+    live = sum(c for c in (_proc_cpu(pid) for pid in _children()) if c is not None)
+    return t.user + t.system + t.children_user + t.children_system + live
+
+
+def ssh_client_memory() -> dict[str, Any]:
+    """PSS/RSS (kB) of this process's ``ssh`` children."""
+    row = {"count": 0, "pss_kb": 0, "rss_kb": 0}
+    for pid in _children():
+        row["count"] += 1
+        row["pss_kb"] += _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+        row["rss_kb"] += _kb(f"/proc/{pid}/status", "VmRSS:")
+    return row
 
 
 def daemon_pid(directory: str) -> int | None:
@@ -200,6 +240,7 @@ async def _measure(
     result["nodes"] = len(names)
     async with app.run_test(size=(160, 45)) as pilot:
         started = time.monotonic()
+        start_cpu, start_cpu_all = _cpu(), _cpu_with_children()
         run_end = started + args.duration
         counts: list[tuple[float, int]] = []
         while True:
@@ -215,6 +256,8 @@ async def _measure(
                 break
             await pilot.pause(0.05)
         result["shown_over_time"] = counts[:: max(1, len(counts) // 20)]
+        result["start_cpu_s"] = round(_cpu() - start_cpu, 1)
+        result["start_cpu_with_children_s"] = round(_cpu_with_children() - start_cpu_all, 1)
         _say(f"shown: {counts[-1][1]} of {len(names)} nodes after {counts[-1][0]} s")
         injects = []
         for _ in range(args.injects):
@@ -243,13 +286,14 @@ async def _measure(
         # steady state: no more injections, every node streaming
         await pilot.pause(2.0)
         pid = daemon_pid(directory)
-        cpu0, wall0, dcpu0 = _cpu(), time.monotonic(), _proc_cpu(pid)
+        cpu0, wall0, dcpu0, all0 = _cpu(), time.monotonic(), _proc_cpu(pid), _cpu_with_children()
         lines0 = source.line_count
         while time.monotonic() < max(run_end, wall0 + 20):
             await pilot.pause(0.5)
-        cpu1, wall1, dcpu1 = _cpu(), time.monotonic(), _proc_cpu(pid)
+        cpu1, wall1, dcpu1, all1 = _cpu(), time.monotonic(), _proc_cpu(pid), _cpu_with_children()
         result["steady_window_s"] = round(wall1 - wall0, 1)
         result["steady_cpu_pct_of_core"] = round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1)
+        result["steady_cpu_with_children_pct_of_core"] = round(100 * (all1 - all0) / (wall1 - wall0), 1)
         result["sim_daemon_steady_cpu_pct_of_core"] = (
             round(100 * (dcpu1 - dcpu0) / (wall1 - wall0), 1) if dcpu0 is not None and dcpu1 is not None else None
         )
@@ -264,6 +308,9 @@ async def _measure(
         result["node_side_memory"] = mem
         result["per_session_pss_kb"] = round(sum(r["pss_kb"] for r in mem.values()) / streams, 1)
         result["per_session_rss_kb"] = round(sum(r["rss_kb"] for r in mem.values()) / streams, 1)
+        clients = ssh_client_memory()
+        result["ssh_clients"] = clients
+        result["ssh_clients_pss_mib"] = round(clients["pss_kb"] / 1024, 1)
         seen = [i["inject_to_app_s"] for i in injects if i["crit"]]
         result["inject_to_app_max_s"] = max(seen) if seen else None
         result["targets"] = {
@@ -271,6 +318,7 @@ async def _measure(
             "false_unreach_0": not result["false_unreach_nodes"],
             "inject_le_3s": len(seen) == len(injects) and all(t <= 3.0 for t in seen),
             "controller_cpu_le_50pct": result["steady_cpu_pct_of_core"] <= 50.0,
+            "controller_cpu_with_children_le_50pct": result["steady_cpu_with_children_pct_of_core"] <= 50.0,
         }
         app.stop_polling()  # no entries arrive while the app takes its screens down
         await pilot.pause(1.0)
@@ -285,6 +333,10 @@ def main() -> int:
     p.add_argument("--port", type=int, default=2222)
     p.add_argument("--max-connecting", type=int, default=48)
     p.add_argument("--seed", type=int, default=13)
+    p.add_argument(
+        "--stream-transport", choices=("auto", "openssh", "paramiko"), default="auto",
+        help="the streams' transport, as fleetops tui's option (default auto)",
+    )
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     import signal
@@ -303,9 +355,14 @@ def main() -> int:
         if ready is None:
             raise SystemExit(f"the fleet's daemon did not answer for every node within {max(60.0, args.nodes * 0.3):g} s")
         hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
-        source = StreamSource(hosts, baselines, max_connecting=args.max_connecting, connect_timeout=10.0)
+        source = StreamSource(
+            hosts, baselines, max_connecting=args.max_connecting, connect_timeout=10.0,
+            stream_transport=args.stream_transport,
+        )
+        result_transport = type(source.opener).__name__
         app = FleetApp(source, interval=source.interval)
         result = asyncio.run(measure(app, source, directory, args))
+        result["stream_transport"] = f"{args.stream_transport} ({result_transport})"
         result["fleet_up_s"] = round(up_s, 1)
         result["daemons_ready_s"] = ready
         result["load_avg"] = os.getloadavg()

@@ -50,6 +50,14 @@ def register(sub: Any) -> None:
         help="SSH connections opened at the same time for the nodes' daemon streams (default 48)",
     )
     p.add_argument(
+        "--stream-transport",
+        choices=("auto", "openssh", "paramiko"),
+        default="auto",
+        help="how the daemon streams connect: openssh (one ssh client process per node: the handshakes "
+        "run outside the controller's Python), paramiko (in process), or auto: openssh where ssh is on "
+        "PATH, else paramiko (default auto). Nodes behind a ProxyJump use paramiko either way",
+    )
+    p.add_argument(
         "--stale-after",
         type=float,
         default=30.0,
@@ -166,6 +174,7 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
             baselines,
             max_connecting=args.max_connecting,
             stale_after_s=args.stale_after,
+            stream_transport=args.stream_transport,
             interval=interval,
             connect_timeout=args.connect_timeout,
             command_timeout=args.timeout,

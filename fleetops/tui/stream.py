@@ -13,6 +13,14 @@ node (a thousand of them would take the controller's CPU for seconds). It runs a
 user, or under ``sudo`` with the inventory's become, which a forwarded unix socket could not:
 the daemon's socket is root-only.
 
+A stream is an OpenSSH client process (``transport.OpenSSHStreamOpener``: the handshake runs in
+C outside this interpreter, and the reader thread selects on its stdout pipe) or a paramiko
+connection (``transport.StreamOpener``): ``stream_transport`` ``auto`` (openssh where ``ssh`` is
+on PATH), ``openssh`` or ``paramiko``; nodes behind a jump host use paramiko either way. Both
+resolve the host, and judge its key, the same way. The relay prints
+``transport.STREAM_STARTED`` first: the OpenSSH opener returns at that line (connected, the
+command running), so ``max_connecting`` bounds handshakes in flight with either transport.
+
 What each node shows:
 
 - connecting fails (refused, no route, auth, host key, timeout while connecting): UNREACH with
@@ -65,11 +73,13 @@ while (1) {
 }
 """
 
-# sh -c RELAY_SCRIPT sh PERL_RELAY AGENT: the socket the agent's client would use
-# (``client.socket_for``: $FLEETOPS_AGENT_SOCKET, the simulator's beside its state file, else the
-# default), then the smallest relay the node has.
-RELAY_SCRIPT = r"""
-s=${FLEETOPS_AGENT_SOCKET:-}
+# sh -c RELAY_SCRIPT sh PERL_RELAY AGENT: first the line saying the command started
+# (``transport.STREAM_STARTED``: the OpenSSH opener waits for it, the reader drops it), then the
+# socket the agent's client would use (``client.socket_for``: $FLEETOPS_AGENT_SOCKET, the
+# simulator's beside its state file, else the default), then the smallest relay the node has.
+RELAY_SCRIPT = (
+    f"echo '{transport.STREAM_STARTED.decode()}'\n"
+    + r"""s=${FLEETOPS_AGENT_SOCKET:-}
 if [ -z "$s" ]; then
   if [ -n "${FLEETOPS_SIM_STATE:-}" ]; then s="${FLEETOPS_SIM_STATE%.json}.agent/agent.sock"; else s=/run/fleetops/agent.sock; fi
 fi
@@ -78,6 +88,7 @@ if command -v socat >/dev/null 2>&1; then exec socat - "UNIX-CONNECT:$s"; fi
 if command -v perl >/dev/null 2>&1; then exec perl -e "$1" "$s"; fi
 exec "$2" watch
 """
+)
 
 # Node states in the source (not shown as such: the entries carry what the screen shows).
 WAITING = "waiting"  # a connect is due at ``due``
@@ -108,7 +119,7 @@ class _Node:
         self.state = WAITING
         self.due = 0.0
         self.failures = 0
-        self.stream: transport.Stream | None = None
+        self.stream: transport.AnyStream | None = None
         self.buffer = b""
         self.lines: list[tuple[float, bytes]] = []  # (monotonic receipt, line) not yet processed
         self.doc: dict[str, Any] | None = None  # the daemon's document, changes merged in
@@ -135,6 +146,7 @@ class StreamSource(SshSource):
         backoff_cap_s: float = 30.0,
         retry_no_daemon_s: float = 60.0,
         seed: int | None = None,
+        stream_transport: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(hosts, baselines, **kwargs)
@@ -146,7 +158,8 @@ class StreamSource(SshSource):
         self.backoff_cap_s = float(backoff_cap_s)
         self.retry_no_daemon_s = float(retry_no_daemon_s)
         self._rng = random.Random(seed)
-        self.opener = transport.StreamOpener(
+        self.opener = transport.stream_opener(
+            stream_transport,
             connect_timeout=self._connect_timeout,
             known_hosts=self._known_hosts,
             accept_new_hostkeys=self._accept_new_hostkeys,
@@ -349,7 +362,8 @@ class StreamSource(SshSource):
             now = time.monotonic()
             data_ = node.buffer + b"".join(chunks)
             *complete, node.buffer = data_.split(b"\n")
-            lines = [(now, line) for line in complete if line.strip()]
+            # the relay's "started" line is no data: it must not count as the daemon's first line
+            lines = [(now, line) for line in complete if line.strip() and line.strip() != transport.STREAM_STARTED]
             if lines:
                 with self._dirty_cond:
                     node.lines.extend(lines)
@@ -361,9 +375,12 @@ class StreamSource(SshSource):
                     self._selector.unregister(stream)
                 except (KeyError, ValueError):
                     pass
-            self._connects.submit(self._ended, node, stream, stopping)
+            try:
+                self._connects.submit(self._ended, node, stream, stopping)
+            except RuntimeError:  # closing: close() ends every stream itself
+                pass
 
-    def _ended(self, node: _Node, stream: transport.Stream, stopping: Callable[[], bool]) -> None:
+    def _ended(self, node: _Node, stream: transport.AnyStream, stopping: Callable[[], bool]) -> None:
         """The stream closed: the daemon went, the relay ended, or the connection broke. The
         node keeps its last data (it goes STALE by age); the stream is opened again after a
         backoff, or the node is polled when it never had a daemon line."""

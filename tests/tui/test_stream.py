@@ -8,18 +8,22 @@ snapshots every second so a change is pushed within about a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleetops.fleet import transport
 from fleetops.sim import fleet
 from fleetops.tui import data, stream
 from fleetops.tui.app import FleetApp
@@ -102,13 +106,27 @@ def fleet_dir(sim_fleet: str) -> Iterator[tuple[str, Daemon]]:
             fleet.clear(sim_fleet, name, "all")
 
 
-def stream_app(directory: str) -> tuple[FleetApp, StreamSource]:
+@pytest.fixture(params=["paramiko", "openssh"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The streams' transport: the stream tests run over both."""
+    if request.param == "openssh" and transport.openssh_client() is None:
+        pytest.skip("needs the OpenSSH client: apt-get install -y openssh-client")
+    return str(request.param)
+
+
+def stream_app(directory: str, kind: str = "paramiko") -> tuple[FleetApp, StreamSource]:
     hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
-    source = StreamSource(
+    source = stream_source(hosts, baselines, kind)
+    assert type(source.opener) is (transport.OpenSSHStreamOpener if kind == "openssh" else transport.StreamOpener)
+    return FleetApp(source, interval=0.5), source
+
+
+def stream_source(hosts: list[Any], baselines: dict[str, Any], kind: str) -> StreamSource:
+    return StreamSource(
         hosts, baselines, interval=0.5, connect_timeout=2.0, command_timeout=5.0,
         stale_after_s=STALE_AFTER_S, backoff_base_s=0.2, backoff_cap_s=1.0, retry_no_daemon_s=1.0, seed=1,
+        stream_transport=kind,
     )  # fmt: skip
-    return FleetApp(source, interval=0.5), source
 
 
 def streaming(source: StreamSource) -> bool:
@@ -124,9 +142,9 @@ async def all_streaming(pilot: Any, app: FleetApp, source: StreamSource) -> None
     )
 
 
-def test_stream_shows_every_node_from_its_daemon_with_no_command_run(fleet_dir: tuple[str, Daemon]) -> None:
+def test_stream_shows_every_node_from_its_daemon_with_no_command_run(fleet_dir: tuple[str, Daemon], kind: str) -> None:
     directory, _ = fleet_dir
-    app, source = stream_app(directory)
+    app, source = stream_app(directory, kind)
 
     async def body(pilot: Any) -> None:
         await all_streaming(pilot, app, source)
@@ -157,22 +175,23 @@ def test_stream_transports_wake_only_for_packets_and_end_after_close(fleet_dir: 
         await all_streaming(pilot, app, source)
         for name in NODES:
             s = source._nodes[name].stream
-            assert s is not None, name
-            transport = s._client.get_transport()
-            assert transport is not None and transport.is_alive(), name
-            assert transport.sock.gettimeout() == source.opener.idle_wakeup_s == 2.0, name
-            transports.append(transport)
+            assert isinstance(s, transport.Stream), name
+            assert isinstance(source.opener, transport.StreamOpener)
+            carrier = s._client.get_transport()
+            assert carrier is not None and carrier.is_alive(), name
+            assert carrier.sock.gettimeout() == source.opener.idle_wakeup_s == 2.0, name
+            transports.append(carrier)
 
     drive(app, body)
     source.close()
-    for transport in transports:
-        transport.join(10.0)
-        assert not transport.is_alive()
+    for carrier in transports:
+        carrier.join(10.0)
+        assert not carrier.is_alive()
 
 
-def test_stream_an_injected_fault_arrives_without_a_poll(fleet_dir: tuple[str, Daemon]) -> None:
+def test_stream_an_injected_fault_arrives_without_a_poll(fleet_dir: tuple[str, Daemon], kind: str) -> None:
     directory, _ = fleet_dir
-    app, source = stream_app(directory)
+    app, source = stream_app(directory, kind)
 
     async def body(pilot: Any) -> None:
         await all_streaming(pilot, app, source)
@@ -190,9 +209,9 @@ def test_stream_an_injected_fault_arrives_without_a_poll(fleet_dir: tuple[str, D
     drive(app, body)
 
 
-def test_stream_a_silent_daemon_shows_stale_with_its_age_never_unreach(fleet_dir: tuple[str, Daemon]) -> None:
+def test_stream_a_silent_daemon_shows_stale_with_its_age_never_unreach(fleet_dir: tuple[str, Daemon], kind: str) -> None:
     directory, daemon = fleet_dir
-    app, source = stream_app(directory)
+    app, source = stream_app(directory, kind)
 
     async def body(pilot: Any) -> None:
         await all_streaming(pilot, app, source)
@@ -226,9 +245,9 @@ def test_stream_a_silent_daemon_shows_stale_with_its_age_never_unreach(fleet_dir
     drive(app, body)
 
 
-def test_stream_a_node_whose_sshd_is_gone_is_unreach_then_comes_back(fleet_dir: tuple[str, Daemon]) -> None:
+def test_stream_a_node_whose_sshd_is_gone_is_unreach_then_comes_back(fleet_dir: tuple[str, Daemon], kind: str) -> None:
     directory, _ = fleet_dir
-    app, source = stream_app(directory)
+    app, source = stream_app(directory, kind)
 
     async def body(pilot: Any) -> None:
         await all_streaming(pilot, app, source)
@@ -255,9 +274,9 @@ def test_stream_a_node_whose_sshd_is_gone_is_unreach_then_comes_back(fleet_dir: 
     drive(app, body)
 
 
-def test_stream_daemon_gone_falls_back_to_collect_then_reconnects(fleet_dir: tuple[str, Daemon]) -> None:
+def test_stream_daemon_gone_falls_back_to_collect_then_reconnects(fleet_dir: tuple[str, Daemon], kind: str) -> None:
     directory, daemon = fleet_dir
-    app, source = stream_app(directory)
+    app, source = stream_app(directory, kind)
 
     def no_daemon_note(name: str) -> bool:
         return any(f.check == "tui.no_daemon" for f in app.state.entries[name].findings)
@@ -297,3 +316,259 @@ def test_backoff_grows_to_its_cap_with_jitter() -> None:
         full = min(30.0, 2.0 ** (n - 1))
         assert full / 2 <= w <= full, (n, w)
     assert len({round(stream.backoff_s(4, 1.0, 30.0, rng), 6) for _ in range(20)}) > 1  # jittered
+
+
+# --- OpenSSH streams: what only the ssh-process transport does --------------------------------
+
+needs_ssh = pytest.mark.skipif(transport.openssh_client() is None, reason="needs the OpenSSH client")
+
+
+class Running:
+    """A StreamSource's loop on a thread, its entries kept as delivered (no app: the entries are
+    what the screen would draw)."""
+
+    def __init__(self, source: StreamSource) -> None:
+        self.source = source
+        self.entries: dict[str, data.NodeEntry] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=source.run, args=(self._stop.is_set, self._deliver), daemon=True)
+
+    def _deliver(self, entry: data.NodeEntry) -> None:
+        self.entries[entry.name] = entry
+
+    def __enter__(self) -> Running:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.source.close()
+
+    def wait(self, predicate: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.entries}"
+            time.sleep(0.05)
+
+
+def _hosts(directory: str) -> tuple[list[Any], dict[str, Any]]:
+    return resolve_hosts(os.path.join(directory, "inventory.yml"), None)
+
+
+def _with_args(hosts: list[Any], args: str, **more: Any) -> list[Any]:
+    return [dataclasses.replace(h, vars={**h.vars, "ansible_ssh_common_args": args}, **more) for h in hosts]
+
+
+def _ssh_children() -> list[tuple[int, str]]:
+    """(pid, state) of this process's child processes named ssh (a zombie is state Z)."""
+    out = []
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if comm == "ssh" and fields[1] == me:
+            out.append((int(pid), fields[0]))
+    return out
+
+
+def _problem(entry: data.NodeEntry) -> str:
+    assert entry.problem is not None, entry
+    return entry.problem.check
+
+
+def _host_key(directory: str) -> str:
+    return " ".join(Path(directory, "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+@needs_ssh
+def test_openssh_argv_is_read_by_ssh_as_the_target_says(tmp_path: Path) -> None:
+    """``ssh -G`` prints the configuration ssh would use: the argv's options come through as the
+    Target holds them (quoted paths with spaces, a literal %, StrictHostKeyChecking no passed as
+    accept-new, several known hosts files), nothing from any ssh_config."""
+    from fleetops.fleet import sshconfig
+
+    weird = tmp_path / "my keys" / "id 100%"
+    target = sshconfig.Target(
+        name="n1", hostname="127.71.3.9", port=2299, user="ops", key_files=(str(weird),),
+        known_hosts=(str(tmp_path / "kh one"), str(tmp_path / "kh2")), global_known_hosts=(),
+        strict="no", connect_timeout=2.5,
+    )  # fmt: skip
+    ssh = transport.openssh_client()
+    assert ssh is not None
+    argv = transport.ssh_argv(ssh, target, [str(weird)], 5.0, 15.0, "true")
+    assert argv[-2:] == ["127.71.3.9", "true"]
+    shown = subprocess.run([argv[0], "-G", *argv[1:-1]], capture_output=True, text=True, check=True).stdout
+    conf: dict[str, list[str]] = {}
+    for line in shown.splitlines():
+        key, _, value = line.partition(" ")
+        conf.setdefault(key, []).append(value)
+    assert conf["hostname"] == ["127.71.3.9"] and conf["port"] == ["2299"] and conf["user"] == ["ops"]
+    # -G prints IdentityFile before ssh expands its tokens (%% is one %); a real connection with
+    # such a path is in test_openssh_accept_new_records_the_key_then_a_changed_key_is_refused
+    assert conf["identityfile"] == [str(weird).replace("%", "%%")]
+    assert conf["userknownhostsfile"] == [f"{tmp_path / 'kh one'} {tmp_path / 'kh2'}"]
+    assert conf["globalknownhostsfile"] == ["none"]
+    assert conf["stricthostkeychecking"] == ["accept-new"]
+    assert conf["connecttimeout"] == ["3"] and conf["serveraliveinterval"] == ["15"]
+    assert conf["batchmode"] == ["yes"] and conf["identitiesonly"] == ["yes"]
+    assert conf["hashknownhosts"] == ["no"] and conf["updatehostkeys"] == ["false"]
+    assert conf["controlmaster"] == ["false"] and "controlpath" not in conf  # none: no ControlPath
+    assert "proxyjump" not in conf and "proxycommand" not in conf
+
+
+@needs_ssh
+def test_openssh_unknown_host_key_is_unreach_hostkey_and_nothing_recorded(
+    fleet_dir: tuple[str, Daemon], tmp_path: Path
+) -> None:
+    directory, _ = fleet_dir
+    hosts, baselines = _hosts(directory)
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    source = stream_source(_with_args(hosts[:2], f"-o UserKnownHostsFile={empty}"), baselines, "openssh")
+    with Running(source) as run:
+        run.wait(lambda: len(run.entries) == 2, 30, "both nodes marked")
+        for name in NODES[:2]:
+            entry = run.entries[name]
+            assert entry.display_health == "unreach" and _problem(entry) == "transport.hostkey", entry.problem
+            assert entry.problem is not None and "host key" in entry.problem.message.lower()
+        assert source.stream_counts() == (0, 0)
+    assert empty.read_text() == ""
+
+
+@needs_ssh
+def test_openssh_accept_new_records_the_key_then_a_changed_key_is_refused(
+    fleet_dir: tuple[str, Daemon], tmp_path: Path
+) -> None:
+    """accept-new records the node's key in the first user known hosts file, plain
+    ``[addr]:port`` as the paramiko path writes it; once recorded, a different key is refused.
+    The client key is copied to a path with a space and a % in it: ssh gets it as it is."""
+    directory, _ = fleet_dir
+    hosts, baselines = _hosts(directory)
+    host = hosts[0]
+    folder = tmp_path / "my keys"
+    folder.mkdir()
+    key = folder / "id 100%"
+    shutil.copy(host.key_file, key)
+    key.chmod(0o600)
+    first, second = tmp_path / "kh_first", tmp_path / "kh_second"
+    args = f"-o StrictHostKeyChecking=accept-new -o 'UserKnownHostsFile={first} {second}'"
+    accepting = _with_args([host], args, key_file=str(key))
+    source = stream_source(accepting, baselines, "openssh")
+    with Running(source) as run:
+        run.wait(lambda: host.name in run.entries and run.entries[host.name].status == data.STATUS_OK, 30, "data")
+        assert source.node_state(host.name) == stream.STREAMING
+    assert first.read_text() == f"[{host.address}]:{host.port} {_host_key(directory)}\n"
+    assert not second.exists()
+    # the host "reinstalled": another key on file for it now
+    fake = tmp_path / "fake"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(fake)], check=True)
+    fake_pub = " ".join(Path(str(fake) + ".pub").read_text().split()[:2])
+    first.write_text(f"[{host.address}]:{host.port} {fake_pub}\n")
+    source = stream_source(accepting, baselines, "openssh")
+    with Running(source) as run:
+        run.wait(lambda: host.name in run.entries, 30, "the node marked")
+        entry = run.entries[host.name]
+        assert entry.display_health == "unreach" and _problem(entry) == "transport.hostkey", entry.problem
+        assert entry.problem is not None and "CHANGED" in entry.problem.message
+    assert first.read_text() == f"[{host.address}]:{host.port} {fake_pub}\n"
+
+
+@needs_ssh
+def test_openssh_wrong_key_is_auth_and_a_closed_port_is_unreachable(
+    fleet_dir: tuple[str, Daemon], tmp_path: Path
+) -> None:
+    directory, _ = fleet_dir
+    hosts, baselines = _hosts(directory)
+    wrong = tmp_path / "wrong"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind((hosts[1].address, 0))
+        closed = sock.getsockname()[1]
+    odd = [dataclasses.replace(hosts[0], key_file=str(wrong)), dataclasses.replace(hosts[1], port=closed)]
+    source = stream_source(odd, baselines, "openssh")
+    with Running(source) as run:
+        run.wait(lambda: len(run.entries) == 2, 30, "both nodes marked")
+        assert _problem(run.entries[hosts[0].name]) == "transport.auth", run.entries[hosts[0].name].problem
+        closed_problem = run.entries[hosts[1].name].problem
+        assert _problem(run.entries[hosts[1].name]) == "transport.unreachable", closed_problem
+        assert closed_problem is not None and "refused" in closed_problem.message.lower()
+        assert all(run.entries[n].display_health == "unreach" for n in (hosts[0].name, hosts[1].name))
+
+
+@needs_ssh
+def test_openssh_a_hung_sshd_is_a_connect_timeout(fleet_dir: tuple[str, Daemon]) -> None:
+    """TCP connects, no banner ever comes: ssh's ConnectTimeout ends it, a ``timeout``."""
+    directory, _ = fleet_dir
+    hosts, _ = _hosts(directory)
+    opener = transport.OpenSSHStreamOpener(connect_timeout=1.0, global_known_hosts="")
+    fleet.inject(directory, hosts[3].name, "host-hang")
+    try:
+        with pytest.raises(transport.StreamFailure) as failed:
+            opener.open(hosts[3], stream.relay_command("fleetops-agent"))
+    finally:
+        fleet.clear(directory, hosts[3].name, "host-hang")
+    assert failed.value.kind == "timeout", failed.value.message
+    assert _ssh_children() == []
+
+
+@needs_ssh
+def test_openssh_connected_to_a_silent_daemon_is_streaming_never_unreach(fleet_dir: tuple[str, Daemon]) -> None:
+    """The daemon stopped before the streams open: ssh connects and the relay starts (its line
+    comes), nothing else does. Every node is then connected (the opener returned), none is
+    UNREACH; the data flows once the daemon runs again."""
+    directory, daemon = fleet_dir
+    hosts, baselines = _hosts(directory)
+    daemon.signal(signal.SIGSTOP)
+    try:
+        source = stream_source(hosts, baselines, "openssh")
+        with Running(source) as run:
+            run.wait(lambda: streaming(source), 30, "every node connected")
+            assert source.unreachable_marks == {} and run.entries == {}
+            daemon.signal(signal.SIGCONT)
+            run.wait(
+                lambda: len(run.entries) == len(NODES)
+                and all(e.status == data.STATUS_OK for e in run.entries.values()),
+                30,
+                "the data",
+            )
+            assert source.unreachable_marks == {}
+    finally:
+        daemon.signal(signal.SIGCONT)
+
+
+@needs_ssh
+def test_openssh_open_edges_and_close_leaves_no_ssh_process(fleet_dir: tuple[str, Daemon]) -> None:
+    """A command that ends before the started line is a stream that started and ended (its
+    status and stderr kept: sudo refusing reads so); one that never prints it is a ``timeout``
+    and its ssh is gone; a streaming source's close ends and reaps every ssh it started."""
+    directory, _ = fleet_dir
+    hosts, baselines = _hosts(directory)
+    opener = transport.OpenSSHStreamOpener(connect_timeout=2.0, global_known_hosts="", start_margin_s=1.0)
+    ended = opener.open(hosts[0], ["sh", "-c", "echo 'sudo: a password is required' >&2; exit 1"])
+    assert isinstance(ended, transport.ProcessStream)
+    assert ended.exit_status(wait_s=10) == 1
+    ended.send(b"watch\n")  # as StreamSource does: the end is read from the stream, not raised here
+    assert "a password is required" in ended.stderr()
+    deadline = time.monotonic() + 10
+    while (got := ended.read()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got == b""
+    ended.close()
+    with pytest.raises(transport.StreamFailure) as failed:
+        opener.open(hosts[0], ["sleep", "30"])
+    assert failed.value.kind == "timeout", failed.value.message
+    assert _ssh_children() == []
+
+    source = stream_source(hosts, baselines, "openssh")
+    with Running(source) as run:
+        run.wait(lambda: streaming(source) and len(run.entries) == len(NODES), 30, "every node streaming")
+        pids = [s.pid for s in (source._nodes[n].stream for n in NODES) if isinstance(s, transport.ProcessStream)]
+        assert len(pids) == len(NODES)
+        assert sorted(p for p, _ in _ssh_children()) == sorted(pids)
+    assert _ssh_children() == []  # no ssh left, no zombie either
