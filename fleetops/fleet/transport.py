@@ -477,7 +477,7 @@ class _Runner:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or timed_out.is_set():
                         raise TimeoutError
-                    select.select([chan], [], [], min(remaining, 0.25))
+                    readable([chan.fileno()], min(remaining, 0.25))
                 status = chan.recv_exit_status()
             except (TimeoutError, paramiko.SSHException, EOFError, OSError) as exc:
                 stdout, stderr = _text(out), _text(err)
@@ -581,6 +581,17 @@ class _Runner:
                 str(host.name), False, None, "", "", "local", f"{type(exc).__name__}: {exc}", _since(started)
             )
         return _finish(str(host.name), status, stdout, stderr, started)
+
+
+def readable(fds: Sequence[int], timeout_s: float) -> set[int]:
+    """The file descriptors of ``fds`` that can be read (or have ended) within ``timeout_s``.
+    ``poll``, not ``select``: a controller with a thousand streams open holds descriptors past
+    ``select``'s limit of 1024, where ``select`` raises."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+    events = poller.poll(max(0, int(timeout_s * 1000)))
+    return {fd for fd, mask in events if mask}
 
 
 def _text(data: bytes | bytearray) -> str:
@@ -1325,7 +1336,7 @@ class OpenSSHStreamOpener:
                     f"{target.where}: the command had not started {limit:g}s after ssh began "
                     "(connect, authentication or the remote start too slow)" + (f": {last[-1]}" if last else ""),
                 )
-            ready, _, _ = select.select([out, err] if stderr_open else [out], [], [], min(left, 0.5))
+            ready = readable([out, err] if stderr_open else [out], min(left, 0.5))
             if err in ready:
                 got = os.read(err, _READ_CHUNK)
                 stderr += got[: max(0, _STDERR_KEEP - len(stderr))]
@@ -1360,6 +1371,31 @@ class OpenSSHStreamOpener:
 
 
 AnyStream = Stream | ProcessStream
+
+
+# descriptors one stream holds in this process: a paramiko socket and its channel's pipe, or an
+# ssh process's three pipes; and what the rest of the process may hold beside them
+FDS_PER_STREAM = 4
+FDS_SPARE = 256
+
+
+def raise_open_files(streams: int) -> tuple[int, int]:
+    """Raise this process's soft limit on open files towards its hard limit, so that
+    ``streams`` streams fit (a login's default soft limit is often 1024, a thousand ssh
+    processes' pipes are three thousand descriptors). Never lowers it. Returns (soft, needed):
+    a soft limit under ``needed`` means the hard limit stops it, and the caller says so."""
+    import resource
+
+    needed = streams * FDS_PER_STREAM + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft, needed
 
 
 def stream_opener(transport: str = "auto", **settings: Any) -> StreamOpener | OpenSSHStreamOpener:

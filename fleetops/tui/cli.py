@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import tempfile
 from typing import Any
 
@@ -183,6 +184,8 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
             accept_new_hostkeys=args.accept_new_hostkeys,
             previous=previous_snapshots(store, [h.name for h in hosts]),
         )
+        if source.open_files_warning:  # before the screen takes the terminal
+            print(f"fleetops tui: {source.open_files_warning}", file=sys.stderr)
         app = FleetApp(source, readonly=args.readonly, interval=interval, where=where, store=store)
         app.run()
         return 0

@@ -165,6 +165,12 @@ class StreamSource(SshSource):
             accept_new_hostkeys=self._accept_new_hostkeys,
         )
         self._nodes = {name: _Node(name) for name in self.hosts}
+        # room for every node's stream (a soft limit of 1024 fails at a few hundred ssh clients)
+        soft, needed = transport.raise_open_files(len(self.hosts))
+        self.open_files_warning = (
+            f"open files limited to {soft} (hard limit), {needed} wanted for {len(self.hosts)} streams: "
+            "streams past it fail to open; raise the limit (ulimit -n)" if soft < needed else ""
+        )
         self._nodes_lock = threading.Lock()
         self._connects = ThreadPoolExecutor(max_workers=self.max_connecting, thread_name_prefix="tui-connect")
         self._selector = selectors.DefaultSelector()

@@ -390,3 +390,48 @@ def test_a_ca_line_no_longer_fails_every_host_before_it_connects(tmp_path: Path)
         [Host(name="n1", address="127.0.0.1", port=port)], ["true"], known_hosts=str(path), ssh_config="none"
     )["n1"]
     assert result.error_kind == "unreachable" and "connection refused" in (result.error or ""), result
+
+
+def test_readable_takes_descriptors_past_selects_limit() -> None:
+    """A controller with a thousand streams holds descriptors over 1024, where select() raises."""
+    import resource
+
+    from fleetops.fleet import transport
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    r, w = os.pipe()
+    high_r, high_w = os.dup2(r, 1100), os.dup2(w, 1101)
+    os.close(r)
+    os.close(w)
+    try:
+        assert transport.readable([high_r], 0.0) == set()
+        os.write(high_w, b"x")
+        assert transport.readable([high_r], 1.0) == {high_r}
+        os.read(high_r, 1)
+        assert transport.readable([high_r], 0.0) == set()
+        os.close(high_w)
+        assert transport.readable([high_r], 1.0) == {high_r}  # the end reads as readable
+    finally:
+        os.close(high_r)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_raise_open_files_lifts_the_soft_limit_for_the_streams_and_never_lowers_it() -> None:
+    import resource
+
+    from fleetops.fleet import transport
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        got, needed = transport.raise_open_files(1000)
+        assert needed == 1000 * transport.FDS_PER_STREAM + transport.FDS_SPARE
+        want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        assert got == want == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert transport.raise_open_files(10) == (want, 10 * transport.FDS_PER_STREAM + transport.FDS_SPARE)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
