@@ -184,7 +184,8 @@ def main_args(args: Any) -> tuple[dict[str, Any], int]:
         from fleetops.agent import mig_apply
 
         return mig_apply.main_args(args)
-    if args.layout or args.config or args.select:
-        raise MigError("--layout, --config and --select belong to mig apply; mig reset takes --profiles", "usage", 2)
+    if args.layout or args.config or args.select or getattr(args, "no_reset", False):
+        raise MigError("--layout, --config, --select and --no-reset belong to mig apply; mig reset takes --profiles",
+                       "usage", 2)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
     return run(args.gpu, profiles, bool(args.dry_run), args.backend, args.state, args.lock_file)
