@@ -674,6 +674,18 @@ def _reset_summary(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flow(call: Any, *args: Any) -> dict[str, Any]:
+    """The reset flow's report; one that cannot even start (no NVML, an unreadable state) is a
+    report with result ``error`` naming why, so the GPU is left mode-pending rather than mig
+    apply stopping with the rest of its plan unreported."""
+    try:
+        rdoc, _code = call(*args)
+    except Exception as exc:  # noqa: BLE001
+        return {"result": "error", "message": f"the reset flow could not start: {exc}",
+                "remedy": "look at the node (fleetops-agent reset --gpu GPU --dry-run)"}
+    return dict(rdoc)
+
+
 def _reset_for_mode(ops: MigOps, e: dict[str, Any], held: Any, guard: Any, enabled: bool) -> bool:
     """Run the safe reset flow for a GPU whose MIG mode is pending, under the lock mig apply
     holds; True when the mode is current after it. A refusal leaves the GPU ``mode-pending``
@@ -682,7 +694,7 @@ def _reset_for_mode(ops: MigOps, e: dict[str, Any], held: Any, guard: Any, enabl
     from fleetops.agent.reset import flow
 
     opts = _reset_options(e["uuid"], e["bus_id"], held, False)
-    rdoc, _code = flow.run(opts, ops.reset_backend(), guard=guard)
+    rdoc = _flow(flow.run, opts, ops.reset_backend(), guard)
     e["reset_report"] = _reset_summary(rdoc)
     result = rdoc.get("result")
     if result == "interrupted":
@@ -720,11 +732,14 @@ def _dry_run_resets(ops: MigOps, todo: list[dict[str, Any]], lock_path: str | No
     for e in todo:
         if e["status"] != "mode-change" or e["reset"] is False:
             continue
-        rdoc, _code = flow.run(_reset_options(e["uuid"], e["bus_id"], None, True, lock_path), ops.reset_backend())
+        opts = _reset_options(e["uuid"], e["bus_id"], None, True, lock_path)
+        rdoc = _flow(flow.run, opts, ops.reset_backend())
         e["reset_report"] = _reset_summary(rdoc)
         if rdoc.get("result") == "would-reset":
             continue
-        e["detail"] += f"; the GPU reset would be refused: {rdoc.get('message')}"
+        how = "could not be evaluated" if rdoc.get("result") == "error" else "would be refused"
+        maybe = " (if NVML keeps the mode pending)" if e["reset"] is None else ""
+        e["detail"] += f"; the GPU reset{maybe} {how}: {rdoc.get('message')}"
         e["remedy"] = rdoc.get("remedy")
         if e["reset"] is True:
             blocked.append(e)
