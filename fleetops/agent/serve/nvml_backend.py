@@ -6,6 +6,11 @@ throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, vo
 totals, the PCIe replay counter and, per NVLink (``scopeId`` = link id), the CRC / replay /
 recovery error counters and the TX / RX data counters (KiB, cumulative): 18 links add fields
 to that call, not calls. The link count is read once per GPU when NVML is initialised.
+On the GPUs the last full snapshot found in MIG mode, and only on those, the light read also
+lists the GPU and compute instances and their processes (``backend.mig``, through
+``fleetops.gpu.nvml.mig_sample``; the profile table is read once per GPU), so the daemon serves
+an instance created, destroyed or taken by a job within a sample; a GPU with MIG off costs no
+MIG call, and one whose MIG mode is turned on is picked up at the next full snapshot.
 ``GpuIsLost`` marks that GPU lost and the others go on.
 ``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
 ``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
