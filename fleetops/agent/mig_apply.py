@@ -415,7 +415,10 @@ def plan_gpu(gpu: GpuMig, want: Want | None, reset: bool = True) -> dict[str, An
         return refuse(f"workloads run on MIG instances it would destroy: {names}",
                       "stop the workloads on those instances (drain the GPU), then retry",
                       in_use=[m.to_dict() for m in busy])
-    if gpu.loose_pids and (destroy or gpu.mode_current != want.mode):
+    # a mode change that goes through the reset flow leaves the GPU's processes to the flow's own
+    # precondition (compute_processes, judged under the lock, with its remedy): not a second copy here
+    via_reset = reset and gpu.mode_current != want.mode and (asked or bool(gpu.reset_needed))
+    if gpu.loose_pids and (destroy or (gpu.mode_current != want.mode and not via_reset)):
         pids = ", ".join(map(str, gpu.loose_pids))
         return refuse(f"compute processes on the GPU (pid {pids}) that no MIG instance accounts for",
                       "drain the GPU's jobs first, then retry", processes=list(gpu.loose_pids))

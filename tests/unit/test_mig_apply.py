@@ -346,6 +346,30 @@ def test_the_reset_flow_refusing_leaves_the_gpu_mode_pending_with_its_reason(sta
     assert not Path(str(state) + ".maintenance.lock").exists()
 
 
+def test_a_busy_gpu_whose_mode_change_needs_a_reset_is_left_mode_pending_by_the_reset_flow(state: Path) -> None:
+    needs_reset(state)
+    with sim.locked_state(str(state)) as st:
+        sim.add_process(st, 3, 5151, "vllm", 4096)
+    uuid = uuid_of(state, 3)
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--dry-run")
+    assert proc.returncode == 1 and doc["result"] == "mode-pending" and state.read_bytes() == before
+    assert "pid 5151 (vllm)" in doc["gpus"][0]["detail"] and journal(state) == []
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 1 and doc["result"] == "mode-pending"
+    (gpu,) = doc["gpus"]
+    assert gpu["status"] == "mode-pending" and "1 compute process(es) on the GPU: pid 5151 (vllm)" in gpu["detail"]
+    assert gpu["remedy"].startswith("drain the GPU's jobs first")
+    assert instances(state, 3) == [] and not sim.read_state(str(state)).get("resets")
+    assert [r["result"] for r in journal(state)] == ["refused"]
+    with sim.locked_state(str(state)) as st:
+        sim.end_process(st, 3, 5151)  # the job ended (the node was drained)
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 0, doc["message"]
+    assert doc["gpus"][0]["mode"]["send"] is False and instances(state, 3) == [("3g.71gb", 0), ("3g.71gb", 4)]
+    assert [r["result"] for r in journal(state)] == ["refused", "reset"]
+
+
 def test_a_job_that_starts_before_the_reset_refuses_it_and_no_instance_is_made(state: Path, tmp_path: Path) -> None:
     needs_reset(state)
 
