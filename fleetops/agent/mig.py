@@ -7,7 +7,9 @@ named config of an nvidia-mig-parted file (``--config FILE --select NAME``). It 
 checks the placement against the GPU's own profile table (NVML's profile-info and possible-placement answers, or the
 simulator's table), keeps the instances the layout still has where a placement beside them
 exists, and refuses, changing nothing on any GPU, when a GPU cannot be placed, cannot be read,
-or has a workload on an instance it would destroy (or processes it cannot tie to an instance).
+or has a workload on an instance it would destroy (or processes it cannot tie to an instance;
+where the mode change goes through a GPU reset, the reset flow's own process precondition
+judges them, leaving the GPU ``mode-pending`` with its remedy).
 The plan is made again under the node's maintenance lock, from a fresh read: what changed
 between the look and the lock is refused, never acted on. A MIG mode that stays pending after
 the change needs a GPU reset: mig apply runs the safe reset flow (``fleetops.agent.reset.flow``:

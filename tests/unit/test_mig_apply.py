@@ -274,7 +274,7 @@ def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow_in_one_app
     lock_check = next(c for c in gpu["reset_report"]["preconditions"] if c["name"] == "maintenance_lock")
     assert lock_check["status"] == "ok" and "held by this process (mig apply" in lock_check["detail"]
     assert instances(state, 1) == [("3g.71gb", 0), ("3g.71gb", 4)]
-    assert [(r["gpu"]["uuid"], r["result"]) for r in journal(state)] == [(uuid, "reset")]  # as the reset command does
+    assert [(r["gpu"]["uuid"], r["result"], r["within"]) for r in journal(state)] == [(uuid, "reset", "mig apply")]
     assert [r["gpu"] for r in sim.read_state(str(state))["resets"]] == [1]
     assert not Path(str(state) + ".maintenance.lock").exists()
 

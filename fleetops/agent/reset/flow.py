@@ -387,6 +387,7 @@ class _Attempt:
             else:
                 if handed is not None:
                     action = handed.record.get("action") or "maintenance"
+                    doc["within"] = action  # the journal says which action the reset was part of
                     checks.append(Check("maintenance_lock", "ok", f"held by this process ({action}, {self.lock_path})"))
                     if handed.recovered:
                         stale_record = handed.recovered
