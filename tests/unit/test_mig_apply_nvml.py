@@ -129,6 +129,10 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         nvml.collect_into(node)
         for extra in [c for c in calls if c[0] == "job"]:  # a job the test started on a GPU
             node.gpus[extra[1]].processes = [model.GpuProcess(pid=extra[2], name="python3", used_memory_mib=512)]
+        if ("peers",) in calls:  # GPUs 0 and 1 linked directly (no NVSwitch): reset together only
+            for gpu, other in ((0, 1), (1, 0)):
+                node.gpus[gpu].nvlinks = [model.NvLink(link=0, state="up", remote_type="gpu",
+                                                       remote_bus_id=node.gpus[other].bus_id)]
         node.services = {u: "active" for u in ("nvidia-persistenced", "nvidia-dcgm", "dcgm-exporter")}
         return node
 
@@ -200,6 +204,28 @@ def test_a_job_on_the_gpu_refuses_the_nvml_reset_and_nothing_but_the_mode_is_sen
     assert mig_state(control)["1"] == {"mode": [0, 1], "instances": []}
     (line,) = [json.loads(x) for x in (tmp_path / "reset.jsonl").read_text().splitlines()]
     assert line["result"] == "refused" and not (tmp_path / "lock").exists()
+
+
+def test_nvlink_peers_that_must_be_reset_together_are_named_by_the_dry_run_and_leave_the_mode_pending(
+    control: Path, tmp_path: Path, reset_node: list[tuple[Any, ...]]
+) -> None:
+    needs_reset(control)
+    reset_node.append(("peers",))
+    doc, code = run(tmp_path, "3g.71gb,3g.71gb", dry_run=True, selector="GPU-fake-1")
+    (gpu,) = doc["gpus"]
+    # NVML tells only once the mode is set whether it waits for a reset: the refusal is said, not final
+    assert code == 0 and doc["result"] == "would-change" and gpu["reset"] is None
+    assert gpu["reset_report"]["result"] == "refused" and changing_calls() == {}
+    assert "the GPU reset (if NVML keeps the mode pending) would be refused" in gpu["detail"]
+    assert "these GPUs can only be reset together" in gpu["detail"]
+    assert gpu["remedy"].startswith("reset the peer set: GPU-fake-1 (0000:19:00.0), GPU-fake-0 (0000:18:00.0)")
+    doc, code = run(tmp_path, "3g.71gb,3g.71gb", selector="GPU-fake-1")
+    (gpu,) = doc["gpus"]
+    assert code == 1 and doc["result"] == "mode-pending" and gpu["status"] == "mode-pending"
+    assert gpu["remedy"].startswith("reset the peer set: ")
+    assert [c for c in reset_node if c[0] not in ("snapshot", "peers")] == []
+    assert changing_calls() == {"nvmlDeviceSetMigMode": 1}
+    assert mig_state(control)["1"] == {"mode": [0, 1], "instances": []}
 
 
 def test_a_mig_parted_device_filter_matches_nvmls_pci_device_id(control: Path, tmp_path: Path) -> None:
