@@ -606,6 +606,12 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
     failed = False
     pending: list[dict[str, Any]] = []
     left = steps
+    # the GPU resets still ahead (a mode that may wait for one), in the lock's deadline too
+    resets = sum(1 for e in todo if reset and e["reset"] is not False)
+
+    def budget() -> float:
+        return mig_budget_s(left) + resets * reset_budget_s()
+
     current = {g.uuid: g for g in ops.read()}
     for e in todo:
         gpu = current[e["uuid"]]
@@ -613,7 +619,7 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
         want = e["want"]
         try:
             for gi in e["destroy"]:
-                held.heartbeat(f"destroy GI {gi} on {e['uuid']}", mig_budget_s(left))
+                held.heartbeat(f"destroy GI {gi} on {e['uuid']}", budget())
                 with guard.deferred():
                     ops.destroy(e["uuid"], by_id[gi])
                     e["changed"] = True
@@ -621,11 +627,13 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
             if gpu.mode_current != want["mode"]:
                 now = False
                 if e["mode"].get("send", True):
-                    held.heartbeat(f"MIG mode on {e['uuid']}", mig_budget_s(left))
+                    held.heartbeat(f"MIG mode on {e['uuid']}", budget())
                     with guard.deferred():
                         now = ops.set_mode(e["uuid"], bool(want["mode"]))
                         e["changed"] = True
                 left -= 1
+                if reset and e["reset"] is not False:
+                    resets -= 1  # used now or not needed: out of the deadline either way
                 if not now and reset:
                     now = _reset_for_mode(ops, e, held, guard, bool(want["mode"]))
                     if e.get("result") == "failed":
@@ -638,13 +646,13 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
                                  remedy=f"fleetops-agent reset --gpu {e['uuid']}")
                     pending.append(e)
                     continue
-                held.heartbeat(f"MIG mode on {e['uuid']} applied", mig_budget_s(left))
+                held.heartbeat(f"MIG mode on {e['uuid']} applied", budget())
             table = gpu.table
             for item in e["create"]:
                 assert table is not None
                 prof = table.get(item["profile"])
                 assert prof is not None
-                held.heartbeat(f"create {prof.name} on {e['uuid']}", mig_budget_s(left))
+                held.heartbeat(f"create {prof.name} on {e['uuid']}", budget())
                 with guard.deferred():
                     ops.create(e["uuid"], prof, int(item["placement_start"]))
                     e["changed"] = True

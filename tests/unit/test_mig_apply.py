@@ -283,6 +283,13 @@ def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow_in_one_app
     assert proc.returncode == 0 and doc["result"] == "unchanged" and doc["changed"] is False
     assert state.read_bytes() == before and len(journal(state)) == 1  # no second reset, nothing journalled
 
+    proc, doc = apply(state, "--layout", "off", "--gpu", uuid)  # MIG off waits for a reset as well
+    assert proc.returncode == 0, proc.stderr
+    assert doc["gpus"][0]["destroy"] == [1, 2] and doc["gpus"][0]["reset_report"]["result"] == "reset"
+    st = sim.read_state(str(state))["gpus"][1]
+    assert (st["mig_mode_current"], st["mig_mode_pending"], st["mig_instances"]) == (False, False, [])
+    assert [r["result"] for r in journal(state)] == ["reset", "reset"]
+
 
 def test_no_reset_leaves_the_mode_pending_and_a_rerun_resets_without_asking_for_the_mode_again(state: Path) -> None:
     needs_reset(state)
