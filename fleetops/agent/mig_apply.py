@@ -666,8 +666,9 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
 
 def _reset_options(uuid: str, bus_id: str, held: Any, dry_run: bool, lock_path: str | None = None) -> Any:
     """The reset flow's options for the GPU reset a MIG mode waits for: the reset command's
-    defaults (clients from $FLEETOPS_RESET_CLIENTS, the backend's journal and lock), no process
-    ended (mig apply refuses a GPU with processes before it changes anything)."""
+    defaults (clients from $FLEETOPS_RESET_CLIENTS, the backend's journal and lock) and never
+    ``--kill-processes``: a GPU with compute processes is refused by the flow's precondition,
+    with its remedy (drain the jobs), and left mode-pending."""
     from fleetops.agent.reset.flow import Options, parse_clients
 
     return Options(selector=uuid, expected_bus=bus_id, dry_run=dry_run, clients=parse_clients(None),
