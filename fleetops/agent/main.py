@@ -173,6 +173,10 @@ def build_parser() -> Any:
     p.add_argument("--config", help="apply: an nvidia-mig-parted config file (version: v1)")
     p.add_argument("--select", help="apply: the config to use from --config (a key of mig-configs)")
     p.add_argument("--profiles", help="reset: comma-separated profiles to create (default: the current layout)")
+    p.add_argument("--no-reset", action="store_true",
+                   help="apply: leave a MIG mode that waits for a GPU reset pending (mode-pending, exit 1) for "
+                   "`fleetops-agent reset`; default: reset the GPU through the safe reset flow under the same lock, "
+                   "then create the instances")
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 

@@ -7,12 +7,24 @@ named config of an nvidia-mig-parted file (``--config FILE --select NAME``). It 
 checks the placement against the GPU's own profile table (NVML's profile-info and possible-placement answers, or the
 simulator's table), keeps the instances the layout still has where a placement beside them
 exists, and refuses, changing nothing on any GPU, when a GPU cannot be placed, cannot be read,
-or has a workload on an instance it would destroy (or processes it cannot tie to an instance).
+or has a workload on an instance it would destroy (or processes it cannot tie to an instance;
+where the mode change goes through a GPU reset, the reset flow's own process precondition
+judges them, leaving the GPU ``mode-pending`` with its remedy).
 The plan is made again under the node's maintenance lock, from a fresh read: what changed
 between the look and the lock is refused, never acted on. A MIG mode that stays pending after
-the change needs a GPU reset: the GPU is reported ``mode-pending`` with the reset command
-(``fleetops-agent reset`` runs the safe reset flow, which applies it), and the rerun creates
-the instances. Changes go through NVML (GPU instance with its placement, then its compute
+the change needs a GPU reset: mig apply runs the safe reset flow (``fleetops.agent.reset.flow``:
+identify, preconditions, act, verify) for that GPU under the lock it holds, journalled as
+``fleetops-agent reset`` journals it, and then creates the instances, so one run takes a GPU
+from MIG off to the layout. A mode already pending (asked for earlier) is not asked for again:
+only the reset runs. The plan says it per GPU (``reset``: true where the mode change waits for a
+reset, null where that shows only once the mode is set, as on NVML); a dry run evaluates the
+reset's preconditions (``reset_report``) and, where a needed reset would be refused (a busy GPU,
+NVLink peers that must be reset together, the fabric manager down), reports ``mode-pending``
+with the reason and exit 1, changing nothing. A reset the preconditions refuse leaves the GPU
+``mode-pending`` with the flow's reason and remedy, no instance created, exit 1; a reset that
+fails fails the GPU. ``--no-reset`` leaves a pending mode to the operator: the GPU is reported
+``mode-pending`` with the reset command (``fleetops-agent reset --gpu UUID``), and a rerun after
+the reset creates the instances. Changes go through NVML (GPU instance with its placement, then its compute
 instance) or the simulator's state; the result is read back and compared with the plan. A rerun
 reports ``unchanged`` and changes nothing (exit 0).
 
@@ -24,13 +36,18 @@ Report (``kind: fleetops.mig/v1``, ``action: mig apply``): ``changed``, ``result
 ``layout``), ``mode`` (``current``, ``pending`` before), ``before`` and ``after`` (instances:
 ``gpu_instance_id``, ``compute_instance_id``, ``profile``, ``placement`` {``start``,
 ``size``}, ``uuid``, ``in_use``; in a dry run ``after`` is the plan), ``destroy`` (GPU
-instance ids), ``create`` (profile and placement start), and on a refusal ``remedy`` and
-``in_use``. Exit 0 when applied or unchanged (and in a dry run that could apply), 1 when
+instance ids), ``create`` (profile and placement start), ``reset`` (see above; the report's own
+``reset`` is false with ``--no-reset``), ``reset_report`` where the reset flow ran or was
+evaluated (its ``result``, ``message``, ``remedy``, ``preconditions``, ``actions``, ``log``), and
+on a refusal ``remedy`` and ``in_use``. Exit 0 when applied or unchanged (and in a dry run that could apply), 1 when
 refused, failed or left pending a reset (``mode-pending``: nothing else to do until the GPU is
 reset), 2 for bad input (an unknown profile, a config file that does not parse). SIGTERM, SIGHUP
 or SIGINT during the change lets the one change in hand finish (a GPU instance is never left
 without its compute instance), releases the lock, reads back what is there and exits 128 + the
-signal number (``result: interrupted``); a rerun completes the layout.
+signal number (``result: interrupted``); a rerun completes the layout. A signal during the
+GPU reset is handled by the reset flow as in ``fleetops-agent reset`` (``nvidia-smi -r`` is not
+cut off, the clients it stopped are started again, the attempt is journalled ``interrupted``),
+then mig apply stops the same way.
 
 ``mig reset`` destroys and recreates a GPU's MIG instances, when none is in use.
 
@@ -184,7 +201,8 @@ def main_args(args: Any) -> tuple[dict[str, Any], int]:
         from fleetops.agent import mig_apply
 
         return mig_apply.main_args(args)
-    if args.layout or args.config or args.select:
-        raise MigError("--layout, --config and --select belong to mig apply; mig reset takes --profiles", "usage", 2)
+    if args.layout or args.config or args.select or getattr(args, "no_reset", False):
+        raise MigError("--layout, --config, --select and --no-reset belong to mig apply; mig reset takes --profiles",
+                       "usage", 2)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
     return run(args.gpu, profiles, bool(args.dry_run), args.backend, args.state, args.lock_file)

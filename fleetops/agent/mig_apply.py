@@ -15,9 +15,9 @@ from typing import Any
 
 from fleetops.agent import lock as node_lock
 from fleetops.agent.mig import REPORT_KIND, MigError
-from fleetops.agent.reset.backends import DryRunGuard
+from fleetops.agent.reset.backends import Backend, DryRunGuard
 from fleetops.catalog import mig as catalog
-from fleetops.catalog.actions import mig_budget_s
+from fleetops.catalog.actions import mig_budget_s, reset_budget_s
 
 OFF = "off"
 
@@ -61,12 +61,27 @@ class GpuMig:
     why: str | None = None
     loose_pids: list[int] = field(default_factory=list)  # processes on the GPU tied to no instance
     device_id: str | None = None
+    # a MIG mode change waits for a GPU reset on this node: True / False, None where it can only
+    # be told once the mode is set (NVML: the mode stays pending, or is current at once)
+    reset_needed: bool | None = None
 
 
 class MigOps(DryRunGuard):
-    """Reading and changing one node's MIG state; changing methods refuse in a dry run."""
+    """Reading and changing one node's MIG state; changing methods refuse in a dry run.
+
+    ``reset_backend`` is the reset flow's backend for the same node (``make_ops`` sets the one
+    ``make_backend`` picks), through which a MIG mode that waits for a GPU reset is applied."""
 
     name = "unknown"
+    backend: Backend | None = None
+
+    def reset_backend(self) -> Backend:
+        if self.backend is None:
+            self.backend = self._make_reset_backend()
+        return self.backend
+
+    def _make_reset_backend(self) -> Backend:
+        raise NotImplementedError
 
     def hostname(self) -> str:
         raise NotImplementedError
@@ -93,6 +108,11 @@ class SimMig(MigOps):
         super().__init__(dry_run)
         self.path = path
 
+    def _make_reset_backend(self) -> Backend:
+        from fleetops.agent.reset.backends import SimBackend
+
+        return SimBackend(self.path, self.dry_run)
+
     def hostname(self) -> str:
         from fleetops.gpu import sim
 
@@ -102,6 +122,7 @@ class SimMig(MigOps):
         from fleetops.gpu import sim
 
         state = sim.read_state(self.path)
+        needs_reset = bool(state["node"].get(sim.MIG_NEEDS_RESET_FIELD))
         out = []
         for g in sim.snapshot(state)["gpus"]:
             pos = next(i for i, raw in enumerate(state["gpus"]) if raw["uuid"] == g["uuid"])
@@ -124,7 +145,7 @@ class SimMig(MigOps):
                               mode_current=current, mode_pending=bool(raw.get("mig_mode_pending", current)),
                               instances=instances, table=table,
                               loose_pids=[int(p["pid"]) for p in g.get("processes") or []],
-                              device_id=catalog.device_id_for(g.get("name"))))
+                              device_id=catalog.device_id_for(g.get("name")), reset_needed=needs_reset))
         return out
 
     def _change(self, uuid: str, what: str, fn: Any) -> Any:
@@ -172,6 +193,11 @@ class NvmlMig(MigOps):
         from fleetops.gpu import nvml
 
         self.ctl = nvml.MigControl(nv)
+
+    def _make_reset_backend(self) -> Backend:
+        from fleetops.agent.reset.backends import NvmlBackend
+
+        return NvmlBackend(self.dry_run)
 
     def hostname(self) -> str:
         import socket
@@ -230,6 +256,7 @@ def make_ops(requested: str, state_path: str | None, dry_run: bool) -> tuple[Mig
         raise MigError(str(exc), exc.kind, exc.exit_code) from exc
     path = getattr(back, "path", None)
     ops: MigOps = SimMig(str(path), dry_run) if back.name == "sim" and path else NvmlMig(dry_run)
+    ops.backend = back
     return ops, back.default_lock()
 
 
@@ -322,12 +349,20 @@ def _keep_and_place(table: catalog.ProfileTable, current: list[Inst], layout: tu
     return problem
 
 
-def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
+def _pending_detail(uuid: str, enabled: bool) -> str:
+    return (f"MIG mode {'enabled' if enabled else 'disabled'} is pending until the GPU is reset: fleetops-agent "
+            f"reset --gpu {uuid}, then rerun mig apply")
+
+
+def plan_gpu(gpu: GpuMig, want: Want | None, reset: bool = True) -> dict[str, Any]:
+    """The plan of one GPU (pure). ``reset``: a MIG mode that waits for a GPU reset is applied
+    through the safe reset flow (False: ``--no-reset``, left pending for the operator)."""
     entry: dict[str, Any] = {
         "uuid": gpu.uuid, "bus_id": gpu.bus_id, "index": gpu.index, "name": gpu.name, "changed": False,
         "want": {"mode": want.mode, "layout": list(want.layout)} if want else None,
         "mode": {"current": gpu.mode_current, "pending": gpu.mode_pending},
-        "before": [m.to_dict() for m in gpu.instances or []], "after": None, "destroy": [], "create": []}
+        "before": [m.to_dict() for m in gpu.instances or []], "after": None, "destroy": [], "create": [],
+        "reset": False}
 
     def refuse(detail: str, remedy: str, **extra: Any) -> dict[str, Any]:
         entry.update(status="refused", detail=detail, remedy=remedy, **extra)
@@ -343,12 +378,11 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
     if gpu.mode_current and gpu.instances is None:
         return refuse(f"cannot list the MIG instances ({gpu.why or 'unknown'})",
                       "list them with nvidia-smi mig -lgi and retry")
-    if gpu.mode_current != want.mode and gpu.mode_pending == want.mode and not (gpu.mode_current and current):
-        # asked for already (here or by nvidia-smi -mig): only the GPU reset that applies it is missing
-        word = "enabled" if want.mode else "disabled"
-        entry.update(status="mode-pending", result="mode-pending",
-                     detail=f"MIG mode {word} is pending until the GPU is reset: fleetops-agent reset --gpu "
-                     f"{gpu.uuid}, then rerun mig apply", remedy=f"fleetops-agent reset --gpu {gpu.uuid}")
+    # asked for already (here or by nvidia-smi -mig): only the GPU reset that applies it is missing
+    asked = gpu.mode_current != want.mode and gpu.mode_pending == want.mode
+    if asked and not reset and not (gpu.mode_current and current):
+        entry.update(status="mode-pending", result="mode-pending", detail=_pending_detail(gpu.uuid, want.mode),
+                     remedy=f"fleetops-agent reset --gpu {gpu.uuid}")
         return entry
     if not want.mode:
         if not gpu.mode_current:
@@ -381,7 +415,10 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
         return refuse(f"workloads run on MIG instances it would destroy: {names}",
                       "stop the workloads on those instances (drain the GPU), then retry",
                       in_use=[m.to_dict() for m in busy])
-    if gpu.loose_pids and (destroy or gpu.mode_current != want.mode):
+    # a mode change that goes through the reset flow leaves the GPU's processes to the flow's own
+    # precondition (compute_processes, judged under the lock, with its remedy): not a second copy here
+    via_reset = reset and gpu.mode_current != want.mode and (asked or bool(gpu.reset_needed))
+    if gpu.loose_pids and (destroy or (gpu.mode_current != want.mode and not via_reset)):
         pids = ", ".join(map(str, gpu.loose_pids))
         return refuse(f"compute processes on the GPU (pid {pids}) that no MIG instance accounts for",
                       "drain the GPU's jobs first, then retry", processes=list(gpu.loose_pids))
@@ -396,7 +433,21 @@ def plan_gpu(gpu: GpuMig, want: Want | None) -> dict[str, Any]:
         word = "enable" if want.mode else "disable"
         made = f", then create {', '.join(p.name for p, _ in plan)}" if plan else ""
         gone = f"destroy {len(destroy)} instance(s), then " if destroy else ""
-        entry.update(status="mode-change", detail=f"{gone}{word} MIG mode{made}")
+        # the mode is asked for once: one already pending is not sent again
+        entry["mode"]["send"] = gpu.mode_pending != want.mode
+        entry["reset"] = True if asked or gpu.reset_needed else gpu.reset_needed
+        if entry["reset"] is None:
+            how = (" (and, if it stays pending, reset the GPU through the safe reset flow)" if reset
+                   else " (if it stays pending until a GPU reset: left pending, --no-reset)")
+        elif not entry["reset"]:
+            how = ""
+        elif not reset:
+            how = " (pending until a GPU reset: left pending, --no-reset)"
+        elif asked:
+            how = " (already asked for: pending), reset the GPU through the safe reset flow to apply it"
+        else:
+            how = ", reset the GPU through the safe reset flow (the new mode waits for it)"
+        entry.update(status="mode-change", detail=f"{gone}{word} MIG mode{how}{made}")
     elif destroy:
         entry.update(status="recreate", detail=f"destroy GI {', '.join(str(m.gpu_instance_id) for m in destroy)} "
                      f"({', '.join(str(m.profile) for m in destroy)}), create {', '.join(p.name for p, _ in plan)}")
@@ -430,9 +481,9 @@ def _select(gpus: list[GpuMig], selector: str, host: str) -> list[GpuMig]:
     return chosen
 
 
-def plan(ops: MigOps, source: Source, selector: str, host: str) -> list[dict[str, Any]]:
+def plan(ops: MigOps, source: Source, selector: str, host: str, reset: bool = True) -> list[dict[str, Any]]:
     gpus = _select(ops.read(), selector, host)
-    return [plan_gpu(g, source.want(g)) for g in gpus]
+    return [plan_gpu(g, source.want(g), reset) for g in gpus]
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -443,16 +494,16 @@ def _comparable(entry: dict[str, Any]) -> Any:
 
 
 def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: str | None,
-        lock_path: str | None, ops: MigOps | None = None) -> tuple[dict[str, Any], int]:
+        lock_path: str | None, ops: MigOps | None = None, reset: bool = True) -> tuple[dict[str, Any], int]:
     started = time.time()
     default_lock = None
     if ops is None:
         ops, default_lock = make_ops(backend, state_path, dry_run)
     host = ops.hostname()
-    entries = plan(ops, source, selector, host)
+    entries = plan(ops, source, selector, host, reset)
     doc: dict[str, Any] = {"kind": REPORT_KIND, "action": "mig apply", "node": host, "backend": ops.name,
-                           "dry_run": dry_run, "source": source.describe(), "gpus": entries, "changed": False,
-                           "refused": False, "result": None, "message": ""}
+                           "dry_run": dry_run, "reset": reset, "source": source.describe(), "gpus": entries,
+                           "changed": False, "refused": False, "result": None, "message": ""}
     refused = [e for e in entries if e["status"] == "refused"]
     waiting = [e for e in entries if e["status"] == "mode-pending"]
     todo = [e for e in entries if e["status"] not in ("unchanged", "mode-pending")]
@@ -467,13 +518,21 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
         doc.update(result="unchanged", message=f"MIG layout already as wanted on {len(entries)} GPU(s)")
         return doc, 0
     if dry_run:
+        blocked = _dry_run_resets(ops, todo, lock_path or default_lock) if reset else []
+        if blocked:
+            doc.update(result="mode-pending", message="dry run: the GPU reset a MIG mode change needs would be refused, "
+                       "leaving the mode pending: " + "; ".join(f"{e['uuid']}: {e['reset_report']['message']}"
+                                                               for e in blocked))
+            return doc, 1
         doc.update(result="would-change", message=f"dry run: would change MIG on {len(todo)} GPU(s): "
                    + "; ".join(f"{e['uuid']}: {e['detail']}" for e in todo))
         return doc, 0
     path = lock_path or default_lock or node_lock.DEFAULT_PATH
     steps = sum(len(e["destroy"]) + len(e["create"]) + 1 for e in todo)
+    resets = sum(1 for e in todo if reset and e["reset"] is not False)
     try:
-        held = node_lock.acquire(path, "mig apply", ",".join(e["uuid"] for e in todo), mig_budget_s(steps))
+        held = node_lock.acquire(path, "mig apply", ",".join(e["uuid"] for e in todo),
+                                 mig_budget_s(steps) + resets * reset_budget_s())
     except node_lock.LockHeld as exc:
         doc.update(refused=True, result="refused", message=str(exc), holder=exc.holder)
         return doc, 1
@@ -484,7 +543,7 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
         with guard:
             try:
                 # the plan again, from a read under the lock: act only on what the operator was shown
-                again = {e["uuid"]: e for e in plan(ops, source, selector, host)}
+                again = {e["uuid"]: e for e in plan(ops, source, selector, host, reset)}
                 moved = [e for e in todo
                          if _comparable(again.get(e["uuid"], {"status": "gone", "destroy": [], "create": []}))
                          != _comparable(e)]
@@ -496,7 +555,7 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
                     doc.update(refused=True, result="refused", message="refused, nothing changed: "
                                + "; ".join(f"{e['uuid']}: {e['detail']}" for e in moved))
                     return doc, 1
-                failed, pending = _execute(ops, todo, held, steps, guard)
+                failed, pending = _execute(ops, todo, held, steps, guard, reset)
                 held.heartbeat("read back", mig_budget_s(0))
                 _verify(ops, todo, source)
             except Interrupted as exc:
@@ -528,8 +587,12 @@ def run(source: Source, selector: str, dry_run: bool, backend: str, state_path: 
 
 
 def _pending_message(entries: list[dict[str, Any]]) -> str:
-    return ("MIG mode pending until a GPU reset on " + ", ".join(e["uuid"] for e in entries)
-            + "; reset them (fleetops-agent reset --gpu UUID), then rerun mig apply")
+    text = "MIG mode pending until a GPU reset on " + ", ".join(e["uuid"] for e in entries)
+    refused = [e for e in entries if e.get("reset_report")]
+    if refused:
+        return text + "; the safe reset flow refused: " + "; ".join(
+            f"{e['uuid']}: {e['reset_report']['message']} (remedy: {e.get('remedy')})" for e in refused)
+    return text + "; reset them (fleetops-agent reset --gpu UUID), then rerun mig apply"
 
 
 def signal_name(signum: int) -> str:
@@ -539,10 +602,16 @@ def signal_name(signum: int) -> str:
 
 
 def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
-             guard: Any) -> tuple[bool, list[dict[str, Any]]]:
+             guard: Any, reset: bool = True) -> tuple[bool, list[dict[str, Any]]]:
     failed = False
     pending: list[dict[str, Any]] = []
     left = steps
+    # the GPU resets still ahead (a mode that may wait for one), in the lock's deadline too
+    resets = sum(1 for e in todo if reset and e["reset"] is not False)
+
+    def budget() -> float:
+        return mig_budget_s(left) + resets * reset_budget_s()
+
     current = {g.uuid: g for g in ops.read()}
     for e in todo:
         gpu = current[e["uuid"]]
@@ -550,30 +619,40 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
         want = e["want"]
         try:
             for gi in e["destroy"]:
-                held.heartbeat(f"destroy GI {gi} on {e['uuid']}", mig_budget_s(left))
+                held.heartbeat(f"destroy GI {gi} on {e['uuid']}", budget())
                 with guard.deferred():
                     ops.destroy(e["uuid"], by_id[gi])
                     e["changed"] = True
                 left -= 1
             if gpu.mode_current != want["mode"]:
-                held.heartbeat(f"MIG mode on {e['uuid']}", mig_budget_s(left))
-                with guard.deferred():
-                    now = ops.set_mode(e["uuid"], bool(want["mode"]))
-                    e["changed"] = True
+                now = False
+                if e["mode"].get("send", True):
+                    held.heartbeat(f"MIG mode on {e['uuid']}", budget())
+                    with guard.deferred():
+                        now = ops.set_mode(e["uuid"], bool(want["mode"]))
+                        e["changed"] = True
                 left -= 1
+                if reset and e["reset"] is not False:
+                    resets -= 1  # used now or not needed: out of the deadline either way
+                if not now and reset:
+                    now = _reset_for_mode(ops, e, held, guard, bool(want["mode"]))
+                    if e.get("result") == "failed":
+                        failed = True
+                        continue
                 if not now:
-                    e.update(result="mode-pending", status="mode-pending",
-                             detail=f"MIG mode {'enabled' if want['mode'] else 'disabled'} is pending until the GPU "
-                             f"is reset: fleetops-agent reset --gpu {e['uuid']}, then rerun mig apply",
-                             remedy=f"fleetops-agent reset --gpu {e['uuid']}")
+                    if e.get("status") != "mode-pending":
+                        e.update(result="mode-pending", status="mode-pending",
+                                 detail=_pending_detail(e["uuid"], bool(want["mode"])),
+                                 remedy=f"fleetops-agent reset --gpu {e['uuid']}")
                     pending.append(e)
                     continue
+                held.heartbeat(f"MIG mode on {e['uuid']} applied", budget())
             table = gpu.table
             for item in e["create"]:
                 assert table is not None
                 prof = table.get(item["profile"])
                 assert prof is not None
-                held.heartbeat(f"create {prof.name} on {e['uuid']}", mig_budget_s(left))
+                held.heartbeat(f"create {prof.name} on {e['uuid']}", budget())
                 with guard.deferred():
                     ops.create(e["uuid"], prof, int(item["placement_start"]))
                     e["changed"] = True
@@ -583,6 +662,100 @@ def _execute(ops: MigOps, todo: list[dict[str, Any]], held: Any, steps: int,
             e.update(result="failed", detail=f"{e['detail']}: stopped: {exc}")
             failed = True
     return failed, pending
+
+
+def _reset_options(uuid: str, bus_id: str, held: Any, dry_run: bool, lock_path: str | None = None) -> Any:
+    """The reset flow's options for the GPU reset a MIG mode waits for: the reset command's
+    defaults (clients from $FLEETOPS_RESET_CLIENTS, the backend's journal and lock) and never
+    ``--kill-processes``: a GPU with compute processes is refused by the flow's precondition,
+    with its remedy (drain the jobs), and left mode-pending."""
+    from fleetops.agent.reset.flow import Options, parse_clients
+
+    return Options(selector=uuid, expected_bus=bus_id, dry_run=dry_run, clients=parse_clients(None),
+                   lock_path=lock_path, held_lock=held)
+
+
+def _reset_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    out = {k: doc.get(k) for k in ("result", "message", "remedy", "verified")}
+    out["preconditions"] = [{k: c.get(k) for k in ("name", "status", "detail", "remedy") if c.get(k) is not None}
+                            for c in doc.get("preconditions") or []]
+    if doc.get("actions"):
+        out["actions"] = [{k: a.get(k) for k in ("action", "unit", "ok", "detail") if k in a} for a in doc["actions"]]
+    if doc.get("log"):
+        out["log"] = doc["log"]
+    return out
+
+
+def _flow(call: Any, *args: Any) -> dict[str, Any]:
+    """The reset flow's report; one that cannot even start (no NVML, an unreadable state) is a
+    report with result ``error`` naming why, so the GPU is left mode-pending rather than mig
+    apply stopping with the rest of its plan unreported."""
+    try:
+        rdoc, _code = call(*args)
+    except Exception as exc:  # noqa: BLE001
+        return {"result": "error", "message": f"the reset flow could not start: {exc}",
+                "remedy": "look at the node (fleetops-agent reset --gpu GPU --dry-run)"}
+    return dict(rdoc)
+
+
+def _reset_for_mode(ops: MigOps, e: dict[str, Any], held: Any, guard: Any, enabled: bool) -> bool:
+    """Run the safe reset flow for a GPU whose MIG mode is pending, under the lock mig apply
+    holds; True when the mode is current after it. A refusal leaves the GPU ``mode-pending``
+    with the flow's reason and remedy; a failed reset fails the GPU; a signal during the reset
+    ends the flow as it ends the reset command, then interrupts mig apply."""
+    from fleetops.agent.reset import flow
+
+    opts = _reset_options(e["uuid"], e["bus_id"], held, False)
+    rdoc = _flow(flow.run, opts, ops.reset_backend(), guard)
+    e["reset_report"] = _reset_summary(rdoc)
+    result = rdoc.get("result")
+    if result == "interrupted":
+        import signal
+
+        raise flow.Interrupted(int(signal.Signals[str(rdoc["interrupted_by"])]))
+    word = "enabled" if enabled else "disabled"
+    if result == "reset":
+        again = next((g for g in ops.read() if g.uuid == e["uuid"]), None)
+        if again is not None and again.mode_current == enabled:
+            e["changed"] = True
+            e["detail"] += f"; the GPU was reset (safe reset flow) and MIG mode is {word}"
+            return True
+        e.update(result="failed", detail=f"{e['detail']}: stopped: the GPU was reset but MIG mode is still not {word}",
+                 remedy="look at the GPU (nvidia-smi -q), then reboot the node if the mode stays pending")
+        return False
+    if result == "failed":
+        e["changed"] = True
+        e.update(result="failed", detail=f"{e['detail']}: stopped: the GPU reset failed: {rdoc.get('message')}",
+                 remedy=rdoc.get("remedy") or "look at the GPU (fleetops-agent reset --dry-run)")
+        return False
+    e.update(result="mode-pending", status="mode-pending",
+             detail=f"MIG mode {word} is pending until the GPU is reset, and the safe reset flow refused: "
+             f"{rdoc.get('message')}",
+             remedy=rdoc.get("remedy") or f"fleetops-agent reset --gpu {e['uuid']}")
+    return False
+
+
+def _dry_run_resets(ops: MigOps, todo: list[dict[str, Any]], lock_path: str | None) -> list[dict[str, Any]]:
+    """A dry run of the reset flow for each GPU whose mode change may wait for a reset: its
+    preconditions evaluated, nothing changed. The entries whose needed reset would be refused."""
+    from fleetops.agent.reset import flow
+
+    blocked = []
+    for e in todo:
+        if e["status"] != "mode-change" or e["reset"] is False:
+            continue
+        opts = _reset_options(e["uuid"], e["bus_id"], None, True, lock_path)
+        rdoc = _flow(flow.run, opts, ops.reset_backend())
+        e["reset_report"] = _reset_summary(rdoc)
+        if rdoc.get("result") == "would-reset":
+            continue
+        how = "could not be evaluated" if rdoc.get("result") == "error" else "would be refused"
+        maybe = " (if NVML keeps the mode pending)" if e["reset"] is None else ""
+        e["detail"] += f"; the GPU reset{maybe} {how}: {rdoc.get('message')}"
+        e["remedy"] = rdoc.get("remedy")
+        if e["reset"] is True:
+            blocked.append(e)
+    return blocked
 
 
 def _verify(ops: MigOps, todo: list[dict[str, Any]], source: Source) -> None:
@@ -616,4 +789,5 @@ def main_args(args: Any) -> tuple[dict[str, Any], int]:
     if args.select and not args.config:
         raise MigError("--select needs --config FILE", "usage", 2)
     source = Source(layout=parse_layout(args.layout)) if args.layout else Source(config=args.config, select=args.select)
-    return run(source, args.gpu, bool(args.dry_run), args.backend, args.state, args.lock_file)
+    return run(source, args.gpu, bool(args.dry_run), args.backend, args.state, args.lock_file,
+               reset=not getattr(args, "no_reset", False))

@@ -1149,3 +1149,66 @@ class MigControl:
             self.nv.call("nvmlGpuInstanceDestroy", gi)
             raise
         return int(self._must(what, "nvmlGpuInstanceGetInfo", gi).id)
+
+
+# --- the daemon's light MIG sample ----------------------------------------------------------------
+
+
+def mig_sample(N: Any, handle: Any, table: Any) -> dict[str, Any] | None:
+    """One GPU's MIG mode, instances and compute processes in the snapshot's form (the keys
+    ``serve/instances.gpu_table`` reads), for the daemon's light sample of a GPU in MIG mode.
+
+    ``table`` is the GPU's profile table (``MigControl.profiles``, read once per GPU by the
+    caller): only its profiles are listed, not every profile index, and names come from it. The
+    calls: the mode; per profile, its GPU instances and each one's info; the MIG device count,
+    each MIG device's instance ids, UUID and processes; the parent's processes (with each
+    process's instance ids): the full snapshot's rows (``_mig_instances``), without its walk
+    over every profile index. A GPU whose mode is off costs the one mode call and
+    answers no instance. None when NVML does not answer (the caller keeps what it had)."""
+    import ctypes
+
+    nv = _Nvml(N)
+    mode, reason = nv.call("nvmlDeviceGetMigMode", handle)
+    if reason is not None:
+        return None
+    out: dict[str, Any] = {"mig_mode_current": bool(mode[0]), "mig_mode_pending": bool(mode[1]),
+                           "mig_instances": [], "processes": []}
+    if not mode[0]:
+        return out
+    profile_of: dict[int, str] = {}  # GPU instance id -> its profile's name
+    for prof in table.profiles:
+        handles = (N.c_nvmlGpuInstance_t * max(1, prof.instances))()
+        count = ctypes.c_uint(0)
+        _, reason = nv.call("nvmlDeviceGetGpuInstances", handle, prof.id, handles, ctypes.byref(count))
+        if reason is not None:
+            return None
+        for i in range(count.value):
+            info, reason = nv.call("nvmlGpuInstanceGetInfo", handles[i])
+            if reason is None:
+                profile_of[int(info.id)] = prof.name
+    rows: list[dict[str, Any]] = []
+    max_devices, reason = nv.call("nvmlDeviceGetMaxMigDeviceCount", handle) if profile_of else (0, None)
+    for index in range(int(max_devices or 0)):
+        mig, reason = nv.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
+        if reason is not None:
+            continue  # NotFound: no MIG device at this index
+        gi, _ = nv.call("nvmlDeviceGetGpuInstanceId", mig)
+        ci, _ = nv.call("nvmlDeviceGetComputeInstanceId", mig)
+        uuid, _ = nv.call("nvmlDeviceGetUUID", mig)
+        procs, _ = nv.call("nvmlDeviceGetComputeRunningProcesses", mig)
+        rows.append({"gpu_instance_id": int(gi) if gi is not None else -1,
+                     "compute_instance_id": int(ci) if ci is not None else None,
+                     "profile": profile_of.get(int(gi)) if gi is not None else None,
+                     "uuid": _text(uuid) if uuid is not None else None, "in_use": bool(procs)})
+    seen = {r["gpu_instance_id"] for r in rows}
+    rows += [{"gpu_instance_id": gi, "compute_instance_id": None, "profile": name, "uuid": None, "in_use": False}
+             for gi, name in sorted(profile_of.items()) if gi not in seen]  # no compute instance yet
+    rows.sort(key=lambda r: (r["gpu_instance_id"], -1 if r["compute_instance_id"] is None else r["compute_instance_id"]))
+    parent, reason = nv.call("nvmlDeviceGetComputeRunningProcesses", handle)
+    out["processes"] = [
+        {"pid": int(p.pid), "gpu_instance_id": _instance_id(getattr(p, "gpuInstanceId", None)),
+         "compute_instance_id": _instance_id(getattr(p, "computeInstanceId", None))}
+        for p in (parent if reason is None else [])
+    ]
+    out["mig_instances"] = rows
+    return out

@@ -143,6 +143,12 @@ def register(subparsers: Any) -> None:
         "default: the baseline's mig.layout (gpu_mig_layout)",
     )
     a.add_argument(
+        "--no-reset",
+        action="store_true",
+        help="mig: leave a MIG mode that waits for a GPU reset pending (reported) instead of resetting the GPU "
+        "through the safe reset flow (gpu_mig_reset=false)",
+    )
+    a.add_argument(
         "--update-firmware",
         action="store_true",
         help="firmware: run the nvfwupd update path (one node at a time, drained first)",
@@ -189,6 +195,11 @@ def apply(args: argparse.Namespace) -> int:
         else:
             extravars.update(gpu_mig_layout=profiles, gpu_mig_mode=True)
             action = f"apply the MIG layout {', '.join(profiles)} (nodes are drained first)"
+    if getattr(args, "no_reset", False):
+        if args.what != "mig":
+            return _usage("--no-reset goes with 'apply mig'")
+        extravars["gpu_mig_reset"] = False
+        action += "; a MIG mode that waits for a GPU reset is left pending"
     if args.update_firmware:
         if args.what != "firmware":
             return _usage("--update-firmware goes with 'apply firmware'")

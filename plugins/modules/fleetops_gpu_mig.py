@@ -18,6 +18,10 @@ description:
     group is planned (dry run) before any is changed, so a refusal on one changes none.
   - A refusal is a failure naming the GPU, the busy instances and the processes in them; the result keeps
     C(refused=true) and C(changed=false).
+  - Where a MIG mode change waits for a GPU reset, the agent resets the GPU through the safe reset flow (the
+    preconditions, steps and journal of C(fleetops-agent reset)) and then creates the instances, unless O(reset=false).
+    Check mode shows which GPUs would be reset (RV(reset_gpus)) and the reset preconditions that would refuse; a
+    refused reset leaves the GPU's mode pending (RV(reset_required)) with the reason.
 options:
   layout:
     description:
@@ -43,6 +47,12 @@ options:
     description: C(all), or GPU UUIDs / PCI bus ids, comma-separated.
     type: str
     default: all
+  reset:
+    description:
+      - Reset a GPU whose new MIG mode waits for a reset, through the agent's safe reset flow, then create its
+        instances. C(false) passes C(--no-reset) - the mode is left pending and reported in RV(reset_required).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - fleetops.gpu.agent
 author: fleetops
@@ -79,7 +89,12 @@ result:
   returned: always
   type: str
 reset_required:
-  description: UUIDs of GPUs whose MIG mode waits for a GPU reset.
+  description: UUIDs of GPUs whose MIG mode waits for a GPU reset (O(reset=false), or a reset the preconditions refuse).
+  returned: always
+  type: list
+  elements: str
+reset_gpus:
+  description: UUIDs of GPUs reset (or in check mode to be reset) through the safe reset flow for their MIG mode.
   returned: always
   type: list
   elements: str
@@ -123,6 +138,8 @@ def _layout_arg(layout, mode):
 def _apply(module, source_args, gpu, dry_run):
     """One ``mig apply``: its report, also when the agent refused (exit 1 with the report on stdout)."""
     argv = ["mig", "apply"] + source_args + ["--gpu", gpu, "--json"] + backend_args(module)
+    if not module.params.get("reset", True):
+        argv.append("--no-reset")
     if dry_run:
         argv.append("--dry-run")
     cmd = agent_command(module) + argv
@@ -178,6 +195,14 @@ def _groups(module, layout_arg):
     return [(["--layout", arg], ",".join(uuids)) for arg, uuids in sorted(by_layout.items())]
 
 
+def _resets(gpu, check_mode):
+    """Whether the GPU was reset (in check mode: would be) through the safe reset flow."""
+    report = gpu.get("reset_report") or {}
+    if check_mode:
+        return gpu.get("status") == "mode-change" and gpu.get("reset") is True and report.get("result") == "would-reset"
+    return report.get("result") == "reset"
+
+
 def _shown(instances, mode):
     if mode is False:
         return "off"
@@ -200,7 +225,8 @@ def _diff_lines(gpus, side):
             lines.append("%s: MIG %s\n" % (gpu_label(g), _shown(g.get("before"), mode)))
         else:
             want = g.get("want") or {}
-            lines.append("%s: MIG %s\n" % (gpu_label(g), _shown(g.get("after"), want.get("mode"))))
+            how = " (after a GPU reset through the safe reset flow)" if g.get("reset") is True else ""
+            lines.append("%s: MIG %s%s\n" % (gpu_label(g), _shown(g.get("after"), want.get("mode")), how))
     return "".join(lines)
 
 
@@ -212,6 +238,7 @@ def main():
         config_file=dict(type="path"),
         config=dict(type="str"),
         gpu=dict(type="str", default="all"),
+        reset=dict(type="bool", default=True),
     )
     spec.update(AGENT_ARGUMENT_SPEC)
     module = AnsibleModule(
@@ -251,7 +278,9 @@ def main():
         result=bad[0].get("result") if bad else (docs[0].get("result") if len(docs) == 1 else
                                                    ("applied" if any(d.get("changed") for d in docs) else
                                                     "would-change" if changing else "unchanged")),
-        reset_required=[g.get("uuid") for g in gpus if g.get("status") == "mode-pending"],
+        reset_required=[g.get("uuid") for g in gpus if g.get("status") == "mode-pending"
+                        or (g.get("reset_report") or {}).get("result") in ("refused", "error")],
+        reset_gpus=[g.get("uuid") for g in gpus if _resets(g, module.check_mode)],
         backend=docs[0].get("backend") if docs else None,
     )
     if module._diff and changing:
@@ -271,11 +300,17 @@ def main():
                       for g in changing))
     else:
         result["msg"] = "MIG layout: all %d GPUs already as wanted" % len(gpus)
+    if result["reset_gpus"]:
+        result["msg"] = "%s; %s through the safe reset flow: %s" % (
+            result["msg"], "would reset" if module.check_mode else "reset", ", ".join(result["reset_gpus"]))
     if result["reset_required"]:
-        result["msg"] = "%s%s; MIG mode waits for a GPU reset on %s" % (
+        why = [str((g.get("reset_report") or {}).get("message")) for g in gpus
+               if (g.get("reset_report") or {}).get("result") in ("refused", "error")]
+        result["msg"] = "%s%s; MIG mode waits for a GPU reset on %s%s" % (
             result["msg"] if changing else "MIG layout",
             "" if changing else " not complete",
-            ", ".join(result["reset_required"]))
+            ", ".join(result["reset_required"]),
+            " (the safe reset flow refused: %s)" % "; ".join(why) if why else "")
     module.exit_json(**result)
 
 

@@ -2,7 +2,8 @@
 baseline in the inventory's group_vars declares the layout; check mode first (nothing changes,
 the diff shows the instances), then the layout applied, the audit clean, a rerun that changes
 nothing, a drift the audit finds and the playbook repairs, and a busy instance refused with
-its node named while the other nodes are changed."""
+its node named while the other nodes are changed; and a node whose MIG mode change waits for
+a GPU reset, reset by the role through the agent's safe reset flow (check mode first)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ LAYOUT = ["3g.71gb", "3g.71gb"]
 FLEETOPS = os.path.join(os.path.dirname(sys.executable), "fleetops")
 
 
-def run(fleet: Any, check: bool = False, **extravars: Any) -> tuple[RunResult, list[str]]:
+def run(fleet: Any, check: bool = False, limit: str | None = None, **extravars: Any) -> tuple[RunResult, list[str]]:
     lines: list[str] = []
     result = run_playbook(
         "mig.yml",
         [fleet.inventory],
         extravars=extravars,
+        limit=limit,
         check=check,
         emit=lambda kind, line: lines.append(line),
         private_data_dir=str(fleet.artifacts),
@@ -179,3 +181,32 @@ def test_fleetops_apply_mig_asks_checks_and_names_the_refused_node(fleet: Any) -
     for node in fleet.nodes:
         if node != busy:
             assert layouts(fleet, node) == [(True, ["7g.141gb"])] * 8, node
+
+
+def test_the_role_resets_a_gpu_whose_mig_mode_waits_for_it_check_mode_first(fleet: Any) -> None:
+    node = fleet.nodes[2]
+    path = fleet.state_path(node)
+    with sim.locked_state(str(path)) as state:  # MIG off, and a node that applies a mode change only at a reset
+        state["node"][sim.MIG_NEEDS_RESET_FIELD] = True
+        for g in state["gpus"]:
+            g["mig_mode_current"] = g["mig_mode_pending"] = False
+            g["mig_instances"] = []
+    journal = path.with_suffix(".reset.jsonl")
+    journal.unlink(missing_ok=True)
+    before = path.read_bytes()
+    check, lines = run(fleet, check=True, limit=node, gpu_mig_layout=LAYOUT)
+    assert check.ok and check.changed_hosts() == [node], "\n".join(lines)
+    assert path.read_bytes() == before and not journal.exists()
+    [d] = diffs(check)[node]
+    assert d["after"].count("MIG on [3g.71gb GI new, 3g.71gb GI new] (after a GPU reset through the safe reset flow)") == 8
+
+    applied, lines = run(fleet, limit=node, gpu_mig_layout=LAYOUT)
+    assert applied.ok and applied.changed_hosts() == [node], "\n".join(lines)
+    assert layouts(fleet, node) == [(True, LAYOUT)] * 8
+    uuids = [g["uuid"] for g in fleet.collect(node)["gpus"]]
+    resets = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert sorted((r["gpu"]["uuid"], r["result"]) for r in resets) == sorted((u, "reset") for u in uuids)
+
+    again, lines = run(fleet, limit=node, gpu_mig_layout=LAYOUT)
+    assert again.ok and sum(r["changed"] for r in again.rows) == 0, "\n".join(lines)
+    assert len(journal.read_text().splitlines()) == 8

@@ -1,9 +1,12 @@
 """playbooks/library/fleetops_gpu_mig.py in-process, calling the real fleetops-agent on a
 simulated node: check mode and diff, idempotence, per-model layouts, a busy instance refused
-with nothing changed, and bad input named."""
+with nothing changed, bad input named, and a MIG mode that waits for a GPU reset: applied
+through the safe reset flow (check mode first), refused by its preconditions, or left pending
+with ``reset: false``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +94,60 @@ def test_bad_input_is_named_before_anything_runs(run_module: Any, sim_state: str
     assert Path(sim_state).read_bytes() == before
 
 
-def test_a_mode_that_waits_for_a_reset_is_reported_and_not_asked_again(run_module: Any, sim_state: str) -> None:
+def _needs_reset(sim_state: str) -> list[str]:
     with sim.locked_state(sim_state) as state:
         state["node"][sim.MIG_NEEDS_RESET_FIELD] = True  # this node applies a MIG mode change at a GPU reset
-    uuids = [g["uuid"] for g in sim.read_state(sim_state)["gpus"]]
+    return [g["uuid"] for g in sim.read_state(sim_state)["gpus"]]
+
+
+def _journal(sim_state: str) -> list[dict[str, Any]]:
+    path = Path(sim_state[: -len(".json")] + ".reset.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_mode_that_waits_for_a_reset_is_applied_through_the_reset_flow_check_mode_first(
+    run_module: Any, sim_state: str
+) -> None:
+    uuids = _needs_reset(sim_state)
+    before = Path(sim_state).read_bytes()
+    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state}, check=True, diff=True)
+    assert code == 0 and res["changed"] is True and res["result"] == "would-change"
+    assert res["reset_gpus"] == uuids and res["reset_required"] == []
+    assert "would reset through the safe reset flow: " + ", ".join(uuids) in res["msg"]
+    assert "MIG on [3g.71gb GI new, 3g.71gb GI new] (after a GPU reset through the safe reset flow)" in res["diff"]["after"]
+    assert Path(sim_state).read_bytes() == before and _journal(sim_state) == []
     code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    assert code == 0 and res["changed"] is True and res["result"] == "applied"
+    assert res["reset_gpus"] == uuids and res["reset_required"] == []
+    assert _instances(sim_state) == [(True, LAYOUT)] * 8
+    assert sorted((r["gpu"]["uuid"], r["result"]) for r in _journal(sim_state)) == sorted((u, "reset") for u in uuids)
+    after = Path(sim_state).read_bytes()
+    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    assert code == 0 and res["changed"] is False and res["reset_gpus"] == []
+    assert Path(sim_state).read_bytes() == after and len(_journal(sim_state)) == 8
+
+
+def test_a_reset_the_preconditions_refuse_is_reported_with_its_reason_and_nothing_changes(
+    run_module: Any, sim_state: str
+) -> None:
+    uuids = _needs_reset(sim_state)
+    with sim.locked_state(sim_state) as state:
+        state["node"]["services"]["nvidia-fabricmanager"] = "inactive"
+    before = Path(sim_state).read_bytes()
+    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    assert code == 0 and res["changed"] is False and res["reset_required"] == uuids and res["reset_gpus"] == []
+    assert "the safe reset flow refused" in res["msg"] and "nvidia-fabricmanager is inactive" in res["msg"]
+    assert Path(sim_state).read_bytes() == before and _journal(sim_state) == []
+
+
+def test_with_reset_false_a_mode_that_waits_is_reported_and_not_asked_again(run_module: Any, sim_state: str) -> None:
+    uuids = _needs_reset(sim_state)
+    args = {"layout": LAYOUT, "sim_state": sim_state, "reset": False}
+    code, res = run_module(MODULE, args)
     assert code == 0 and res["changed"] is True and res["result"] == "mode-pending" and res["reset_required"] == uuids
     assert "MIG mode waits for a GPU reset on " + ", ".join(uuids) in res["msg"]
     pending = Path(sim_state).read_bytes()
-    code, res = run_module(MODULE, {"layout": LAYOUT, "sim_state": sim_state})
+    code, res = run_module(MODULE, args)
     assert code == 0 and res["changed"] is False and res["reset_required"] == uuids
     assert res["msg"].startswith("MIG layout not complete; MIG mode waits for a GPU reset on ")
-    assert Path(sim_state).read_bytes() == pending
+    assert Path(sim_state).read_bytes() == pending and _journal(sim_state) == []

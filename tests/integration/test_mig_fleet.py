@@ -1,7 +1,8 @@
 """``fleetops-agent mig apply`` end to end over real SSH, on a simulated fleet of its own (real
 sshd on loopback): a layout applied on every node, ``fleetops audit`` clean against the layout
 after it, a rerun that changes nothing, a busy instance refused, and a layout drift that the
-audit finds."""
+audit finds; and a MIG mode change that waits for a GPU reset, applied through the safe reset
+flow in one run (a dry run first, a busy GPU left mode-pending, ``--no-reset``)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,67 @@ def test_a_layout_over_ssh_audited_clean_rerun_unchanged_busy_refused_drift_foun
     assert [(f["check"], f["node"], f["gpu"]["index"]) for f in found] == [("config.mig_layout", "node001", 3)]
     assert found[0]["message"] == ("GPU 3 (0000:5d:00.0): MIG instances 3g.71gb, 3g.71gb; mig.layout wants 3g.71gb, "
                                    "2g.35gb, 1g.18gb, 1g.18gb (missing 2g.35gb, 1g.18gb, 1g.18gb; extra 3g.71gb)")
+
+
+def journal(d: str, node: str) -> list[dict[str, Any]]:
+    path = Path(d) / "state" / f"{node}.reset.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow_over_ssh(d: str, tmp_path: Path) -> None:
+    """node001 applies a MIG mode change only at a GPU reset: a dry run that says the reset would
+    run and changes nothing; a busy GPU left mode-pending by the reset's refusal; --no-reset left
+    pending as before; one apply from MIG off to the layout through the reset; the audit clean;
+    a rerun unchanged with nothing journalled again."""
+    off = mig_apply(d, "--layout", "off", limit="node001")["node001"]
+    assert off[0] == 0, off[1]["message"]
+    with sim.locked_state(str(state(d, "node001"))) as st:
+        st["node"][sim.MIG_NEEDS_RESET_FIELD] = True
+        uuids = [g["uuid"] for g in st["gpus"]]
+    layout = ",".join(LAYOUT)
+    journalled = len(journal(d, "node001"))
+
+    before = state(d, "node001").read_bytes()
+    code, doc = mig_apply(d, "--layout", layout, "--gpu", f"{uuids[0]},{uuids[1]}", "--dry-run", limit="node001")["node001"]
+    assert code == 0 and doc["result"] == "would-change" and doc["changed"] is False
+    assert [(g["status"], g["reset"], g["reset_report"]["result"]) for g in doc["gpus"]] == [
+        ("mode-change", True, "would-reset")] * 2
+    assert all("reset the GPU through the safe reset flow" in g["detail"] for g in doc["gpus"])
+    assert state(d, "node001").read_bytes() == before and len(journal(d, "node001")) == journalled
+
+    with sim.locked_state(str(state(d, "node001"))) as st:
+        sim.add_process(st, 2, 7373, "vllm", 8192)  # a job still runs on GPU 2
+    code, doc = mig_apply(d, "--layout", layout, "--gpu", uuids[2], limit="node001")["node001"]
+    assert code == 1 and doc["result"] == "mode-pending"
+    (gpu,) = doc["gpus"]
+    assert gpu["status"] == "mode-pending" and "pid 7373 (vllm)" in gpu["detail"]
+    assert gpu["remedy"].startswith("drain the GPU's jobs first")
+    assert "pid 7373" in doc["message"]
+    assert not sim.read_state(str(state(d, "node001")))["gpus"][2].get("mig_instances")
+    assert [(r["gpu"]["uuid"], r["result"]) for r in journal(d, "node001")[journalled:]] == [(uuids[2], "refused")]
+
+    code, doc = mig_apply(d, "--layout", layout, "--gpu", uuids[1], "--no-reset", limit="node001")["node001"]
+    assert code == 1 and doc["result"] == "mode-pending" and doc["reset"] is False
+    assert doc["gpus"][0]["remedy"] == f"fleetops-agent reset --gpu {uuids[1]}"
+    assert len(journal(d, "node001")) == journalled + 1  # no reset attempted
+
+    with sim.locked_state(str(state(d, "node001"))) as st:
+        sim.end_process(st, 2, 7373)  # the node was drained
+    applied = mig_apply(d, "--layout", layout)  # node002 as the first test left it, or from MIG off
+    assert (applied["node001"][0], applied["node001"][1]["result"]) == (0, "applied")
+    assert applied["node002"][0] == 0, applied["node002"][1]["message"]
+    node001 = applied["node001"][1]["gpus"]
+    assert [g["status"] for g in node001] == ["mode-change"] * 8
+    assert [g["mode"]["send"] for g in node001] == [True, False, False] + [True] * 5  # 1 and 2 were pending already
+    assert all(g["reset_report"]["result"] == "reset" for g in node001)
+    assert sorted(r["gpu"]["uuid"] for r in journal(d, "node001")[journalled + 1:]) == sorted(uuids)
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(json.dumps({"mig": {"mode": True, "layout": LAYOUT}}))
+    assert audit(d, baseline) == []
+
+    before = {n: state(d, n).read_bytes() for n in applied}
+    journalled = len(journal(d, "node001"))
+    again = mig_apply(d, "--layout", layout)
+    assert {n: (code, doc["result"]) for n, (code, doc) in again.items()} == {n: (0, "unchanged") for n in applied}
+    assert {n: state(d, n).read_bytes() for n in applied} == before
+    assert len(journal(d, "node001")) == journalled

@@ -267,6 +267,31 @@ def nvmlDeviceGetHandleByUUID(uuid: str) -> int:
     return int(uuid.rsplit("-", 1)[1])
 
 
+def nvmlShutdown() -> None:
+    _gate("nvmlShutdown")
+
+
+def nvmlDeviceGetHandleByPciBusId(bus_id: str) -> int:
+    """The GPU at ``bus_id`` (``nvmlDeviceGetPciInfo``'s form): the reset flow's second look-up."""
+    _gate("nvmlDeviceGetHandleByPciBusId")
+    index = int(str(bus_id).split(":")[1], 16) - 0x18
+    if not 0 <= index < 2:
+        raise NVMLError_NotFound(6)
+    return index
+
+
+def reset_gpu(bus_id: str) -> None:
+    """What ``nvidia-smi -r -i BUS_ID`` does to the fake: a pending MIG mode becomes current (its
+    instances gone). Tests install it in place of the reset backend's ``nvidia_smi_reset``."""
+    c = _control()
+    index = int(bus_id.split(":")[1], 16) - 0x18
+    mig = _gpu_mig(c, index)
+    if mig["mode"][0] != mig["mode"][1]:
+        mig["mode"][0] = mig["mode"][1]
+        mig["instances"] = []
+    _write(c)
+
+
 def nvmlDeviceGetMigMode(h: int) -> list[int]:
     c = _gate("nvmlDeviceGetMigMode")
     return list(_gpu_mig(c, int(h))["mode"])

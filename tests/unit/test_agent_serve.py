@@ -224,9 +224,10 @@ def test_watch_streams_snapshot_then_changes_until_stdin_closes(node: Path, daem
     assert proc.wait(timeout=30) == 0
 
 
-def _nvml_daemon(tmp_path: Path, mode: str = "ok") -> tuple[Daemon, Path, Path, Path]:
+def _nvml_daemon(tmp_path: Path, mode: str = "ok", full_interval_s: float = 0.5,
+                 mig: dict[str, Any] | None = None) -> tuple[Daemon, Path, Path, Path]:
     control = tmp_path / "control.json"
-    control.write_text(json.dumps({"mode": mode, "temp": 40}))
+    control.write_text(json.dumps({"mode": mode, "temp": 40, **({"mig": mig} if mig else {})}))
     kmsg_file = tmp_path / "kmsg"
     kmsg_file.write_text("")
     sock = tmp_path / "run" / "agent.sock"
@@ -241,7 +242,7 @@ def _nvml_daemon(tmp_path: Path, mode: str = "ok") -> tuple[Daemon, Path, Path, 
     d = Daemon([], env)
     d.env.pop("FLEETOPS_SIM_STATE", None)
     cmd = [AGENT, "serve", "--backend", "nvml", "--socket", str(sock), "--interval", "0.2",
-           "--full-interval", "0.5", "--hang-timeout", "1"]
+           "--full-interval", str(full_interval_s), "--hang-timeout", "1"]
     d.proc = subprocess.Popen(cmd, env=d.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return d, control, kmsg_file, sock
 

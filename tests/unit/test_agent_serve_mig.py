@@ -1,6 +1,7 @@
 """The daemon samples MIG instances: a real ``fleetops-agent serve`` on the simulator serves, per
 GPU in MIG mode, its instances and the processes in each, in the snapshot and in ``watch``
-lines, and a watch line carries them only when they changed."""
+lines, and a watch line carries them only when they changed; the NVML daemon samples them on
+every light read too, listing instances only on the GPUs in MIG mode (the fake NVML)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,88 @@ def test_the_nvml_daemon_serves_instances_from_its_full_snapshot(tmp_path: Path)
         assert entry["other_pids"] == []
     finally:
         d.stop()
+
+
+def _fake_mig(control: Path, gpu: int, instances_: list[dict[str, Any]]) -> None:
+    doc = json.loads(control.read_text())
+    doc.setdefault("mig", {})[str(gpu)] = {"mode": [1, 1], "instances": instances_}
+    control.write_text(json.dumps(doc))
+
+
+def test_the_nvml_daemon_samples_instances_on_every_light_read_not_only_at_full_snapshots(tmp_path: Path) -> None:
+    # GPU 1 in MIG mode from the start, and a full snapshot every 600 s: after the first one,
+    # only a light read can see the instance and the job that appear
+    from test_agent_serve import _ask_path, _nvml_daemon
+
+    one = [{"gi": 1, "profile_id": 9, "start": 0, "size": 4, "ci": 0, "pids": []}]
+    d, control, _, sock = _nvml_daemon(tmp_path, full_interval_s=600, mig={"1": {"mode": [1, 1], "instances": one}})
+    try:
+        served = _until("the MIG GPU's instance", lambda: (_ask_path(sock) or {}).get("mig") or None)
+        [(uuid, entry)] = served.items()
+        assert [(i["gi"], i["pids"]) for i in entry["instances"]] == [(1, [])]
+        _fake_mig(control, 1, [{"gi": 1, "profile_id": 9, "start": 0, "size": 4, "ci": 0, "pids": [4242]},
+                               {"gi": 2, "profile_id": 9, "start": 4, "size": 4, "ci": 0, "pids": []}])
+
+        def sampled() -> Any:
+            entry = ((_ask_path(sock) or {}).get("mig") or {}).get(uuid) or {}
+            return entry if len(entry.get("instances") or []) == 2 else None
+
+        entry = _until("the new instance and the job, from a light read", sampled, 30.0)
+        assert [(i["gi"], i["profile"], i["uuid"], i["pids"], i["in_use"]) for i in entry["instances"]] == [
+            (1, "3g.71gb", "MIG-fake-1-1", [4242], True), (2, "3g.71gb", "MIG-fake-1-2", [], False)]
+    finally:
+        d.stop()
+
+
+def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import fake_nvml
+
+    from fleetops.agent import hostinfo
+    from fleetops.agent.serve.nvml_backend import NvmlBackend
+
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"mode": "ok", "temp": 40}))
+    monkeypatch.setenv("FAKE_NVML_CONTROL", str(control))
+    monkeypatch.setenv("FLEETOPS_AGENT_NVML_MODULE", "fake_nvml")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # put back after the test
+    monkeypatch.setattr(hostinfo, "nvidia_packages_with_origins", lambda: ({}, {}, None))
+    backend = NvmlBackend()
+    mig_calls = ("nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
+                 "nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetMaxMigDeviceCount",
+                 "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetComputeRunningProcesses")
+
+    def light_calls() -> dict[str, int]:
+        fake_nvml.reset_calls()
+        backend.light()
+        return {k: v for k, v in fake_nvml.calls().items() if k in mig_calls or "Instance" in k or "Mig" in k}
+
+    backend.light()
+    assert backend.mig is None  # no full snapshot yet: the daemon serves the full snapshot's instances
+    backend.full()
+    assert light_calls() == {} and backend.mig == {}  # MIG off on both GPUs: not one MIG call
+    _fake_mig(control, 1, [{"gi": 1, "profile_id": 9, "start": 0, "size": 4, "ci": 0, "pids": [4242]},
+                           {"gi": 2, "profile_id": 9, "start": 4, "size": 4, "ci": 0, "pids": []}])
+    assert light_calls() == {}  # mode changes are found by the full snapshot
+    backend.full()
+    light_calls()  # the first sample reads the GPU's profile table, once
+    assert light_calls() == {
+        "nvmlDeviceGetMigMode": 1,  # GPU 1 only
+        "nvmlDeviceGetGpuInstances": 7,  # one per H200 profile
+        "nvmlGpuInstanceGetInfo": 2,
+        "nvmlDeviceGetMaxMigDeviceCount": 1,
+        "nvmlDeviceGetMigDeviceHandleByIndex": 7,
+        "nvmlDeviceGetGpuInstanceId": 2,
+        "nvmlDeviceGetComputeInstanceId": 2,
+        "nvmlDeviceGetComputeRunningProcesses": 3,  # each MIG device, and the parent's
+    }
+    assert backend.mig is not None
+    (uuid, entry), = backend.mig.items()
+    assert uuid == "GPU-fake-1" and entry["mode"] is True and entry["other_pids"] == []
+    assert [(i["gi"], i["pids"]) for i in entry["instances"]] == [(1, [4242]), (2, [])]
+    doc = json.loads(control.read_text())
+    doc["mig"]["1"] = {"mode": [0, 0], "instances": []}  # MIG turned off: the next sample drops it
+    control.write_text(json.dumps(doc))
+    light_calls()
+    assert backend.mig == {} and light_calls() == {}

@@ -34,9 +34,20 @@ def test_the_layout_becomes_the_roles_variables(tmp_path: Path, monkeypatch: pyt
     assert ("MIG mode off" in action) == (layout == "off")
 
 
+def test_no_reset_hands_the_role_its_reset_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli, "_run", lambda args, book, extra, action, ident: seen.append(extra) or 0)
+    args = _args(tmp_path, "mig", "--layout", "7g.141gb", "--no-reset", "--check")
+    assert args.func(args) == 0
+    args = _args(tmp_path, "mig", "--check")
+    assert args.func(args) == 0
+    assert seen == [{"gpu_mig_layout": ["7g.141gb"], "gpu_mig_mode": True, "gpu_mig_reset": False}, {}]
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["power", "--layout", "3g.71gb"], "--layout goes with 'apply mig'"),
     (["mig", "--layout", " , "], "--layout: give GPU instance profiles"),
+    (["power", "--no-reset"], "--no-reset goes with 'apply mig'"),
 ])
 def test_a_layout_where_it_does_not_belong_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            argv: list[str], said: str) -> None:

@@ -1,7 +1,8 @@
 """fleetops-agent mig apply on the simulator, through real subprocesses of the agent: a layout
 applied and audited clean, a rerun that changes nothing, refusals that change nothing on any
 GPU (a busy instance, an impossible placement, a GPU that changed under the lock), the
-mig-parted config, the mode change that waits for the safe reset flow, and the simulator's
+mig-parted config, the mode change applied through the safe reset flow (and left pending with
+``--no-reset`` or when the flow refuses), and the simulator's
 profile tables against the real H200's."""
 
 from __future__ import annotations
@@ -246,27 +247,188 @@ def test_a_device_filter_selects_the_entry_by_the_gpus_pci_device_id(state: Path
     assert instances(state, 1) == [("7g.141gb", 0)] and instances(state, 0) == []
 
 
-def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow(state: Path) -> None:
+def journal(state: Path) -> list[dict[str, Any]]:
+    path = Path(str(state)[: -len(".json")] + ".reset.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def needs_reset(state: Path) -> None:
     with sim.locked_state(str(state)) as st:
-        st["node"][sim.MIG_NEEDS_RESET_FIELD] = True
+        st["node"][sim.MIG_NEEDS_RESET_FIELD] = True  # a MIG mode change is pending until a GPU reset
+
+
+def test_a_mode_change_that_needs_a_reset_goes_through_the_reset_flow_in_one_apply(state: Path) -> None:
+    needs_reset(state)
     uuid = uuid_of(state, 1)
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    (gpu,) = doc["gpus"]
+    assert gpu["status"] == "mode-change" and gpu["reset"] is True and "safe reset flow" in gpu["detail"]
+    assert gpu["reset_report"]["result"] == "would-reset" and journal(state) == []
+
     proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 0, proc.stderr
+    (gpu,) = doc["gpus"]
+    assert doc["result"] == "applied" and gpu["status"] == "mode-change" and gpu["result"] == "done"
+    assert gpu["reset_report"]["result"] == "reset" and gpu["reset_report"]["verified"] is True
+    lock_check = next(c for c in gpu["reset_report"]["preconditions"] if c["name"] == "maintenance_lock")
+    assert lock_check["status"] == "ok" and "held by this process (mig apply" in lock_check["detail"]
+    assert instances(state, 1) == [("3g.71gb", 0), ("3g.71gb", 4)]
+    assert [(r["gpu"]["uuid"], r["result"], r["within"]) for r in journal(state)] == [(uuid, "reset", "mig apply")]
+    assert [r["gpu"] for r in sim.read_state(str(state))["resets"]] == [1]
+    assert not Path(str(state) + ".maintenance.lock").exists()
+
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 0 and doc["result"] == "unchanged" and doc["changed"] is False
+    assert state.read_bytes() == before and len(journal(state)) == 1  # no second reset, nothing journalled
+
+    proc, doc = apply(state, "--layout", "off", "--gpu", uuid)  # MIG off waits for a reset as well
+    assert proc.returncode == 0, proc.stderr
+    assert doc["gpus"][0]["destroy"] == [1, 2] and doc["gpus"][0]["reset_report"]["result"] == "reset"
+    st = sim.read_state(str(state))["gpus"][1]
+    assert (st["mig_mode_current"], st["mig_mode_pending"], st["mig_instances"]) == (False, False, [])
+    assert [r["result"] for r in journal(state)] == ["reset", "reset"]
+
+
+def test_no_reset_leaves_the_mode_pending_and_a_rerun_resets_without_asking_for_the_mode_again(state: Path) -> None:
+    needs_reset(state)
+    uuid = uuid_of(state, 1)
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--no-reset")
     assert proc.returncode == 1
     (gpu,) = doc["gpus"]
-    assert doc["result"] == "mode-pending" and gpu["status"] == "mode-pending"
+    assert doc["result"] == "mode-pending" and gpu["status"] == "mode-pending" and doc["reset"] is False
     assert gpu["remedy"] == f"fleetops-agent reset --gpu {uuid}"
     st = sim.read_state(str(state))["gpus"][1]
     assert (st["mig_mode_current"], st["mig_mode_pending"]) == (False, True) and not st.get("mig_instances")
+    assert journal(state) == []
     before = state.read_bytes()
-    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)  # a rerun before the reset asks again for nothing
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--no-reset")  # asks again for nothing
     assert proc.returncode == 1 and doc["gpus"][0]["status"] == "mode-pending" and doc["changed"] is False
     assert state.read_bytes() == before
-    proc, reset_doc = agent(["reset", "--gpu", uuid, "--no-syslog"], state)
-    assert proc.returncode == 0, proc.stderr
-    assert sim.read_state(str(state))["gpus"][1]["mig_mode_current"] is True
+
+    class CountsModeCalls(mig_apply.SimMig):
+        sent = 0
+
+        def set_mode(self, uuid: str, enabled: bool) -> bool:
+            self.sent += 1
+            return super().set_mode(uuid, enabled)
+
+    ops = CountsModeCalls(str(state), dry_run=False)
+    source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
+    doc, code = mig_apply.run(source, uuid, False, "sim", str(state), None, ops=ops)
+    assert code == 0, doc["message"]
+    assert doc["gpus"][0]["mode"]["send"] is False and ops.sent == 0  # pending already: only the reset
+    assert "already asked for" in doc["gpus"][0]["detail"]
+    assert instances(state, 1) == [("3g.71gb", 0), ("3g.71gb", 4)]
+    assert [r["result"] for r in journal(state)] == ["reset"]
+
+
+def test_the_reset_flow_refusing_leaves_the_gpu_mode_pending_with_its_reason(state: Path) -> None:
+    needs_reset(state)
+    with sim.locked_state(str(state)) as st:
+        st["node"]["services"]["nvidia-fabricmanager"] = "inactive"  # an NVSwitch node without its fabric
+    uuid = uuid_of(state, 0)
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--dry-run")
+    assert proc.returncode == 1 and doc["result"] == "mode-pending" and doc["dry_run"] is True
+    (gpu,) = doc["gpus"]
+    assert gpu["reset_report"]["result"] == "refused" and "nvidia-fabricmanager is inactive" in gpu["detail"]
+    assert gpu["remedy"].startswith("start it (systemctl start nvidia-fabricmanager)")
+    assert state.read_bytes() == before and journal(state) == []
+
     proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
-    assert proc.returncode == 0, proc.stderr
-    assert doc["gpus"][0]["status"] == "create" and instances(state, 1) == [("3g.71gb", 0), ("3g.71gb", 4)]
+    assert proc.returncode == 1
+    (gpu,) = doc["gpus"]
+    assert doc["result"] == "mode-pending" and gpu["status"] == "mode-pending" and gpu["result"] == "mode-pending"
+    assert "the safe reset flow refused" in gpu["detail"] and "nvidia-fabricmanager is inactive" in gpu["detail"]
+    assert gpu["remedy"].startswith("start it (systemctl start nvidia-fabricmanager)")
+    assert "nvidia-fabricmanager" in doc["message"]
+    failed = [c["name"] for c in gpu["reset_report"]["preconditions"] if c["status"] == "failed"]
+    assert failed == ["fabric_manager"]
+    st = sim.read_state(str(state))
+    assert not st["gpus"][0].get("mig_instances") and st["gpus"][0]["mig_mode_current"] is False
+    assert not st.get("resets")
+    assert [(r["gpu"]["uuid"], r["result"]) for r in journal(state)] == [(uuid, "refused")]
+    assert not Path(str(state) + ".maintenance.lock").exists()
+
+
+def test_a_busy_gpu_whose_mode_change_needs_a_reset_is_left_mode_pending_by_the_reset_flow(state: Path) -> None:
+    needs_reset(state)
+    with sim.locked_state(str(state)) as st:
+        sim.add_process(st, 3, 5151, "vllm", 4096)
+    uuid = uuid_of(state, 3)
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid, "--dry-run")
+    assert proc.returncode == 1 and doc["result"] == "mode-pending" and state.read_bytes() == before
+    assert "pid 5151 (vllm)" in doc["gpus"][0]["detail"] and journal(state) == []
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 1 and doc["result"] == "mode-pending"
+    (gpu,) = doc["gpus"]
+    assert gpu["status"] == "mode-pending" and "1 compute process(es) on the GPU: pid 5151 (vllm)" in gpu["detail"]
+    assert gpu["remedy"].startswith("drain the GPU's jobs first")
+    assert instances(state, 3) == [] and not sim.read_state(str(state)).get("resets")
+    assert [r["result"] for r in journal(state)] == ["refused"]
+    with sim.locked_state(str(state)) as st:
+        sim.end_process(st, 3, 5151)  # the job ended (the node was drained)
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid)
+    assert proc.returncode == 0, doc["message"]
+    assert doc["gpus"][0]["mode"]["send"] is False and instances(state, 3) == [("3g.71gb", 0), ("3g.71gb", 4)]
+    assert [r["result"] for r in journal(state)] == ["refused", "reset"]
+
+
+def test_a_job_that_starts_before_the_reset_refuses_it_and_no_instance_is_made(state: Path, tmp_path: Path) -> None:
+    needs_reset(state)
+
+    class JobStartsAfterTheModeIsSet(mig_apply.SimMig):
+        def set_mode(self, uuid: str, enabled: bool) -> bool:
+            now = super().set_mode(uuid, enabled)
+            with sim.locked_state(self.path) as st:
+                sim.add_process(st, 2, 4242, "python3", 2048)
+            return now
+
+    ops = JobStartsAfterTheModeIsSet(str(state), dry_run=False)
+    source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
+    doc, code = mig_apply.run(source, uuid_of(state, 2), False, "sim", str(state), str(tmp_path / "lock"), ops=ops)
+    assert code == 1 and doc["result"] == "mode-pending"
+    (gpu,) = doc["gpus"]
+    assert gpu["status"] == "mode-pending" and "pid 4242 (python3)" in gpu["detail"]
+    assert "--kill-processes --expect-pids 4242" in gpu["remedy"]
+    assert instances(state, 2) == [] and not sim.read_state(str(state)).get("resets")
+    assert not (tmp_path / "lock").exists()
+
+
+def test_a_signal_during_the_reset_ends_it_cleanly_and_interrupts_mig_apply(state: Path, tmp_path: Path) -> None:
+    import signal
+
+    from fleetops.agent.reset.backends import SimBackend
+
+    needs_reset(state)
+
+    class TermDuringTheReset(SimBackend):
+        def reset(self, gpu: Any, timeout: float) -> Any:
+            os.kill(os.getpid(), signal.SIGTERM)  # held until the reset returns
+            return super().reset(gpu, timeout)
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    ops = mig_apply.SimMig(str(state), dry_run=False)
+    ops.backend = TermDuringTheReset(str(state), dry_run=False)
+    lock = tmp_path / "lock"
+    source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
+    doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
+    assert code == 128 + signal.SIGTERM and doc["result"] == "interrupted" and doc["interrupted_by"] == "SIGTERM"
+    (gpu,) = doc["gpus"]
+    assert gpu["reset_report"]["result"] == "interrupted"
+    started = [a["unit"] for a in gpu["reset_report"]["actions"] if a["action"] == "start_service"]
+    assert started == ["nvidia-persistenced"]  # the client it stopped is running again
+    assert sim.read_state(str(state))["node"]["services"]["nvidia-persistenced"] == "active"
+    assert [r["result"] for r in journal(state)] == ["interrupted"]
+    assert instances(state, 0) == []  # nothing created after the signal
+    assert sim.read_state(str(state))["gpus"][0]["mig_mode_current"] is True  # the reset itself was not cut off
+    assert not lock.exists() and signal.getsignal(signal.SIGTERM) == handler_before
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid_of(state, 0))  # a rerun completes it, no reset
+    assert proc.returncode == 0 and doc["gpus"][0]["status"] == "create"
+    assert len(journal(state)) == 1
 
 
 def test_a_gpu_that_changes_between_the_plan_and_the_lock_is_refused(state: Path, tmp_path: Path) -> None:

@@ -402,3 +402,55 @@ def test_mig_reset_holds_the_lock_with_its_own_budget_and_a_phase_per_gpu(state,
     assert [r["deadline"] - r["heartbeat_at"] for r in seen] == pytest.approx(
         [actions.mig_budget_s(2), actions.mig_budget_s(1)])
     assert not lock_of(state).exists()
+
+
+# --- the lock handed over by a caller that holds it (mig apply) --------------------------------------
+
+
+def sim_opts(state: Path, lock: Path, held: node_lock.Lock | None = None, dry_run: bool = False) -> reset.Options:
+    return reset.Options(selector=uuid_of(state, 0), dry_run=dry_run, clients=list(CLIENTS), lock_path=str(lock),
+                         log_path=str(state) + ".log", use_syslog=False, held_lock=held)
+
+
+def test_a_reset_under_a_lock_this_process_holds_runs_and_leaves_the_lock_held(state: Path, tmp_path: Path) -> None:
+    lock = tmp_path / "m.lock"
+    held = node_lock.acquire(str(lock), "mig apply", uuid_of(state, 0), 600)
+    try:
+        doc, code = reset.run(sim_opts(state, lock, held), reset.SimBackend(str(state), False))
+        assert code == 0, doc["message"]
+        assert doc["result"] == "reset" and doc["lock"] == str(lock)
+        assert pre(doc, "maintenance_lock")["detail"] == f"held by this process (mig apply, {lock})"
+        assert not held.released and lock.exists()
+        record = json.loads(lock.read_text())
+        assert record["pid"] == os.getpid() and record["action"] == "mig apply"
+        assert record["phase"] == "verify"  # the flow moved the deadline through its phases
+        assert len(sim.read_state(str(state))["resets"]) == 1
+    finally:
+        held.release()
+    assert not lock.exists()
+
+
+def test_without_the_hand_over_the_flow_refuses_the_lock_its_own_process_holds(state: Path, tmp_path: Path) -> None:
+    lock = tmp_path / "m.lock"
+    held = node_lock.acquire(str(lock), "mig apply", None, 600)
+    try:
+        doc, code = reset.run(sim_opts(state, lock), reset.SimBackend(str(state), False))
+        assert code == 1 and doc["result"] == "refused"
+        assert pre(doc, "maintenance_lock")["status"] == "failed"
+        assert pre(doc, "maintenance_lock")["holder"]["pid"] == os.getpid()
+        assert not sim.read_state(str(state)).get("resets") and not held.released
+    finally:
+        held.release()
+
+
+def test_a_released_lock_handed_in_is_refused_and_nothing_is_done(state: Path, tmp_path: Path) -> None:
+    lock = tmp_path / "m.lock"
+    held = node_lock.acquire(str(lock), "mig apply", None, 600)
+    held.release()
+    services = sim.read_state(str(state))["node"]["services"]
+    doc, code = reset.run(sim_opts(state, lock, held), reset.SimBackend(str(state), False))
+    assert code == 1 and doc["result"] == "refused"
+    check = pre(doc, "maintenance_lock")
+    assert check["status"] == "failed" and "already released" in check["detail"]
+    assert doc["actions"] == [] and not sim.read_state(str(state)).get("resets")
+    assert sim.read_state(str(state))["node"]["services"] == services

@@ -17,6 +17,13 @@ The order never changes:
 4. *Verify*: the GPU is back with the same UUID at the same bus id and a fresh snapshot passes
    the health checks with no critical finding on it.
 
+A caller that holds the lock already (``mig apply``, whose MIG mode change waits for this
+reset) hands it in (``Options.held_lock``): the flow checks that this process holds it, works
+under it (the preconditions are judged on a snapshot taken under it, as always), moves its
+deadline at each phase, and leaves it held; the caller moves the deadline back to its own work
+and releases it. A second ``acquire`` by the same process would find its own live pid in the
+record and refuse, so the hand-over is the only way to run the flow inside another action.
+
 The lock's deadline is the reset's own worst case (``catalog.actions.reset_budget_s``) and is
 moved at each phase to the worst case of what is left. SIGTERM, SIGHUP and SIGINT during a real
 run end it cleanly: the clients this run stopped are started again, the lock is released, the
@@ -91,6 +98,10 @@ class Options:
     log_path: str | None = None
     lock_path: str | None = None
     use_syslog: bool = True
+    # the node's maintenance lock when this process already holds it (``mig apply``, which runs
+    # this flow for a MIG mode that waits for a reset): the flow works under it, moves its
+    # deadline, and leaves it held for the caller to release
+    held_lock: node_lock.Lock | None = None
 
 
 def parse_selector(selector: str) -> tuple[str | None, str | None]:
@@ -228,13 +239,20 @@ class _NoGuard:
 # --- the whole flow --------------------------------------------------------------------------------
 
 
-def run(opts: Options, backend: Backend) -> tuple[dict[str, Any], int]:
-    """Evaluate, and unless a dry run or refused, reset and verify. (document, exit code)."""
+def run(opts: Options, backend: Backend, guard: SignalGuard | None = None) -> tuple[dict[str, Any], int]:
+    """Evaluate, and unless a dry run or refused, reset and verify. (document, exit code).
+
+    ``guard``: the caller's SignalGuard, already entered (``mig apply``): a signal during the
+    reset ends it as it would end the reset command (result ``interrupted``, 128 + the signal
+    number), and the guard, having raised once, only records the signals after it, so the
+    caller's own cleanup runs to the end."""
     check_usage(opts)
     if opts.dry_run:
         return _Attempt(opts, backend, _NoGuard()).run()
-    with SignalGuard() as guard:
+    if guard is not None:
         return _Attempt(opts, backend, guard).run()
+    with SignalGuard() as own:
+        return _Attempt(opts, backend, own).run()
 
 
 class _Attempt:
@@ -246,7 +264,7 @@ class _Attempt:
         self.guard = guard
         self.clients = list(opts.clients) if opts.clients is not None else list(DEFAULT_CLIENTS)
         self.budget_s = reset_budget_s(opts.grace_s, opts.reset_timeout_s, self.clients)
-        self.lock_path = opts.lock_path or backend.default_lock()
+        self.lock_path = opts.held_lock.path if opts.held_lock is not None else opts.lock_path or backend.default_lock()
         self.log_path = opts.log_path or backend.default_log()
         self.checks: list[Check] = []
         self.held: node_lock.Lock | None = None
@@ -293,8 +311,8 @@ class _Attempt:
             )
         finally:
             with self.guard.shielded():
-                if self.held is not None:
-                    self.held.release()
+                if self.held is not None and self.held is not self.opts.held_lock:
+                    self.held.release()  # a lock handed in is the caller's to release
         with self.guard.shielded():
             doc["preconditions"] = [c.to_dict() for c in self.checks]
             if doc["result"] in ("refused", "error"):
@@ -354,14 +372,26 @@ class _Attempt:
             checks.append(lock_check(peeked))
             stale_record = peeked.record if peeked.state == "stale" else None
         else:
+            handed = opts.held_lock
             try:
-                self.held = node_lock.acquire(self.lock_path, "gpu reset", gpu.uuid, self.budget_s, phase="preconditions")
+                if handed is not None:
+                    self.held = _take_over(handed)
+                    self.beat("preconditions")
+                else:
+                    self.held = node_lock.acquire(self.lock_path, "gpu reset", gpu.uuid, self.budget_s,
+                                                  phase="preconditions")
             except node_lock.LockHeld as exc:
                 checks.append(lock_check(node_lock.Status("held", exc.holder, path=self.lock_path)))
             except node_lock.LockError as exc:
                 checks.append(Check("maintenance_lock", "failed", str(exc), "fix the lock folder's permissions"))
             else:
-                if self.held.recovered:
+                if handed is not None:
+                    action = handed.record.get("action") or "maintenance"
+                    doc["within"] = action  # the journal says which action the reset was part of
+                    checks.append(Check("maintenance_lock", "ok", f"held by this process ({action}, {self.lock_path})"))
+                    if handed.recovered:
+                        stale_record = handed.recovered
+                elif self.held.recovered:
                     rec = stale_record = self.held.recovered
                     checks.append(
                         Check(
@@ -482,6 +512,16 @@ class _Attempt:
         else:
             doc["remedy"] = verification.get("remedy") or f"the GPU is not healthy after the reset; {REMEDY_INSPECT}"
         return 1
+
+
+def _take_over(held: node_lock.Lock) -> node_lock.Lock:
+    """The lock handed in by the caller, after making sure it is held, and by this process."""
+    if held.released:
+        raise node_lock.LockError(f"{held.path}: the maintenance lock handed to the reset was already released")
+    if held.record.get("pid") != os.getpid():
+        raise node_lock.LockError(f"{held.path}: the maintenance lock handed to the reset is held by pid "
+                                  f"{held.record.get('pid')}, not by this process")
+    return held
 
 
 def _verify(opts: Options, backend: Backend, gpu: model.Gpu, reset_at: float) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def entry(doc: dict[str, Any], started: float) -> dict[str, Any]:
         "remedy": doc.get("remedy"),
         "verified": doc.get("verified"),
         "interrupted_by": doc.get("interrupted_by"),
+        "within": doc.get("within"),  # the action that ran this reset under its lock (mig apply), else None
         "preconditions": [{k: c.get(k) for k in ("name", "status", "detail")} for c in doc.get("preconditions", [])],
         "actions": doc.get("actions"),
         "elapsed_s": doc.get("elapsed_s"),

@@ -6,6 +6,11 @@ throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, vo
 totals, the PCIe replay counter and, per NVLink (``scopeId`` = link id), the CRC / replay /
 recovery error counters and the TX / RX data counters (KiB, cumulative): 18 links add fields
 to that call, not calls. The link count is read once per GPU when NVML is initialised.
+On the GPUs the last full snapshot found in MIG mode, and only on those, the light read also
+lists the GPU and compute instances and their processes (``backend.mig``, through
+``fleetops.gpu.nvml.mig_sample``; the profile table is read once per GPU), so the daemon serves
+an instance created, destroyed or taken by a job within a sample; a GPU with MIG off costs no
+MIG call, and one whose MIG mode is turned on is picked up at the next full snapshot.
 ``GpuIsLost`` marks that GPU lost and the others go on.
 ``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
 ``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
@@ -75,6 +80,11 @@ class NvmlBackend:
         self.state_path = state_path or ""
         self._hostname = socket.gethostname()
         self._packages: tuple[dict[str, str], dict[str, str], str | None] | None = None
+        # MIG instances as of the last light read (serve/instances.py), sampled only on the GPUs
+        # the last full snapshot found in MIG mode (None until the first full snapshot)
+        self.mig: dict[str, dict[str, Any]] | None = None
+        self._mig_gpus: dict[str, dict[str, Any]] | None = None  # uuid -> its entry in the full snapshot
+        self._mig_tables: dict[str, Any] = {}  # uuid -> its MIG profile table (None: unreadable), read once
 
     # NVML lifecycle ----------------------------------------------------------------------
 
@@ -138,7 +148,47 @@ class NvmlBackend:
                     self.lost[uuid] = reason
                     continue
             values[uuid] = row
+        if self._mig_gpus is not None:
+            self.mig = self._sample_mig()
         return values, dict(self.lost)
+
+    def _sample_mig(self) -> dict[str, dict[str, Any]]:
+        """The instances of the GPUs in MIG mode (``gpu.nvml.mig_sample``); a GPU NVML does not
+        answer for keeps its last entry; one whose mode went off has none and is not asked again
+        until a full snapshot finds it in MIG mode. GPUs with MIG off cost nothing here."""
+        from fleetops.agent.serve import instances
+        from fleetops.gpu import nvml
+
+        assert self._mig_gpus is not None
+        out: dict[str, dict[str, Any]] = {}
+        for uuid, _bus, h in self.handles:
+            known = self._mig_gpus.get(uuid)
+            if known is None or uuid in self.lost:
+                continue
+            table = self._mig_table(uuid, h)
+            got = nvml.mig_sample(self.N, h, table) if table is not None else None
+            if got is None:
+                last = (self.mig or {}).get(uuid) or known
+                out[uuid] = last
+                continue
+            entry = instances.gpu_table({"uuid": uuid, **got})
+            if entry is None:
+                del self._mig_gpus[uuid]  # MIG mode off now
+                continue
+            out[uuid] = entry
+        return out
+
+    def _mig_table(self, uuid: str, h: Any) -> Any:
+        if uuid not in self._mig_tables:
+            from fleetops.gpu import nvml
+
+            name = None
+            try:
+                name = _text(self.N.nvmlDeviceGetName(h))
+            except self.N.NVMLError:
+                pass
+            self._mig_tables[uuid], _why = nvml.MigControl(self.N).profiles(h, name or "")
+        return self._mig_tables[uuid]
 
     def _read(self, h: Any, row: dict[str, float | None], links: int = 0) -> None:
         N = self.N
@@ -198,6 +248,10 @@ class NvmlBackend:
         nvml.collect_into(node)
         for g in node.gpus:
             self.lost.pop(g.uuid, None)  # enumerated again (a reset, a driver reload)
+        from fleetops.agent.serve import instances
+
+        # the GPUs whose instances the light reads sample until the next full snapshot
+        self._mig_gpus = instances.table(model.to_dict(g) for g in node.gpus if g.mig_mode_current or g.mig_instances)
         if self._packages is None:
             self._packages = hostinfo.nvidia_packages_with_origins()
         packages, origins, reason = self._packages
