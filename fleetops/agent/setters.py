@@ -106,16 +106,17 @@ def apply(
                 raise SetError(
                     f"power: {value:g} W is outside GPU {gpu.index} ({gpu.uuid}) limits {lo:g}-{hi:g} W; nothing changed"
                 )
-        results.append(
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "bus_id": gpu.bus_id,
-                "before": before,
-                "after": value,
-                "changed": before != value,
-            }
-        )
+        result = {
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "bus_id": gpu.bus_id,
+            "before": before,
+            "after": value,
+            "changed": before != value,
+        }
+        if setting == "power":  # what the GPU comes back with after a reboot or driver reload
+            result["default"] = gpu.power_default_limit_w
+        results.append(result)
     changed = [r for r in results if r["changed"]]
     if changed and not dry_run:
         by_value: dict[Any, list[str]] = {}

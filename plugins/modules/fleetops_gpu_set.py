@@ -85,6 +85,13 @@ backend:
   description: nvml or sim.
   returned: always
   type: str
+persist:
+  description:
+    - For C(power) - whether a cap must be re-applied at boot - true when a GPU's cap differs from its default
+      limit (the one NVML restores after a reboot or driver reload) or the default is unknown. gpu_power installs
+      its boot-time unit only then (or when it is already installed).
+  returned: when setting is power
+  type: bool
 agent:
   description: The command that ran the agent (used by gpu_power for its boot-time unit).
   returned: always
@@ -220,6 +227,11 @@ def main():
         backend=doc.get("backend"),
         agent=agent,
     )
+    if setting == "power":
+        result["persist"] = any(
+            g.get("default") is None or not _same(setting, _want(setting, g, doc.get("value")), g.get("default"))
+            for g in gpus
+        )
     if module._diff:
         result["diff"] = dict(
             before="".join(
