@@ -45,7 +45,7 @@ class FloodSource(FakeSource):
 EXPECTED_RETURN_CODE = {"key": 0, "exit": 3, "reaudit-and-key": 0, "shutdown": None}
 
 
-@pytest.mark.parametrize("round_", range(8))
+@pytest.mark.parametrize("round_", range(6))
 @pytest.mark.parametrize("how", list(EXPECTED_RETURN_CODE))
 def test_quitting_while_entries_arrive_exits_cleanly(how: str, round_: int) -> None:
     source = FloodSource()
