@@ -121,6 +121,10 @@ def build_parser() -> Any:
     p.add_argument("value", help="watts for power; on/off for persistence and mig")
     p.add_argument("--gpu", default="all", help="all, a UUID or a PCI bus id (never an index)")
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    p.add_argument("--baseline", metavar="FILE|-",
+                   help="power: each GPU takes its own model's limit from this baseline (gpu_models.MODEL."
+                   "power_limit_w, else power_limit_w), matched as the audit matches it; VALUE for a GPU the "
+                   "baseline gives none. JSON or YAML; '-' reads stdin")  # fmt: skip
 
     p = sub.add_parser("reset", help="safely reset one GPU: every precondition checked and reported first")
     common(p)
@@ -319,9 +323,17 @@ def main(argv: list[str] | None = None) -> int:
             _emit(report, args.pretty)
             return EXIT_OK if report["ok"] else EXIT_FAIL
         if args.command == "set":
-            from fleetops.agent.setters import apply
+            from fleetops.agent.check import CheckError, load_baseline
+            from fleetops.agent.setters import SetError, apply
 
-            _emit(apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state), args.pretty)
+            try:
+                baseline, _ = load_baseline(args.baseline)
+            except CheckError as exc:
+                raise SetError(str(exc)) from exc
+            _emit(
+                apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state, baseline),
+                args.pretty,
+            )
             return EXIT_OK
         if args.command == "reset":
             from fleetops.agent import reset

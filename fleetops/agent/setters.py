@@ -1,15 +1,20 @@
 """Idempotent GPU settings used by the Ansible modules: power cap, persistence mode, MIG mode.
 
 Each setter reads the current value first, changes only GPUs that differ, honours dry-run,
-and answers with what it found and what it did, per GPU. The change is the backend's
+and answers with what it found and what it did, per GPU. A power cap can come per GPU from a
+baseline: each GPU takes its own model's limit (``Baseline.power_limit_for``, the audit's rule),
+so a node of another model, or a mixed node, is never capped at the first model's limit. The change is the backend's
 (``reset.backends``: the simulator's state file, or NVML on a real node).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetops import model
+
+if TYPE_CHECKING:
+    from fleetops.baseline import Baseline
 
 SET_KIND = "fleetops.set/v1"  # the report's kind (see agent.main's output contract)
 
@@ -59,13 +64,30 @@ def select(node: model.Node, selector: str) -> list[model.Gpu]:
     return [gpu]
 
 
+def wanted(setting: str, value: Any, gpu: model.Gpu, baseline: Baseline | None) -> Any:
+    """The value for this GPU: its model's power limit in ``baseline`` when it gives one."""
+    if setting == "power" and baseline is not None:
+        own = baseline.power_limit_for(gpu.name)
+        if own is not None:
+            return float(own)
+    return value
+
+
 def apply(
-    setting: str, raw_value: str, selector: str, dry_run: bool, backend: str, state_path: str | None
+    setting: str,
+    raw_value: str,
+    selector: str,
+    dry_run: bool,
+    backend: str,
+    state_path: str | None,
+    baseline: Baseline | None = None,
 ) -> dict[str, Any]:
     if setting not in SETTINGS:
         raise SetError(f"unknown setting {setting!r}; choose one of {', '.join(SETTINGS)}")
+    if baseline is not None and setting != "power":
+        raise SetError(f"{setting}: --baseline gives power caps only")
     field_name = SETTINGS[setting]
-    value = parse_value(setting, raw_value)
+    fallback = parse_value(setting, raw_value)
     from fleetops.agent.reset.backends import NodeChangeError, ResetError, make_backend
 
     try:
@@ -77,33 +99,41 @@ def apply(
     results = []
     for gpu in targets:
         before = getattr(gpu, field_name)
+        value = wanted(setting, fallback, gpu, baseline)
         if setting == "power":
             lo, hi = gpu.power_min_limit_w, gpu.power_max_limit_w
             if lo is not None and hi is not None and not lo <= value <= hi:
                 raise SetError(
                     f"power: {value:g} W is outside GPU {gpu.index} ({gpu.uuid}) limits {lo:g}-{hi:g} W; nothing changed"
                 )
-        results.append(
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "bus_id": gpu.bus_id,
-                "before": before,
-                "after": value,
-                "changed": before != value,
-            }
-        )
+        result = {
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "bus_id": gpu.bus_id,
+            "before": before,
+            "after": value,
+            "changed": before != value,
+        }
+        if setting == "power":  # what the GPU comes back with after a reboot or driver reload
+            result["default"] = gpu.power_default_limit_w
+        results.append(result)
     changed = [r for r in results if r["changed"]]
     if changed and not dry_run:
+        by_value: dict[Any, list[str]] = {}
+        for r in changed:
+            by_value.setdefault(r["after"], []).append(r["uuid"])
         try:
-            back.apply_setting(setting, field_name, value, [r["uuid"] for r in changed])
+            for value, uuids in by_value.items():
+                back.apply_setting(setting, field_name, value, uuids)
         except NodeChangeError as exc:
             raise SetError(str(exc)) from exc
+    values = {r["after"] for r in results}
     return {
         "kind": SET_KIND,
         "setting": setting,
         "field": field_name,
-        "value": value,
+        # the one value every GPU gets; None when they differ (each GPU's is its "after")
+        "value": values.pop() if len(values) == 1 else (fallback if not results else None),
         "dry_run": dry_run,
         "changed": bool(changed),
         "gpus": results,

@@ -8,6 +8,12 @@ benchmark feed entries straight in with ``feed``.
 
 Actions (re-audit, GPU reset, drain/resume) run in thread workers too and report with
 ``notify``; in read-only mode they are unbound (``check_action``) and refused if called.
+
+Data keeps arriving while the app exits (the source stops only at unmount, and a shutdown that
+does not go through ``exit`` -- a signal, the end of ``run_test`` -- removes the screens while
+the message loop still runs). So everything that reaches the screens checks ``exiting`` first
+and does nothing once it is true; worker threads hand work to the UI through ``from_worker``,
+which checks it on the UI thread, where it cannot change under the check.
 """
 
 from __future__ import annotations
@@ -99,6 +105,28 @@ class FleetApp(App[None]):
         gc.set_threshold(*self._gc_threshold)
         self.stop_polling()
 
+    @property
+    def exiting(self) -> bool:
+        """True from the moment the app starts to exit (``exit`` called, or a shutdown without
+        it) until it is gone: the screens may be removed, nothing may touch them."""
+        return not self.is_running or self.return_code is not None or not self.screen_stack
+
+    def from_worker(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """From a worker thread: run ``callback`` on the UI thread and wait for it, unless the
+        app is exiting by then (checked there). Its exceptions reach the caller."""
+
+        def unless_exiting() -> None:
+            if not self.exiting:
+                callback(*args, **kwargs)
+
+        if self.exiting:
+            return
+        try:
+            self.call_from_thread(unless_exiting)
+        except RuntimeError:
+            if not self.exiting:  # the loop ended between the check and the call; else a real error
+                raise
+
     def stop_polling(self) -> None:
         self._stop.set()
         if self.source is not None:
@@ -133,6 +161,8 @@ class FleetApp(App[None]):
             self.refresh_screens(changed)
 
     def refresh_screens(self, changed: list[str] | None = None) -> None:
+        if self.exiting:  # the screens may be gone already
+            return
         screen = self.screen
         refresh = getattr(screen, "refresh_data", None)
         if refresh is not None:
@@ -172,7 +202,7 @@ class FleetApp(App[None]):
     def _reaudit(self, name: str, after: str = "re-audited") -> None:
         entry = self.source.collect(name)
         self.deliver(entry)
-        self.call_from_thread(self._report_entry, entry, after)
+        self.from_worker(self._report_entry, entry, after)
 
     def _report_entry(self, entry: data.NodeEntry, what: str) -> None:
         if entry.status != data.STATUS_OK:
@@ -264,7 +294,7 @@ class FleetApp(App[None]):
     @work(thread=True, group="actions", exit_on_error=False)
     def _action(self, name: str, what: str, call: Callable[[], Any]) -> None:
         if self.source is None:
-            self.call_from_thread(self.notify, f"{name}: no live source for {what}", severity="warning")
+            self.from_worker(self.notify, f"{name}: no live source for {what}", severity="warning")
             return
         try:
             result = call()
@@ -272,15 +302,15 @@ class FleetApp(App[None]):
             result = ops_results.ActionResult(
                 name, what, ops_results.FAILED, f"{name}: {what} failed: {type(exc).__name__}: {exc}"
             )
-        self.call_from_thread(
+        self.from_worker(
             self.notify, result.message, severity="information" if result.ok else "error", timeout=10
         )
         self.last_action = result
-        if what == "reset" and result.ok:
+        if what == "reset" and result.ok and not self.exiting:
             # what the reset left behind, now rather than at the next round
             entry = self.source.collect(name)
             self.deliver(entry)
-            self.call_from_thread(self._report_entry, entry, "after reset")
+            self.from_worker(self._report_entry, entry, "after reset")
 
     def action_help(self) -> None:
         from fleetops.tui.screens.help import HelpScreen

@@ -19,7 +19,9 @@ options:
     required: true
     choices: [power, persistence, mig]
   value:
-    description: Watts for C(power); a boolean or on/off for C(persistence) and C(mig).
+    description:
+      - Watts for C(power) (with O(baseline), for the GPUs whose model it gives no limit); a boolean or on/off for
+        C(persistence) and C(mig).
     type: raw
     required: true
   gpu:
@@ -30,6 +32,16 @@ options:
     description: After a change, read the GPUs back and fail unless they enforce the value.
     type: bool
     default: true
+  baseline:
+    description:
+      - For C(power) only. A fleetops baseline (the value of C(fleetops_baseline), or a mapping holding that key):
+        each GPU takes its own model's limit from it (C(gpu_models.MODEL.power_limit_w), MODEL as NVML names the
+        GPU, else C(power_limit_w)), as the audit judges it; O(value) is the cap of a GPU it gives none.
+      - The agent matches each GPU to its model (C(fleetops-agent set power --baseline)); only the baseline's power
+        keys are passed to it.
+      - Empty (the default) caps every selected GPU at O(value).
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - fleetops.gpu.agent
 author: fleetops
@@ -40,6 +52,12 @@ EXAMPLES = r"""
   fleetops.gpu.fleetops_gpu_set:
     setting: power
     value: 700
+
+- name: Cap every GPU at its own model's limit in the baseline (700 W where it names none)
+  fleetops.gpu.fleetops_gpu_set:
+    setting: power
+    value: 700
+    baseline: "{{ fleetops_baseline }}"
 
 - name: Persistence mode on
   fleetops.gpu.fleetops_gpu_set:
@@ -67,12 +85,22 @@ backend:
   description: nvml or sim.
   returned: always
   type: str
+persist:
+  description:
+    - For C(power) - whether a cap must be re-applied at boot - true when a GPU's cap differs from its default
+      limit (the one NVML restores after a reboot or driver reload) or the default is unknown. gpu_power installs
+      its boot-time unit only then (or when it is already installed).
+  returned: when setting is power
+  type: bool
 agent:
   description: The command that ran the agent (used by gpu_power for its boot-time unit).
   returned: always
   type: list
   elements: str
 """
+
+import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.fleetops.gpu.plugins.module_utils.agent import (
@@ -119,6 +147,11 @@ def _show(setting, value):
     return {True: "on", False: "off"}.get(value, "unknown")
 
 
+def _shown_value(setting, want):
+    """The value every GPU gets, or "per GPU model" when a baseline gives them different ones."""
+    return _show(setting, want) if want is not None else "per GPU model"
+
+
 def _same(setting, want, got):
     if got is None:
         return False
@@ -127,12 +160,35 @@ def _same(setting, want, got):
     return bool(got) == bool(want)
 
 
+def power_baseline(baseline):
+    """The baseline's power keys only (``gpu_models.*.power_limit_w``, ``power_limit_w``): the rest
+    of a host's baseline is not this module's to validate. None when it gives no power limit."""
+    baseline = dict(baseline or {})
+    if "fleetops_baseline" in baseline:  # a group_vars-shaped mapping
+        baseline = dict(baseline["fleetops_baseline"] or {})
+    models = {
+        str(name): {"power_limit_w": spec["power_limit_w"]}
+        for name, spec in (baseline.get("gpu_models") or {}).items()
+        if isinstance(spec, dict) and spec.get("power_limit_w") not in (None, "")
+    }
+    out = {"gpu_models": models} if models else {}
+    if baseline.get("power_limit_w") not in (None, ""):
+        out["power_limit_w"] = baseline["power_limit_w"]
+    return out or None
+
+
+def _want(setting, gpu, value):
+    """The value this GPU is set to (its own with a baseline), as the agent reported it."""
+    return gpu.get("after") if gpu.get("after") is not None else value
+
+
 def main():
     spec = dict(
         setting=dict(type="str", required=True, choices=list(VERIFY_FIELD)),
         value=dict(type="raw", required=True),
         gpu=dict(type="str", default="all"),
         verify=dict(type="bool", default=True),
+        baseline=dict(type="dict", default={}),
     )
     spec.update(AGENT_ARGUMENT_SPEC)
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
@@ -143,6 +199,14 @@ def main():
         module.fail_json(msg=str(exc), kind="usage")
 
     argv = ["set", setting, raw, "--gpu", module.params["gpu"], "--json"] + backend_args(module)
+    power = power_baseline(module.params["baseline"]) if module.params["baseline"] else None
+    if power is not None:
+        if setting != "power":
+            module.fail_json(msg="baseline: gives power caps only, not %s" % setting, kind="usage")
+        path = os.path.join(module.tmpdir, "fleetops-power-baseline.json")
+        with open(path, "w") as fh:
+            json.dump(power, fh, sort_keys=True)
+        argv += ["--baseline", path]
     if module.check_mode:
         argv.append("--dry-run")
     agent = agent_command(module)
@@ -163,6 +227,11 @@ def main():
         backend=doc.get("backend"),
         agent=agent,
     )
+    if setting == "power":
+        result["persist"] = any(
+            g.get("default") is None or not _same(setting, _want(setting, g, doc.get("value")), g.get("default"))
+            for g in gpus
+        )
     if module._diff:
         result["diff"] = dict(
             before="".join(
@@ -187,12 +256,12 @@ def main():
         for gpu in gpus:
             now = by_uuid.get(gpu.get("uuid"))
             got = None if now is None else now.get(enforced_field)
-            if not _same(setting, want, got):
+            if not _same(setting, _want(setting, gpu, want), got):
                 wrong.append("%s enforces %s=%s" % (gpu_label(gpu), enforced_field, _show(setting, got)))
         if wrong:
             result["msg"] = "%s %s did not take effect: %s" % (
                 setting,
-                _show(setting, want),
+                _shown_value(setting, want),
                 "; ".join(wrong),
             )
             module.fail_json(kind="verify", **result)
@@ -209,14 +278,21 @@ def main():
     if changed_gpus:
         result["msg"] = "%s %s: %s %d of %d GPUs (%s)" % (
             setting,
-            _show(setting, want),
+            _shown_value(setting, want),
             verb,
             len(changed_gpus),
             len(gpus),
-            ", ".join("%s: %s" % (g.get("index"), _show(setting, g.get("before"))) for g in changed_gpus),
+            ", ".join(
+                "%s: %s%s" % (
+                    g.get("index"),
+                    _show(setting, g.get("before")),
+                    "" if want is not None else " -> " + _show(setting, g.get("after")),
+                )
+                for g in changed_gpus
+            ),
         )
     else:
-        result["msg"] = "%s %s: all %d GPUs already set" % (setting, _show(setting, want), len(gpus))
+        result["msg"] = "%s %s: all %d GPUs already set" % (setting, _shown_value(setting, want), len(gpus))
     module.exit_json(**result)
 
 

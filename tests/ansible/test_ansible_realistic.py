@@ -162,6 +162,13 @@ def _units_log(c, units: tuple[str, ...]) -> str:
 
 
 def test_power_caps_set_the_cap_and_enable_the_boot_unit(cluster) -> None:
+    # check mode first, on nodes that never had the unit: systemd cannot enable a unit that check
+    # mode did not install, so the role must not ask it to
+    code, out = _cli(cluster, "apply", "power", "--check")
+    assert code == 0 and all(f"{host.name}  changed" in out for host in cluster.hosts), out
+    for host in cluster.hosts:
+        assert _caps(cluster, host.name) == {700}, out
+        assert cluster.ssh(host, "test -e /etc/systemd/system/fleetops-gpu-power.service", check=False).returncode == 1
     with _timed("power_caps_s"):
         code, out = _cli(cluster, "apply", "power", "--yes")
     units = ("fleetops-gpu-power", "fleetops-agent")

@@ -106,9 +106,17 @@ def test_drift_is_reported_in_check_mode_fixed_then_stable(
 
 def test_power_unit_for_a_simulated_node_is_written_beside_its_state(converged) -> None:
     unit = converged.state_path("node002").with_suffix(".systemd") / "fleetops-gpu-power.service"
+    # caps at the GPUs' default limit (700 W) come back by themselves after a reboot: no unit
+    assert not unit.exists()
+    result, lines = run(converged, "power_caps.yml", gpu_power_limit_w=650)
+    assert result.ok, "\n".join(lines)
     text = unit.read_text()
-    assert "set persistence on --gpu all" in text and "set power 700 --gpu all" in text
+    assert "set persistence on --gpu all" in text and "set power 650 --gpu all" in text
     assert f"--state {converged.state_path('node002')}" in text
+    # back at the default: the installed unit is kept, and re-applies the default
+    result, lines = run(converged, "power_caps.yml")
+    assert result.ok, "\n".join(lines)
+    assert "set power 700 --gpu all" in unit.read_text()
 
 
 def test_apply_exits_non_zero_and_names_the_host_that_is_down(converged, capsys) -> None:

@@ -81,6 +81,30 @@ def test_set_power_is_idempotent_and_dry_run_changes_nothing(state):
     assert sim.read_state(str(state))["faults"] == [f for f in sim.read_state(str(state))["faults"] if f["name"] != "power-cap-drift"]
 
 
+def test_set_power_from_a_baseline_caps_each_gpu_at_its_own_models_limit(tmp_path):
+    path = tmp_path / "mixed.json"
+    sim.init_state(str(path), "node009")
+    with sim.locked_state(str(path)) as doc:
+        for gpu in doc["gpus"][4:]:
+            gpu["name"] = "NVIDIA H100 80GB HBM3"
+    baseline = tmp_path / "baseline.json"
+    # the first model listed is not every GPU's: each GPU matches its own name
+    baseline.write_text(json.dumps({"gpu_models": {"NVIDIA H200": {"power_limit_w": 650},
+                                                   "NVIDIA H100 80GB HBM3": {"power_limit_w": 600}}}))
+    real = json.loads(run_agent(["set", "power", "700", "--baseline", str(baseline)], path).stdout)
+    assert [g["after"] for g in real["gpus"]] == [650.0] * 4 + [600.0] * 4 and real["value"] is None
+    assert [g["power_limit_w"] for g in sim.read_state(str(path))["gpus"]] == [650.0] * 4 + [600.0] * 4
+    # a model the baseline has no limit for takes VALUE; an explicit VALUE alone caps every GPU
+    baseline.write_text(json.dumps({"gpu_models": {"NVIDIA H100 80GB HBM3": {"power_limit_w": 600}}}))
+    again = json.loads(run_agent(["set", "power", "690", "--baseline", str(baseline)], path).stdout)
+    assert [g["index"] for g in again["gpus"] if g["changed"]] == [0, 1, 2, 3]
+    assert [g["after"] for g in again["gpus"]] == [690.0] * 4 + [600.0] * 4
+    flat = json.loads(run_agent(["set", "power", "550"], path).stdout)
+    assert flat["value"] == 550.0 and {g["after"] for g in flat["gpus"]} == {550.0}
+    proc = run_agent(["set", "persistence", "on", "--baseline", str(baseline)], path)
+    assert proc.returncode == 1 and "power caps only" in json.loads(proc.stderr)["error"]
+
+
 def test_set_refuses_out_of_range_power_and_unknown_gpu(state):
     before = state.read_bytes()
     proc = run_agent(["set", "power", "900"], state)

@@ -275,7 +275,11 @@ class NodeScreen(Screen[None]):
                 rows = history_rows(store, self.node)
             except sqlite3.Error as exc:
                 rows = [_note_row(f"cannot read history: {exc}")]
-        self.app.call_from_thread(self.query_one("#node-history", FleetTable).apply, rows)
+        self.app.from_worker(self._history_show, rows)  # type: ignore[attr-defined]
+
+    def _history_show(self, rows: list[data.Row]) -> None:
+        if self.is_running:  # not popped (or the app quit) while the store was read
+            self.query_one("#node-history", FleetTable).apply(rows)
 
     def load_charts(self) -> None:
         """Ask for the selected GPU's history off the UI thread (SSH takes its time)."""
@@ -303,16 +307,16 @@ class NodeScreen(Screen[None]):
                 text = f"no fleetops-agent daemon on {self.node}: no history to chart (start it with fleetops-agent serve)"
             else:
                 text = f"history of {label} unavailable: {exc}"
-            self.app.call_from_thread(self._charts_message, uuid, text)
+            self.app.from_worker(self._charts_message, uuid, text)  # type: ignore[attr-defined]
             return
-        self.app.call_from_thread(self._charts_show, uuid, f"{label}: daemon history", history)
+        self.app.from_worker(self._charts_show, uuid, f"{label}: daemon history", history)  # type: ignore[attr-defined]
 
     def _charts_show(self, uuid: str, title: str, history: dict[str, list[tuple[float, float | None]]]) -> None:
-        if uuid == self.charts_for:
+        if uuid == self.charts_for and self.is_running:
             self.query_one("#node-charts", GpuCharts).show(title, history)
 
     def _charts_message(self, uuid: str, text: str) -> None:
-        if uuid == self.charts_for:
+        if uuid == self.charts_for and self.is_running:
             self.query_one("#node-charts", GpuCharts).show_message(text)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
