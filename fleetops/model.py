@@ -416,8 +416,162 @@ def _dataclass_converter(cls: type) -> Converter:
     return build
 
 
+# The same conversion without paths: building a path string for every field of every GPU and
+# link was most of a snapshot's parse (a TUI streaming from a thousand daemons parses a hundred
+# snapshots a second). A value the fast converter refuses is converted again by the path-keeping
+# one above, which words the error; the two accept exactly the same values.
+FastConverter = typing.Callable[[Any], Any]
+_FAST: dict[Any, FastConverter] = {}
+
+
+class _Refused(Exception):
+    """A fast converter met a value it does not take (the path-keeping one says where)."""
+
+
+def _fast(tp: Any) -> FastConverter:
+    found = _FAST.get(tp)
+    if found is None:
+        found = _make_fast(tp)
+        _FAST[tp] = found
+    return found
+
+
+def _make_fast(tp: Any) -> FastConverter:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        nullable = type(None) in args
+        options = [_fast(a) for a in args if a is not type(None)]
+        if len(options) == 1:
+            (only,) = options
+
+            def one(value: Any) -> Any:
+                if value is None:
+                    if nullable:
+                        return None
+                    raise _Refused
+                return only(value)
+
+            return one
+
+        def union(value: Any) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise _Refused
+            for option in options:
+                try:
+                    return option(value)
+                except _Refused:
+                    continue
+            raise _Refused
+
+        return union
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        item = _fast(item_tp)
+
+        def as_list(value: Any) -> Any:
+            if type(value) is not list:
+                raise _Refused
+            return [item(v) for v in value]
+
+        return as_list
+    if origin is dict:
+        _, value_tp = typing.get_args(tp)
+        conv = _fast(value_tp)
+
+        def as_dict(value: Any) -> Any:
+            if type(value) is not dict:
+                raise _Refused
+            return {str(k): conv(v) for k, v in value.items()}
+
+        return as_dict
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _fast_dataclass(tp)
+    if tp in (float, int, bool, str):
+        return _fast_scalar(tp)
+    return lambda value: value
+
+
+def _fast_scalar(tp: type) -> FastConverter:
+    if tp is float:
+        def number(value: Any) -> Any:
+            kind = type(value)
+            if kind is float:
+                return value
+            if kind is int:
+                return float(value)
+            raise _Refused
+
+        return number
+
+    def exact(value: Any) -> Any:
+        if type(value) is tp:
+            return value
+        raise _Refused
+
+    return exact
+
+
+_SCALARS = (float, int, bool, str)
+
+
+def _scalar_of(tp: Any) -> tuple[type, bool] | None:
+    """(the scalar type, whether None is allowed) of ``X`` or ``X | None``, else None."""
+    if tp in _SCALARS:
+        return tp, False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and args[0] in _SCALARS and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return None
+
+
+def _fast_dataclass(cls: type) -> FastConverter:
+    """Scalar fields (most of a GPU's and a link's) are checked inline, the rest converted."""
+    hints = typing.get_type_hints(cls)
+    # (name, required, scalar type or None, None allowed, converter for the rest)
+    plan: list[tuple[str, bool, type | None, bool, FastConverter | None]] = []
+    missing = object()
+
+    def build(value: Any) -> Any:
+        if not plan:
+            for f in dataclasses.fields(cls):
+                required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                found = _scalar_of(hints[f.name])
+                if found is not None:
+                    plan.append((f.name, required, found[0], found[1], None))
+                else:
+                    plan.append((f.name, required, None, False, _fast(hints[f.name])))
+        if type(value) is not dict:
+            raise _Refused
+        kwargs = {}
+        get = value.get
+        for name, required, scalar, nullable, conv in plan:
+            v = get(name, missing)
+            if v is missing:
+                if required:
+                    raise _Refused
+                continue
+            if scalar is None:
+                kwargs[name] = conv(v)  # type: ignore[misc]
+            elif type(v) is scalar or (v is None and nullable):
+                kwargs[name] = v
+            elif scalar is float and type(v) is int:
+                kwargs[name] = float(v)
+            else:
+                raise _Refused
+        return cls(**kwargs)
+
+    return build
+
+
 def _build(tp: Any, value: Any, path: str) -> Any:
-    return _converter(tp)(value, path)
+    try:
+        return _fast(tp)(value)
+    except _Refused:
+        return _converter(tp)(value, path)  # raises SchemaError naming the field
 
 
 def node_from_dict(data: Any) -> Node:

@@ -65,6 +65,7 @@ class FleetApp(App[None]):
         clock: Callable[[], float] = time.time,
         highlight_s: float = 1.5,
         tick_s: float = 1.0,
+        feed_every_s: float = 0.1,
     ) -> None:
         super().__init__()
         self.source = source
@@ -81,6 +82,8 @@ class FleetApp(App[None]):
         self._inbox: list[data.NodeEntry] = []
         self._inbox_lock = threading.Lock()
         self._posted = False
+        self._last_feed = 0.0  # time.monotonic() of the last refresh from the inbox
+        self.feed_every_s = feed_every_s
         self._stop = threading.Event()
         self.last_action: Any = None  # the latest action's result, with ok and message (tests read it)
 
@@ -149,9 +152,20 @@ class FleetApp(App[None]):
         self.post_message(EntriesReady())
 
     def on_entries_ready(self, _: EntriesReady) -> None:
+        # At most one refresh per ``feed_every_s``: a thousand streaming nodes deliver a hundred
+        # entries a second, and each refresh lays out the whole table. Entries that come
+        # sooner wait in the inbox (one timer, still "posted") and go in together.
+        wait = self._last_feed + self.feed_every_s - time.monotonic()
+        if wait > 0 and not self.exiting:  # exiting: no timer to wait on, the data still goes in
+            self.set_timer(wait, self._take_inbox)
+            return
+        self._take_inbox()
+
+    def _take_inbox(self) -> None:
         with self._inbox_lock:
             entries, self._inbox = self._inbox, []
             self._posted = False
+        self._last_feed = time.monotonic()
         self.feed(entries)
 
     def feed(self, entries: Iterable[data.NodeEntry]) -> None:

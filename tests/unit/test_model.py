@@ -74,3 +74,60 @@ def test_worst_orders_crit_over_warn_over_unknown():
     assert model.worst(["ok", "unknown", "warn"]) == "warn"
     assert model.worst(["unknown", "info"]) == "unknown"
     assert model.worst([]) == "ok"
+
+
+def _leaves(value, path=()):
+    """Every (path, value) of a JSON document's scalars and nulls."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, value
+
+
+def _with(doc, path, new):
+    out = json.loads(json.dumps(doc))
+    at = out
+    for key in path[:-1]:
+        at = at[key]
+    at[path[-1]] = new
+    return out
+
+
+def _slow(doc):
+    """The path-keeping conversion alone (what words a refusal)."""
+    return model._converter(model.Node)(doc, "snapshot")
+
+
+def test_the_fast_conversion_takes_exactly_what_the_path_keeping_one_takes():
+    """Each scalar of a snapshot replaced by a value of each other JSON type: the fast converter
+    refuses exactly where the path-keeping one raises, and where both take it they build the
+    same node; a refusal reaches the caller as the path-keeping one's SchemaError."""
+    node = _node(["ecc-dbe@3", "nvlink-down@1", "stray-process@2", "xid:79@4"])
+    doc = json.loads(model.node_to_json(node))
+    assert model._fast(model.Node)(doc) == _slow(doc) == node
+    replacements = [None, True, 7, 7.5, "x", [], {}]
+    seen = {"refused": 0, "taken": 0}
+    for path, value in _leaves(doc):
+        if path[0] == "schema" or any(isinstance(k, int) and k > 1 for k in path):
+            continue  # every field once: the first two items of each list stand for the rest
+        for new in replacements:
+            if type(new) is type(value) and new == value:
+                continue
+            bad = _with(doc, path, new)
+            try:
+                want = _slow(bad)
+            except model.SchemaError as exc:
+                with pytest.raises(model._Refused):
+                    model._fast(model.Node)(bad)
+                with pytest.raises(model.SchemaError) as got:
+                    model.node_from_dict(bad)
+                assert str(got.value) == str(exc)
+                seen["refused"] += 1
+            else:
+                assert model._fast(model.Node)(bad) == want, path
+                seen["taken"] += 1
+    assert seen["refused"] > 500 and seen["taken"] > 100, seen
