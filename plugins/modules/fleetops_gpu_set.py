@@ -34,7 +34,7 @@ options:
     default: true
   baseline:
     description:
-      - For C(power) only. A fleetops baseline (the value of C(fleetops_baseline), or a mapping holding that key):
+      - For C(power) only. A fleetops baseline (the value of C(fleetops_baseline), or a mapping holding that key);
         each GPU takes its own model's limit from it (C(gpu_models.MODEL.power_limit_w), MODEL as NVML names the
         GPU, else C(power_limit_w)), as the audit judges it; O(value) is the cap of a GPU it gives none.
       - The agent matches each GPU to its model (C(fleetops-agent set power --baseline)); only the baseline's power
