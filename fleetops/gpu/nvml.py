@@ -646,38 +646,48 @@ def _mig_instances(r: _GpuReader, N: Any) -> tuple[list[model.MigInstance] | Non
             if reason is None:
                 gpu_instances[int(gi_info.id)] = int(gi_info.profileId)
 
-    out: list[model.MigInstance] = []
-    seen_gi: set[int] = set()
     max_devices, reason = r.call("nvmlDeviceGetMaxMigDeviceCount")
     if reason is not None:
         return None, reason
-    for index in range(int(max_devices)):
-        mig, reason = r.call("nvmlDeviceGetMigDeviceHandleByIndex", index)
+    names = {gi: profile_names.get(pid) for gi, pid in gpu_instances.items()}
+    return _mig_rows(r.call, r.nv, int(max_devices), names), None
+
+
+def _mig_rows(
+    call: Any, nv: _Nvml, max_devices: int, profile_of: dict[int, str | None]
+) -> list[model.MigInstance]:
+    """The MIG devices of a GPU (``call``: NVML on the parent's handle) as instances, each with
+    its GPU instance's profile from ``profile_of`` (GPU instance id -> name), then the GPU
+    instances with no compute instance yet; sorted by GPU then compute instance id. The full
+    snapshot and the daemon's light sample read them alike."""
+    out: list[model.MigInstance] = []
+    seen_gi: set[int] = set()
+    for index in range(max_devices):
+        mig, reason = call("nvmlDeviceGetMigDeviceHandleByIndex", index)
         if reason is not None:
             continue  # NotFound: no MIG device at this index
-        gi, _ = r.nv.call("nvmlDeviceGetGpuInstanceId", mig)
-        ci, _ = r.nv.call("nvmlDeviceGetComputeInstanceId", mig)
-        uuid, _ = r.nv.call("nvmlDeviceGetUUID", mig)
-        procs, _ = r.nv.call("nvmlDeviceGetComputeRunningProcesses", mig)
-        profile_id = gpu_instances.get(int(gi)) if gi is not None else None
+        gi, _ = nv.call("nvmlDeviceGetGpuInstanceId", mig)
+        ci, _ = nv.call("nvmlDeviceGetComputeInstanceId", mig)
+        uuid, _ = nv.call("nvmlDeviceGetUUID", mig)
+        procs, _ = nv.call("nvmlDeviceGetComputeRunningProcesses", mig)
         out.append(
             model.MigInstance(
                 gpu_instance_id=int(gi) if gi is not None else -1,
                 compute_instance_id=int(ci) if ci is not None else None,
-                profile=profile_names.get(profile_id) if profile_id is not None else None,
+                profile=profile_of.get(int(gi)) if gi is not None else None,
                 uuid=_text(uuid) if uuid is not None else None,
                 in_use=bool(procs),
             )
         )
         if gi is not None:
             seen_gi.add(int(gi))
-    for gi, profile_id in sorted(gpu_instances.items()):
+    for gi, name in sorted(profile_of.items()):
         if gi not in seen_gi:  # a GPU instance with no compute instance yet
-            out.append(model.MigInstance(gpu_instance_id=gi, profile=profile_names.get(profile_id)))
+            out.append(model.MigInstance(gpu_instance_id=gi, profile=name))
     out.sort(
         key=lambda m: (m.gpu_instance_id, m.compute_instance_id if m.compute_instance_id is not None else -1)
     )
-    return out, None
+    return out
 
 
 def _proc_name(pid: int) -> str | None:
@@ -1162,8 +1172,8 @@ def mig_sample(N: Any, handle: Any, table: Any) -> dict[str, Any] | None:
     caller): only its profiles are listed, not every profile index, and names come from it. The
     calls: the mode; per profile, its GPU instances and each one's info; the MIG device count,
     each MIG device's instance ids, UUID and processes; the parent's processes (with each
-    process's instance ids): the full snapshot's rows (``_mig_instances``), without its walk
-    over every profile index. A GPU whose mode is off costs the one mode call and
+    process's instance ids): the full snapshot's rows (``_mig_rows``, shared with
+    ``_mig_instances``), without its walk over every profile index. A GPU whose mode is off costs the one mode call and
     answers no instance. None when NVML does not answer (the caller keeps what it had)."""
     import ctypes
 
@@ -1175,7 +1185,7 @@ def mig_sample(N: Any, handle: Any, table: Any) -> dict[str, Any] | None:
                            "mig_instances": [], "processes": []}
     if not mode[0]:
         return out
-    profile_of: dict[int, str] = {}  # GPU instance id -> its profile's name
+    profile_of: dict[int, str | None] = {}  # GPU instance id -> its profile's name
     for prof in table.profiles:
         handles = (N.c_nvmlGpuInstance_t * max(1, prof.instances))()
         count = ctypes.c_uint(0)
@@ -1186,24 +1196,11 @@ def mig_sample(N: Any, handle: Any, table: Any) -> dict[str, Any] | None:
             info, reason = nv.call("nvmlGpuInstanceGetInfo", handles[i])
             if reason is None:
                 profile_of[int(info.id)] = prof.name
-    rows: list[dict[str, Any]] = []
     max_devices, reason = nv.call("nvmlDeviceGetMaxMigDeviceCount", handle) if profile_of else (0, None)
-    for index in range(int(max_devices or 0)):
-        mig, reason = nv.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
-        if reason is not None:
-            continue  # NotFound: no MIG device at this index
-        gi, _ = nv.call("nvmlDeviceGetGpuInstanceId", mig)
-        ci, _ = nv.call("nvmlDeviceGetComputeInstanceId", mig)
-        uuid, _ = nv.call("nvmlDeviceGetUUID", mig)
-        procs, _ = nv.call("nvmlDeviceGetComputeRunningProcesses", mig)
-        rows.append({"gpu_instance_id": int(gi) if gi is not None else -1,
-                     "compute_instance_id": int(ci) if ci is not None else None,
-                     "profile": profile_of.get(int(gi)) if gi is not None else None,
-                     "uuid": _text(uuid) if uuid is not None else None, "in_use": bool(procs)})
-    seen = {r["gpu_instance_id"] for r in rows}
-    rows += [{"gpu_instance_id": gi, "compute_instance_id": None, "profile": name, "uuid": None, "in_use": False}
-             for gi, name in sorted(profile_of.items()) if gi not in seen]  # no compute instance yet
-    rows.sort(key=lambda r: (r["gpu_instance_id"], -1 if r["compute_instance_id"] is None else r["compute_instance_id"]))
+    rows = [
+        model.to_dict(m)
+        for m in _mig_rows(lambda name, *a: nv.call(name, handle, *a), nv, int(max_devices or 0), profile_of)
+    ]
     parent, reason = nv.call("nvmlDeviceGetComputeRunningProcesses", handle)
     out["processes"] = [
         {"pid": int(p.pid), "gpu_instance_id": _instance_id(getattr(p, "gpuInstanceId", None)),
