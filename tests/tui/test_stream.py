@@ -122,8 +122,10 @@ def stream_app(directory: str, kind: str = "paramiko") -> tuple[FleetApp, Stream
 
 
 def stream_source(hosts: list[Any], baselines: dict[str, Any], kind: str) -> StreamSource:
+    # Timeouts a loaded machine meets: a connect that times out is UNREACH by design, so a 2 s
+    # handshake limit made a healthy node UNREACH under load (the hung-sshd tests set their own).
     return StreamSource(
-        hosts, baselines, interval=0.5, connect_timeout=2.0, command_timeout=5.0,
+        hosts, baselines, interval=0.5, connect_timeout=10.0, command_timeout=10.0,
         stale_after_s=STALE_AFTER_S, backoff_base_s=0.2, backoff_cap_s=1.0, retry_no_daemon_s=1.0, seed=1,
         stream_transport=kind,
     )  # fmt: skip
