@@ -38,6 +38,11 @@ def test_quick_level_meets_shipped_floors() -> None:
         pytest.skip(f"no shipped floors for {gpu['name']}")
     for metric in ("hbm_copy_gbps", "hbm_triad_gbps", "gemm_bf16_tflops", "h2d_gbps", "d2h_gbps"):
         assert gpu["tests"][metric]["repeats"] == 10.0
+        # what the GPU went through while the test ran: NVML read throughout, from before the
+        # warm-up to the last repeat (one reading at each edge at least), none failed
+        seen = gpu["telemetry"]["during"][metric]
+        assert seen["readings"] >= 2 and "errors" not in seen, (metric, seen)
+        assert seen["sm_clock_mhz_max"] >= seen["sm_clock_mhz_min"] > 0, (metric, seen)
     verdict = judge([{**gpu, "host": "local"}])[0]
     assert verdict.status == "ok", verdict.to_dict()
 

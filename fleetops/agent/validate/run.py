@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from fleetops.agent.validate import telemetry
 from fleetops.validation.judge import summarize
 
 EXPIRY_S = {"quick": 7 * 86400, "full": 30 * 86400}
@@ -190,46 +191,24 @@ def _run_cuda(backend: str, level: str, gpu: str) -> tuple[list[dict[str, Any]],
             g["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
     results = []
     for index in _select(gpus, gpu):
-        telemetry: dict[str, Any] = {}
-
-        def sample(test: str, index: int = index, telemetry: dict[str, Any] = telemetry) -> None:
-            telemetry[test] = _read_nvml(nv, index)
-
-        tests = mod.run_gpu(index, level, sample)
-        after = _read_nvml(nv, index)
-        results.append({**gpus[index], "tests": _summaries(tests), "telemetry": {"before": telemetry, "after": after}})
+        window = telemetry.Window(nv, index)
+        tests = mod.run_gpu(index, level, window)
+        after = telemetry.read(nv, index)
+        results.append({**gpus[index], "tests": _summaries(tests), "telemetry": {"during": window.during, "after": after}})
 
     def node_tests() -> dict[str, Any]:
         if len(gpus) < 2:
             return {"p2p": {"not_applicable": f"{len(gpus)} GPU"}, "allreduce": {"not_applicable": f"{len(gpus)} GPU"}}
-        telemetry: dict[str, Any] = {}
+        seen: dict[str, Any] = {}
 
         def sample(test: str) -> None:
-            telemetry[test] = [_read_nvml(nv, g["index"]) for g in gpus]
+            seen[test] = [telemetry.read(nv, g["index"]) for g in gpus]
 
         p2p = mod.run_p2p(gpus, level, sample)
         allreduce = mod.run_allreduce(gpus, level, sample)
-        return {"p2p": {**p2p, "telemetry": telemetry.get("p2p_gbps")},
-                "allreduce": {**allreduce, "telemetry": telemetry.get("allreduce_busbw_gbps")}}
+        return {"p2p": {**p2p, "telemetry": seen.get("p2p_gbps")},
+                "allreduce": {**allreduce, "telemetry": seen.get("allreduce_busbw_gbps")}}
 
     node = _node_for_selection(gpu, node_tests)
     prov = {"backend": backend, "versions": mod.versions(), "driver": driver}
     return results, node, prov
-
-
-def _read_nvml(nv: Any, index: int) -> dict[str, Any]:
-    if nv is None:
-        return {"error": "pynvml not available"}
-    try:
-        h = nv.nvmlDeviceGetHandleByIndex(index)
-        mask = int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
-        names = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
-        return {
-            "clocks_event_reasons": [n for bit, n in names.items() if mask & bit],
-            "temperature_c": nv.nvmlDeviceGetTemperature(h, 0),
-            "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-            "sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, 1),
-        }
-    except Exception as exc:  # noqa: BLE001 - a missing reading is recorded, not fatal
-        return {"error": f"{type(exc).__name__}: {exc}"}
