@@ -3,7 +3,11 @@ the GEMM tests are fp16 and fp32 and say so by their names."""
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
+
+from fleetops.agent.validate import levels
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}
@@ -42,27 +46,35 @@ def devices() -> list[dict[str, Any]]:
     return out
 
 
-def _time(fn: Any, repeats: int, inner: int = 1, window: Any = None, test: str = "") -> list[float]:
-    """Seconds per call from CUDA events on the current stream; one warm-up call discarded.
-    ``window`` (a ``telemetry.Window``) samples the GPU from before the warm-up until the last
-    repeat ended, as ``test``."""
+def _time(
+    fn: Any, repeats: int, inner: int = 1, window: Any = None, test: str = "",
+    timing: levels.Timing = levels.UNTIMED_WARMUP,
+) -> list[float]:
+    """Seconds per call from CUDA events on the current stream, as the torch backend's ``_time``:
+    a first call, ``timing.warmup_s`` untimed, then ``repeats`` timed of ``inner`` calls or as
+    many as last ``timing.repeat_s``; ``window`` samples the GPU throughout, as ``test``."""
     import cupy
+
+    def elapsed(calls: int) -> float:
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(cupy.cuda.get_elapsed_time(start, end)) / 1000.0
 
     if window is not None:
         window.begin(test)
     try:
         fn()
         cupy.cuda.Device().synchronize()
-        out: list[float] = []
-        for _ in range(repeats):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            out.append(cupy.cuda.get_elapsed_time(start, end) / 1000.0 / inner)
-        return out
+        if timing.repeat_s > 0:
+            inner = max(inner, math.ceil(timing.repeat_s / max(elapsed(1), 1e-6)))
+        deadline = time.monotonic() + timing.warmup_s
+        while time.monotonic() < deadline:
+            elapsed(inner)
+        return [elapsed(inner) / inner for _ in range(repeats)]
     finally:
         if window is not None:
             window.end()
@@ -101,25 +113,25 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
         n4 = n // 4
         grid = (int(cupy.cuda.Device(index).attributes["MultiProcessorCount"]) * 8,)
         block = (256,)
-        t = _time(lambda: copy(grid, block, (b, a, cupy.int64(n4))), reps, window=sample, test="hbm_copy_gbps")
+        t = _time(lambda: copy(grid, block, (b, a, cupy.int64(n4))), reps, window=sample, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
         tests["hbm_copy_gbps"] = [2 * n * 4 / s / 1e9 for s in t]
         t = _time(lambda: triad(grid, block, (b, c, a, cupy.float32(3.0), cupy.int64(n4))), reps,
-                  window=sample, test="hbm_triad_gbps")
+                  window=sample, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
         tests["hbm_triad_gbps"] = [3 * n * 4 / s / 1e9 for s in t]
         a = b = c = None  # free the STREAM arrays before the GEMM ones
         for dtype, name in ((cupy.float16, "gemm_fp16_tflops"), (cupy.float32, "gemm_fp32_tflops")):
             x = cupy.random.rand(GEMM_N, GEMM_N).astype(dtype)
             y = cupy.random.rand(GEMM_N, GEMM_N).astype(dtype)
-            t = _time(lambda x=x, y=y: cupy.matmul(x, y), reps, inner=5, window=sample, test=name)
+            t = _time(lambda x=x, y=y: cupy.matmul(x, y), reps, inner=5, window=sample, test=name, timing=levels.timing(level, "gemm"))
             tests[name] = [2 * GEMM_N**3 / s / 1e12 for s in t]
         tests["gemm_bf16_tflops"] = {"skipped": "CuPy has no bf16 GEMM: gemm_fp16_tflops and gemm_fp32_tflops instead"}
         tests["gemm_fp8_tflops"] = {"skipped": "CuPy has no fp8 GEMM"}
         pinned = cupy.cuda.alloc_pinned_memory(HOST_BYTES)
         devbuf = cupy.cuda.alloc(HOST_BYTES)
         stream = cupy.cuda.get_current_stream()
-        t = _time(lambda: devbuf.copy_from_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="h2d_gbps")
+        t = _time(lambda: devbuf.copy_from_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="h2d_gbps", timing=levels.timing(level, "copy"))
         tests["h2d_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
-        t = _time(lambda: devbuf.copy_to_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="d2h_gbps")
+        t = _time(lambda: devbuf.copy_to_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="d2h_gbps", timing=levels.timing(level, "copy"))
         tests["d2h_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
         cupy.get_default_memory_pool().free_all_blocks()
     return tests

@@ -3,7 +3,11 @@ commands stay light."""
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
+
+from fleetops.agent.validate import levels
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}
@@ -27,27 +31,36 @@ def versions() -> dict[str, str]:
     return {"torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
 
 
-def _time(fn: Any, repeats: int, inner: int = 1, window: Any = None, test: str = "") -> list[float]:
-    """Seconds per call of ``fn``: one warm-up call discarded, then ``repeats`` timed. ``window``
-    (a ``telemetry.Window``) samples the GPU from before the warm-up until the last repeat ended,
-    as ``test``."""
+def _time(
+    fn: Any, repeats: int, inner: int = 1, window: Any = None, test: str = "",
+    timing: levels.Timing = levels.UNTIMED_WARMUP,
+) -> list[float]:
+    """Seconds per call of ``fn``: one first call, then ``fn`` untimed for ``timing.warmup_s``
+    seconds (``levels``: the clocks settle under the power cap), then ``repeats`` timed, each of
+    ``inner`` calls or as many as last ``timing.repeat_s``. ``window`` (a ``telemetry.Window``) samples
+    the GPU from before the first call until the last repeat ended, as ``test``."""
     import torch
+
+    def elapsed(calls: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
 
     if window is not None:
         window.begin(test)
     try:
         fn()
         torch.cuda.synchronize()
-        out: list[float] = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1000.0 / inner)
-        return out
+        if timing.repeat_s > 0:
+            inner = max(inner, math.ceil(timing.repeat_s / max(elapsed(1), 1e-6)))
+        deadline = time.monotonic() + timing.warmup_s
+        while time.monotonic() < deadline:
+            elapsed(inner)
+        return [elapsed(inner) / inner for _ in range(repeats)]
     finally:
         if window is not None:
             window.end()
@@ -65,14 +78,14 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
     a = torch.empty(n, dtype=torch.float32, device=dev)
     b = torch.rand(n, dtype=torch.float32, device=dev)
     c = torch.rand(n, dtype=torch.float32, device=dev)
-    t = _time(lambda: a.copy_(b), reps, window=sample, test="hbm_copy_gbps")
+    t = _time(lambda: a.copy_(b), reps, window=sample, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
     tests["hbm_copy_gbps"] = [2 * n * 4 / s / 1e9 for s in t]
-    t = _time(lambda: torch.add(b, c, alpha=3.0, out=a), reps, window=sample, test="hbm_triad_gbps")
+    t = _time(lambda: torch.add(b, c, alpha=3.0, out=a), reps, window=sample, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
     tests["hbm_triad_gbps"] = [3 * n * 4 / s / 1e9 for s in t]
 
     x = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device=dev)
     y = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device=dev)
-    t = _time(lambda: torch.mm(x, y), reps, inner=5, window=sample, test="gemm_bf16_tflops")
+    t = _time(lambda: torch.mm(x, y), reps, inner=5, window=sample, test="gemm_bf16_tflops", timing=levels.timing(level, "gemm"))
     tests["gemm_bf16_tflops"] = [2 * GEMM_N**3 / s / 1e12 for s in t]
     scaled_mm = getattr(torch, "_scaled_mm", None)
     fp8 = getattr(torch, "float8_e4m3fn", None)
@@ -86,16 +99,16 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
         yf = y.t().contiguous().t().to(fp8)
         one = torch.tensor(1.0, device=dev)
         try:
-            t = _time(lambda: scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, inner=5, window=sample, test="gemm_fp8_tflops")
+            t = _time(lambda: scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, inner=5, window=sample, test="gemm_fp8_tflops", timing=levels.timing(level, "gemm"))
             tests["gemm_fp8_tflops"] = [2 * GEMM_N**3 / s / 1e12 for s in t]
         except (RuntimeError, TypeError) as exc:
             tests["gemm_fp8_tflops"] = {"skipped": f"torch._scaled_mm failed: {exc}"[:200]}
 
     host = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
     devbuf = torch.empty(HOST_BYTES, dtype=torch.uint8, device=dev)
-    t = _time(lambda: devbuf.copy_(host, non_blocking=True), reps, window=sample, test="h2d_gbps")
+    t = _time(lambda: devbuf.copy_(host, non_blocking=True), reps, window=sample, test="h2d_gbps", timing=levels.timing(level, "copy"))
     tests["h2d_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
-    t = _time(lambda: host.copy_(devbuf, non_blocking=True), reps, window=sample, test="d2h_gbps")
+    t = _time(lambda: host.copy_(devbuf, non_blocking=True), reps, window=sample, test="d2h_gbps", timing=levels.timing(level, "copy"))
     tests["d2h_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
     torch.cuda.empty_cache()
     return tests
