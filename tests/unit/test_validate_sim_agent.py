@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fleetops.gpu import sim
 from fleetops.validation.judge import judge
 
@@ -48,6 +50,35 @@ def test_agent_sim_refuses_bad_gpu_and_missing_state(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "GPU-nope" in json.loads(bad.stderr)["error"]
     missing = _agent("--backend", "sim", "--state", str(tmp_path / "none.json"))
     assert missing.returncode != 0 and "not found" in json.loads(missing.stderr)["error"]
+
+
+def test_state_names_the_noise_and_seed_the_controller_cannot_pass(tmp_path: Path) -> None:
+    """``fleetops validate`` runs the agent with no simulator options: the state's
+    validation_noise setting gives a fleet's runs their noise level and a reproducible seed; the
+    command line still wins over it."""
+    state = sim.build_state("n01")
+    path = tmp_path / "s.json"
+    sim.write_state(str(path), state)
+    unset = json.loads(_agent("--backend", "sim", "--state", str(path)).stdout)["provenance"]
+    assert (unset["noise"], unset["seed"]) == (0.02, None)
+
+    sim.set_validation_noise(state, 0.05, 1234)
+    sim.write_state(str(path), state)
+    first = json.loads(_agent("--backend", "sim", "--state", str(path)).stdout)
+    again = json.loads(_agent("--backend", "sim", "--state", str(path)).stdout)
+    assert (first["provenance"]["noise"], first["provenance"]["seed"]) == (0.05, 1234)
+    assert first["gpus"] == again["gpus"] and first["node"] == again["node"]
+    explicit = json.loads(_agent("--backend", "sim", "--state", str(path), "--seed", "1234", "--noise", "0.05").stdout)
+    assert explicit["gpus"] == first["gpus"]
+
+    cli = json.loads(_agent("--backend", "sim", "--state", str(path), "--seed", "9", "--noise", "0.01").stdout)
+    assert (cli["provenance"]["noise"], cli["provenance"]["seed"]) == (0.01, 9)
+    assert cli["gpus"] != first["gpus"]
+
+    sim.set_validation_noise(state, None, None)
+    assert "validation_noise" not in state
+    with pytest.raises(sim.SimError, match="expected a fraction"):
+        sim.set_validation_noise(state, 1.5)
 
 
 DEGRADED = {(3, 1): "slow-hbm", (11, 6): "slow-gemm", (20, 0): "slow-pcie", (29, 4): "noisy"}

@@ -17,6 +17,7 @@ HEALTHY: dict[str, float] = {
 }
 DEGRADED_FACTOR = 0.85  # a degraded GPU runs at 85 %: above the floor, a straggler in the fleet
 REPEATS = 10
+DEFAULT_NOISE = 0.02  # relative noise of a run where neither the command line nor the state names one
 
 
 def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) -> list[dict[str, Any]]:
