@@ -47,6 +47,8 @@ class GpuVerdict:
             "model": self.model,
             "status": self.status,
             "findings": [v.__dict__ for v in self.verdicts if v.status != "ok"],
+            # every measured figure, ok or not: how far a GPU sits from its peers shows only here
+            "figures": {v.metric: v.value for v in self.verdicts if v.value is not None},
         }
 
 
@@ -188,8 +190,18 @@ class NodeVerdict:
             "model": self.model,
             "status": self.status,
             "findings": [v.__dict__ for v in self.verdicts if v.status != "ok"],
+            "figures": _node_figures(self.verdicts),
             "notes": list(self.notes),
         }
+
+
+def _node_figures(verdicts: Sequence[Verdict]) -> dict[str, dict[str, float]]:
+    """metric -> pair (or all_reduce shape) -> figure, for every measured node test."""
+    out: dict[str, dict[str, float]] = {}
+    for v in verdicts:
+        if v.value is not None:
+            out.setdefault(v.metric, {})[v.gpu] = v.value
+    return out
 
 
 def _node_model(doc: Mapping[str, Any]) -> str | None:

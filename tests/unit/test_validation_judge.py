@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetops.validation.floors import SHIPPED, floors_for, model_key
-from fleetops.validation.judge import judge, mad, overall, steady, summarize
+from fleetops.validation.judge import judge, judge_nodes, mad, overall, steady, summarize
 
 
 def _gpu(i: int, triad: float, spread: float = 0.01, name: str = "NVIDIA H200") -> dict[str, Any]:
@@ -84,3 +84,26 @@ def test_skipped_metric_is_ok_with_reason() -> None:
     gv = judge([g])[0]
     assert gv.status == "ok"
     assert any("skipped" in x.reason for x in gv.verdicts)
+
+
+def test_json_form_carries_every_figure_not_only_the_findings() -> None:
+    """How close a healthy GPU came to the straggler line shows only in its figures: the
+    findings list holds the non-ok verdicts alone."""
+    gpus = [_gpu(i, 4100.0 + i) for i in range(8)] + [_gpu(9, 3800.0)]
+    by_gpu = {v.gpu: v.to_dict() for v in judge(gpus)}
+    assert by_gpu["GPU-3"]["findings"] == []
+    assert by_gpu["GPU-3"]["figures"] == {"hbm_triad_gbps": 4103.0}
+    assert by_gpu["GPU-9"]["figures"] == {"hbm_triad_gbps": 3800.0}
+    assert [f["metric"] for f in by_gpu["GPU-9"]["findings"]] == ["hbm_triad_gbps"]
+
+
+def test_node_json_form_carries_every_pair_figure() -> None:
+    def pair(src: int, dst: int, value: float) -> dict[str, Any]:
+        return {"src": src, "dst": dst, "src_uuid": f"G{src}", "dst_uuid": f"G{dst}",
+                "p2p_gbps": {"median": value, "min": value, "max": value, "mad": 0.0, "repeats": 10.0}}
+
+    doc = {"host": "n01", "gpus": [{"name": "NVIDIA H200", "uuid": "G0"}, {"name": "NVIDIA H200", "uuid": "G1"}],
+           "node": {"p2p": {"pairs": [pair(0, 1, 390.0), pair(1, 0, 300.0)]}}}
+    out = judge_nodes([doc])[0].to_dict()
+    assert out["figures"] == {"p2p_gbps": {"G0->G1": 390.0, "G1->G0": 300.0}}
+    assert [(f["gpu"], f["status"]) for f in out["findings"]] == [("G1->G0", "crit")]
