@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -305,6 +306,7 @@ def main() -> int:
                 print(f"        error: {rec['error']}")
     finally:
         fleet.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
     summary = summarize(records, exp)
     print_summary(summary)
     if args.json:
