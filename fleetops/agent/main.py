@@ -152,11 +152,15 @@ def build_parser() -> Any:
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
     p.add_argument("--no-syslog", action="store_true", help="do not send the attempt to syslog")
 
-    p = sub.add_parser("validate", help="measure each GPU (HBM, GEMM, host copies); never changes a setting")
-    p.add_argument("--level", choices=("quick", "full"), default="quick")
+    about = "measure each GPU (HBM, GEMM, host copies) and the node (P2P, all_reduce); never changes a setting"
+    p = sub.add_parser("validate", help=about, description=about)
+    p.add_argument("--level", choices=("quick", "full"), default="quick",
+                   help="quick (at most 60 s, the default) or full (at most 10 minutes)")
     p.add_argument("--gpu", default="all", help="all, a UUID, an index or a bus id")
-    p.add_argument("--noise", type=float, default=0.02, help="sim backend: relative noise (default 0.02)")
-    p.add_argument("--seed", type=int, default=None, help="sim backend: noise seed")
+    p.add_argument("--noise", type=float, default=None,
+                   help="sim backend: relative noise (default: the state's validation_noise, else 0.02)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sim backend: noise seed (default: the state's validation_noise, else fresh draws)")
     p.add_argument("--judge", action="store_true",
                    help="judge the results against the floors alone (no fleet to compare with, as in a "
                    "rollout); exit 1 when a GPU is below its floor or has no steady figure")

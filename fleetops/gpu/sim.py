@@ -1136,5 +1136,23 @@ def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int, pe
         entries.append(entry)
 
 
+def set_validation_noise(state: dict[str, Any], noise: float | None = None, seed: int | None = None) -> None:
+    """The noise level and seed of this node's simulated validation runs, for an agent whose
+    command line names neither: ``fleetops validate`` passes no simulator options, so a fleet's
+    runs reach a noise level and a seed (a reproducible run) only through each node's state.
+    ``None`` for both removes the setting (the backend's default noise, fresh draws each run)."""
+    if noise is not None and not 0.0 <= noise < 1.0:
+        raise SimError(f"validation noise {noise!r}: expected a fraction from 0 to below 1")
+    if noise is None and seed is None:
+        state.pop("validation_noise", None)
+        return
+    setting: dict[str, Any] = {}
+    if noise is not None:
+        setting["noise"] = float(noise)
+    if seed is not None:
+        setting["seed"] = int(seed)
+    state["validation_noise"] = setting
+
+
 def validation_faults(state: dict[str, Any], gpu_index: int) -> list[str]:
     return [str(e["fault"]) for e in state.get("validation_faults") or [] if e.get("gpu") == gpu_index]

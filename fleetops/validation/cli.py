@@ -184,11 +184,15 @@ def _table(verdicts: list[GpuVerdict], problems: dict[str, str], node_verdicts: 
 
 def register(sub: Any) -> None:
     """The ``validate`` subcommand: the only entry point ``fleetops.cli`` uses."""
-    p = sub.add_parser("validate", help="measure every GPU (HBM, GEMM, host copies) and judge it against floors and peers")
+    about = ("measure every GPU (HBM, GEMM, host copies) and node (P2P, all_reduce) and judge them against "
+             "floors and peers; exit 0 ok, 1 warn, 2 crit, 3 unknown")
+    p = sub.add_parser("validate", help=about, description=about)
     p.add_argument("-i", "--inventory", required=True, help="Ansible inventory")
     p.add_argument("--limit", help="Ansible host pattern")
-    p.add_argument("--level", choices=("quick", "full"), default="quick")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--level", choices=("quick", "full"), default="quick",
+                   help="quick (at most 60 s a node, the default) or full (at most 10 minutes)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table (default) or json (every GPU's and node's status, findings and figures)")
     p.add_argument("--forks", type=int, default=50, help="nodes at a time")
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")

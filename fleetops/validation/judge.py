@@ -47,6 +47,8 @@ class GpuVerdict:
             "model": self.model,
             "status": self.status,
             "findings": [v.__dict__ for v in self.verdicts if v.status != "ok"],
+            # every measured figure, ok or not: how far a GPU sits from its peers shows only here
+            "figures": {v.metric: v.value for v in self.verdicts if v.value is not None},
         }
 
 
@@ -128,8 +130,7 @@ def judge(
                 v = Verdict(host, uuid, metric, "unknown", med,
                             f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
             else:
-                v = _judge_value(host, uuid, metric, float(stat["median"]), floors,
-                                 by_model.get((name, metric), []), k, pct)
+                v = _judge_value(host, uuid, metric, stat, floors, by_model.get((name, metric), []), k, pct)
             gv.verdicts.append(v)
             gv.status = _worse(gv.status, v.status)
         out.append(gv)
@@ -150,22 +151,33 @@ def _judge_outcome(host: str, uuid: str, metric: str, stat: Mapping[str, Any]) -
                    reason or (f"dcgm: {outcome}" if outcome != "pass" else ""))
 
 
-def _judge_value(host: str, uuid: str, metric: str, value: float, floors: Any,
+def _judge_value(host: str, uuid: str, metric: str, stat: Mapping[str, Any], floors: Any,
                  peers: list[float], k: float, pct: float) -> Verdict:
     floor = floors.metric(metric) if floors is not None else None
-    return _against(host, uuid, metric, value, floor, floors.model if floors is not None else "model", peers, k, pct)
+    return _against(host, uuid, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
-def _against(host: str, label: str, metric: str, value: float, floor: float | None, model: str,
+def _against(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None, model: str,
              peers: list[float], k: float, pct: float) -> Verdict:
     """The one rule for a steady figure: below the floor is crit, below the peers' median by
-    more than max(k x MAD, pct x median) is a straggler (warn)."""
+    more than max(k x MAD, pct x median) is a straggler (warn).
+
+    Steady state allows repeats to spread by MAX_SPREAD, three times the straggler percentage:
+    a median under the straggler line whose best repeat is on or over it does not say which side
+    the GPU is on, so that is unknown, not a straggler."""
+    value = float(stat["median"])
     if floor is not None and value < floor:
         return Verdict(host, label, metric, "crit", value, f"{value:.1f} below the {model} floor {floor:.1f}")
     if len(peers) >= 3:
         ref = float(statistics.median(peers))
         margin = max(k * mad(peers), pct * ref)
-        if value < ref - margin:
+        line = ref - margin
+        if value < line:
+            best = float(stat.get("max", value))
+            if best >= line:
+                return Verdict(host, label, metric, "unknown", value,
+                               f"undecided: {value:.1f} < fleet median {ref:.1f} - {margin:.1f}, but its best "
+                               f"repeat {best:.1f} is not: the repeats straddle the straggler line")
             return Verdict(host, label, metric, "warn", value,
                            f"straggler: {value:.1f} < fleet median {ref:.1f} - {margin:.1f}")
     return Verdict(host, label, metric, "ok", value, "")
@@ -188,8 +200,18 @@ class NodeVerdict:
             "model": self.model,
             "status": self.status,
             "findings": [v.__dict__ for v in self.verdicts if v.status != "ok"],
+            "figures": _node_figures(self.verdicts),
             "notes": list(self.notes),
         }
+
+
+def _node_figures(verdicts: Sequence[Verdict]) -> dict[str, dict[str, float]]:
+    """metric -> pair (or all_reduce shape) -> figure, for every measured node test."""
+    out: dict[str, dict[str, float]] = {}
+    for v in verdicts:
+        if v.value is not None:
+            out.setdefault(v.metric, {})[v.gpu] = v.value
+    return out
 
 
 def _node_model(doc: Mapping[str, Any]) -> str | None:
@@ -291,7 +313,7 @@ def _node_value(host: str, label: str, metric: str, stat: Mapping[str, Any], flo
     if not steady(stat, max_spread):
         spread = (float(stat["max"]) - float(stat["min"])) / med if med > 0 else float("inf")
         return Verdict(host, label, metric, "unknown", med, f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
-    return _against(host, label, metric, med, floor, floors.model if floors is not None else "model", peers, k, pct)
+    return _against(host, label, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
 def overall(verdicts: Sequence[GpuVerdict | NodeVerdict]) -> str:

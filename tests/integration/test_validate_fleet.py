@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ADDRESS = os.environ.get("FLEETOPS_TEST_VALIDATE_ADDRESS", "127.0.60.1")
 DEGRADED = {("node003", 1): "slow-hbm", ("node011", 6): "slow-gemm", ("node020", 0): "slow-pcie"}
 SLOW_LINK = ("node007", 2, 5)  # the one NVLink between GPU 2 and GPU 5 of node007
+link_uuids: list[str] = []  # its two GPUs' UUIDs, once the fleet is up
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def fleet32(root_sshd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         state = sim.read_state(info["nodes"][name]["state"])
         sim.inject_validation_fault(state, "slow-nvlink", gpu, peer)
         sim.write_state(info["nodes"][name]["state"], state)
+        link_uuids[:] = [state["gpus"][gpu]["uuid"], state["gpus"][peer]["uuid"]]
         yield os.path.join(directory, "inventory.yml"), expected
     finally:
         fleet.down(directory)
@@ -70,10 +72,17 @@ def test_validate_flags_exactly_the_degraded(fleet32: tuple[str, dict[str, str]]
         status = {expected[g["gpu"]]: g["status"] for g in doc["gpus"] if g["gpu"] in expected}
         assert status == {"slow-hbm": "warn", "slow-gemm": "warn", "slow-pcie": "crit"}
         # the node tests: every node judged, only node007 flagged, on the pair of its slow link
+        # (90 % of healthy: over the P2P and all_reduce floors, stragglers) and its all_reduce
         assert len(doc["nodes"]) == 32
         bad_nodes = {n["host"]: n for n in doc["nodes"] if n["status"] != "ok"}
         assert set(bad_nodes) == {SLOW_LINK[0]}
-        assert {f["metric"] for f in bad_nodes[SLOW_LINK[0]]["findings"]} >= {"p2p_gbps"}
+        a, b = link_uuids
+        assert sorted((f["metric"], f["gpu"], f["status"]) for f in bad_nodes[SLOW_LINK[0]]["findings"]) == [
+            ("allreduce_busbw_gbps", "8 GPUs NVLS 256 MiB", "warn"),
+            ("p2p_bidir_gbps", f"{a}<->{b}", "warn"),
+            ("p2p_gbps", f"{a}->{b}", "warn"),
+            ("p2p_gbps", f"{b}->{a}", "warn"),
+        ]
 
 
 def _fleetops(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,8 @@ from typing import Any
 
 from fleetops.agent.main import EXIT_USAGE
 from fleetops.agent.validate import dcgmbackend
+from fleetops.agent.validate.run import _summarize_node
+from fleetops.agent.validate.simbackend import run_node
 from fleetops.gpu import sim
 from fleetops.validation.floors import SHIPPED
 from fleetops.validation.judge import judge, judge_nodes
@@ -56,14 +58,22 @@ def test_p2p_matrix_shape_and_one_slow_link_flagged(tmp_path: Path) -> None:
     flagged = {v.gpu for v in verdict.verdicts if v.status != "ok" and v.metric.startswith("p2p")}
     a, b = uuids[2], uuids[5]
     assert flagged == {f"{a}->{b}", f"{b}->{a}", f"{a}<->{b}"}
-    # 85 % of the simulated 390 GB/s sits at the 335 GB/s floor: below it crit, else a straggler;
-    # both directions at once have no published floor, so only the straggler rule.
-    for v in verdict.verdicts:
-        if v.gpu in flagged:
-            assert v.value is not None
-            floor = 335.0 if v.metric == "p2p_gbps" else 0.0
-            assert v.status == ("crit" if v.value < floor else "warn"), v
+    # 90 % of the simulated 390 GB/s: over the 335 GB/s floor, under the straggler line
+    assert {v.gpu: v.status for v in verdict.verdicts if v.gpu in flagged} == dict.fromkeys(flagged, "warn")
     assert SHIPPED["H200 SXM"].p2p_gbps == 335.0
+
+
+def test_a_slow_link_is_a_straggler_in_every_draw() -> None:
+    """At 85 % a slow link sat 1 % under the 335 GB/s P2P floor, inside one run's noise: the same
+    link was crit in some runs and warn in others. Twenty seeds at the 2 % noise of the fleet."""
+    st = sim.build_state("n01")
+    sim.inject_validation_fault(st, "slow-nvlink", 2, 5)
+    a, b = st["gpus"][2]["uuid"], st["gpus"][5]["uuid"]
+    for seed in range(20):
+        doc = {"host": "n01", "gpus": st["gpus"], "node": _summarize_node(run_node(st, 0.02, seed, "quick"))}
+        found = {(f["metric"], f["gpu"]): f["status"] for f in judge_nodes([doc])[0].to_dict()["findings"]}
+        assert found == {("p2p_gbps", f"{a}->{b}"): "warn", ("p2p_gbps", f"{b}->{a}"): "warn",
+                         ("p2p_bidir_gbps", f"{a}<->{b}"): "warn"}, seed
 
 
 def test_allreduce_straggler_across_nodes(tmp_path: Path) -> None:
@@ -79,7 +89,7 @@ def test_allreduce_straggler_across_nodes(tmp_path: Path) -> None:
     assert [status[f"n{n}"] for n in (0, 1, 2, 4, 5)] == ["ok"] * 5
     ar = next(v for v in judge_nodes(docs) if v.host == "n3").verdicts
     ar_v = [v for v in ar if v.metric == "allreduce_busbw_gbps"][0]
-    # 0.85 x 432 = 367 GB/s: above the 345 NVLS-at-256-MiB floor, a straggler among its peers.
+    # 0.9 x 432 = 389 GB/s: above the 345 NVLS-at-256-MiB floor, a straggler among its peers.
     assert ar_v.status == "warn" and "straggler" in ar_v.reason
 
 

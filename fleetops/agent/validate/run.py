@@ -106,7 +106,10 @@ def pick_backend(backend: str, state_path: str | None) -> str:
     raise ValidateError("backend", f"{NO_BACKEND} ({'; '.join(reasons)})")
 
 
-def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: float, seed: int | None) -> dict[str, Any]:
+def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: float | None,
+             seed: int | None) -> dict[str, Any]:
+    """``noise`` and ``seed`` (sim backend only): None takes the state's ``validation_noise``
+    setting, else the backend's default noise and fresh draws."""
     started = time.time()
     backend = pick_backend(backend, state_path)
     node: dict[str, Any]
@@ -122,6 +125,11 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
             raise ValidateError("usage", str(exc)) from exc
         from fleetops.agent.validate import simbackend
 
+        setting = state.get("validation_noise") or {}
+        if noise is None:
+            noise = float(setting.get("noise", simbackend.DEFAULT_NOISE))
+        if seed is None and setting.get("seed") is not None:
+            seed = int(setting["seed"])
         picked = _select(state["gpus"], gpu)
         raw = simbackend.run(state, noise, seed, picked)
         results = [{**{k: v for k, v in r.items() if k != "samples"}, "tests": _summaries(r["samples"])} for r in raw]
