@@ -4,7 +4,6 @@ commands stay light."""
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from fleetops.agent.validate import levels
@@ -57,9 +56,7 @@ def _time(
         torch.cuda.synchronize()
         if timing.repeat_s > 0:
             inner = max(inner, math.ceil(timing.repeat_s / max(elapsed(1), 1e-6)))
-        deadline = time.monotonic() + timing.warmup_s
-        while time.monotonic() < deadline:
-            elapsed(inner)
+        levels.warm_up(lambda: elapsed(inner), timing)
         return [elapsed(inner) / inner for _ in range(repeats)]
     finally:
         if window is not None:

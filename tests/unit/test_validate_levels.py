@@ -1,0 +1,60 @@
+"""The untimed warm-up before a validation test's repeats (``levels.warm_up``), on a scripted
+GPU: batch times that fall while the power cap pulls the clock down, then hold."""
+
+from __future__ import annotations
+
+from fleetops.agent.validate import levels
+
+
+class Script:
+    """Batch times from a list (the last repeats); the clock moves by each batch's time."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+        self.now = 0.0
+        self.ran = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def batch(self) -> float:
+        took = self.times[min(self.ran, len(self.times) - 1)]
+        self.ran += 1
+        self.now += took
+        return took
+
+
+# a GEMM batch: 8 ms at boost clock, slower as the clock falls, then steady at 11 ms
+RAMP = [0.008, 0.008, 0.009, 0.010, 0.0105, 0.0104, 0.011, 0.011, 0.011, 0.011, 0.011]
+
+
+def test_quick_warm_up_ends_once_five_batches_agree_after_the_clock_settled() -> None:
+    gpu = Script(RAMP + [0.011] * 200)
+    runs = levels.warm_up(gpu.batch, levels.timing("quick", "gemm"), gpu.clock)
+    # batches 7-11 are the first five within 2 % of each other (10.4 ms is 5.5 % off), and
+    # 0.11 s have passed by then (at least 0.1 s must)
+    assert runs == 11 and gpu.now >= levels.SETTLED_MIN_S
+    assert gpu.now < levels.WARMUP_S["quick"]["gemm"]
+
+
+def test_quick_warm_up_that_never_settles_stops_at_its_limit() -> None:
+    gpu = Script([0.010, 0.012] * 1000)  # the clock keeps swinging by 20 %
+    levels.warm_up(gpu.batch, levels.timing("quick", "gemm"), gpu.clock)
+    assert levels.WARMUP_S["quick"]["gemm"] <= gpu.now < levels.WARMUP_S["quick"]["gemm"] + 0.012
+
+
+def test_full_warm_up_soaks_for_its_whole_time_even_when_settled() -> None:
+    gpu = Script([0.3] * 1000)
+    runs = levels.warm_up(gpu.batch, levels.timing("full", "gemm"), gpu.clock)
+    assert gpu.now >= levels.WARMUP_S["full"]["gemm"] and runs == 34  # 10 s of 0.3 s batches
+
+
+def test_quick_warm_up_goes_on_to_its_least_time_when_settled_at_once() -> None:
+    gpu = Script([0.001] * 1000)  # an HBM copy of a small buffer: steady from the start
+    runs = levels.warm_up(gpu.batch, levels.timing("quick", "hbm"), gpu.clock)
+    assert runs == 100 and levels.SETTLED_MIN_S <= gpu.now < levels.SETTLED_MIN_S + 0.0011
+
+
+def test_no_warm_up_time_runs_no_batch() -> None:
+    gpu = Script([0.01])
+    assert levels.warm_up(gpu.batch, levels.UNTIMED_WARMUP, gpu.clock) == 0
