@@ -6,7 +6,7 @@ The tests run in file order and build on each other (one cluster per module):
 agent install -> the installed wheel's `fleetops` checks power caps and the driver rollout (check
 mode, nothing changes) -> power caps -> a rollout that a failing host stops -> the fixed rerun ->
 a rerun that changes nothing. The first run on a machine spends 1.5-2.5 minutes on debootstrap
-(cached in /var/tmp/fleetops-nspawn afterwards); the rest takes about 3 minutes.
+(cached in /var/tmp/fleetops-nspawn afterwards); the rest takes about 5 minutes on two cores.
 """
 
 from __future__ import annotations
