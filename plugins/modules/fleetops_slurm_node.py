@@ -258,7 +258,10 @@ def main():
                         fh,
                     )
                 os.replace(tmp, marker_path)
-            result["msg"] = "%s drained (was %s)" % (params["name"], state)
+            if module.check_mode:
+                result["msg"] = "%s would be drained (is %s)" % (params["name"], state)
+            else:
+                result["msg"] = "%s drained (was %s)" % (params["name"], state)
         if params["wait"] and not module.check_mode:
             deadline = time.time() + params["wait_timeout"]
             current = state
@@ -283,7 +286,11 @@ def main():
                 node.update("State=RESUME")
                 if marker is not None:
                     os.unlink(marker_path)
-            result["msg"] = "%s resumed (fleetops drained it: %s)" % (params["name"], reason)
+            result["msg"] = "%s %s (fleetops drained it: %s)" % (
+                params["name"],
+                "would be resumed" if module.check_mode else "resumed",
+                reason,
+            )
         else:
             # Never drained, drained by someone else, or our drain replaced by another reason
             # (or already resumed by hand): touch nothing, forget any drain we recorded.

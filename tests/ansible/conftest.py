@@ -37,6 +37,18 @@ def load_module(name: str) -> Any:
     return module
 
 
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory):
+    """The checkout's wheel installed into a fresh venv (wheel_venv.py); built once per session
+    for the test files that run the installed `fleetops`."""
+    import wheel_venv as wv
+
+    reason = wv.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return wv.build(tmp_path_factory.mktemp("fresh-wheel"))
+
+
 @pytest.fixture
 def library_module():
     """Load a module from plugins/modules (tests import no conftest by name: several

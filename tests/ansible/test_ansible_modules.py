@@ -222,8 +222,9 @@ def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_s
 
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"}, check=True)
     assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
+    assert r["msg"] == "n1 would be drained (is MIXED)"
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
-    assert r["changed"] and r["was_drained"] is False
+    assert r["changed"] and r["was_drained"] is False and r["msg"] == "n1 drained (was MIXED)"
     assert json.loads(db.read_text())["n1"] == {
         "state": "MIXED+DRAIN",
         "reason": "[fleetops] fleetops driver rollout",
@@ -238,8 +239,12 @@ def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_s
     assert r["changed"] is False and json.loads(db.read_text())["n2"]["state"] == "IDLE+DRAIN"
     assert "not drained by fleetops" in r["msg"] and "bad DIMM" in r["msg"]
 
+    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"}, check=True)
+    assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED+DRAIN"
+    assert r["msg"] == "n1 would be resumed (fleetops drained it: [fleetops] fleetops driver rollout)"
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
     assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
+    assert r["msg"] == "n1 resumed (fleetops drained it: [fleetops] fleetops driver rollout)"
     rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
     assert r["changed"] is False
 

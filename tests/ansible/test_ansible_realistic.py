@@ -3,9 +3,10 @@ systemd-nspawn -b, from a local apt repository of stand-in NVIDIA packages, with
 on the machine and slurmd in every host (see nspawn_hosts.py for how they are built).
 
 The tests run in file order and build on each other (one cluster per module):
-agent install -> power caps -> a rollout that a failing host stops -> the fixed rerun -> a rerun
-that changes nothing. The first run on a machine spends 1.5-2.5 minutes on debootstrap (cached
-in /var/tmp/fleetops-nspawn afterwards); the rest takes about 3 minutes.
+agent install -> the installed wheel's `fleetops` checks power caps and the driver rollout (check
+mode, nothing changes) -> power caps -> a rollout that a failing host stops -> the fixed rerun ->
+a rerun that changes nothing. The first run on a machine spends 1.5-2.5 minutes on debootstrap
+(cached in /var/tmp/fleetops-nspawn afterwards); the rest takes about 5 minutes on two cores.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import nspawn_hosts
 import pytest
+from wheel_venv import WheelVenv
 
 from fleetops.rollout import cli
 
@@ -150,6 +152,121 @@ def test_agent_role_installs_from_the_pushed_wheelhouse_and_is_idempotent(cluste
     assert json.loads(snapshot)["driver_version"] == OLD
 
 
+def _untouched(c) -> dict[str, Any]:
+    """What a check run must leave as it is: per host the simulator state (loaded driver, GPU
+    settings), the installed NVIDIA/CUDA packages and their holds, the boot-time power unit and
+    the container's boot (no reboot); Slurm's state and reason of every node."""
+    seen: dict[str, Any] = {}
+    for host in c.hosts:
+        out = c.ssh(
+            host,
+            "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-*' 'cuda-*'; echo --; apt-mark showhold; "
+            f"echo --; {nspawn_hosts.BOOT_TIME_COMMAND}; "
+            "test -e /etc/systemd/system/fleetops-gpu-power.service && echo unit || echo no-unit",
+        ).stdout
+        packages, holds, tail = out.split("--\n")
+        seen[host.name] = {
+            "state": c.state(host.name),
+            "packages": sorted(packages.split()),
+            "holds": sorted(holds.split()),
+            "boot_and_unit": tail.split(),
+        }
+    if c.slurm:
+        seen["slurm"] = {n: c.slurm.show(n) for n in NODES}
+    return seen
+
+
+def _sections(out: str, what: str) -> list[tuple[str, list[str]]]:
+    """The run's plays in order, each with the nodes whose CHANGED line for ``what`` it printed."""
+    sections: list[tuple[str, list[str]]] = []
+    for line in out.splitlines():
+        if line.startswith("PLAY "):
+            sections.append((line[5:], []))
+        elif f" CHANGED     {what}" in line:
+            sections[-1][1].append(line.split()[2])
+    return sections
+
+
+def test_the_installed_wheel_checks_power_and_the_driver_rollout_and_changes_nothing(
+    cluster, wheel_venv: WheelVenv
+) -> None:
+    """The wheel's own `fleetops` (a fresh venv, no checkout on its path, the collection inside the
+    installed package) runs `apply power --check` and `rollout driver --check` on these hosts:
+    every node reported with what would change, the canary before the batches, nothing changed."""
+    before = _untouched(cluster)
+    artifacts = wheel_venv.base / "realistic-artifacts"
+    inventory = str(cluster.inventory)
+    with _timed("wheel_checks_s"):
+        power = wheel_venv.fleetops(
+            "apply", "power", "-i", inventory, "--check", "--artifacts", str(artifacts / "power")
+        )
+        rollout = wheel_venv.fleetops(
+            "rollout", "driver", "--version", NEW, "--batch", "1", "--check",
+            "-i", inventory, "--artifacts", str(artifacts / "rollout"),
+        )  # fmt: skip
+    out = power.stdout
+    assert power.returncode == 0, out[-4000:] + power.stderr[-2000:]
+    assert out.startswith("CHECK (nothing is changed): enforce and persist GPU power caps"), out[:500]
+    every_gpu = ", ".join(f"{i}: 700 W" for i in range(8))
+    caps = {
+        line.split()[2]: line.split("Set the GPU power cap: ", 1)[1]
+        for line in out.splitlines()
+        if " CHANGED     gpu_power : Set the GPU power cap: " in line
+    }
+    assert caps == {n: f"power {CAP_W} W: would change 8 of 8 GPUs ({every_gpu})" for n in NODES}, out
+    units = _sections(out, "gpu_power : Install the boot-time power cap unit")
+    assert [(play, sorted(nodes)) for play, nodes in units] == [("Enforce GPU power caps", NODES)], out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("node1")]
+    assert rows == [[n, "changed"] for n in NODES], out
+
+    out = rollout.stdout
+    assert rollout.returncode == 0, out[-6000:] + rollout.stderr[-2000:]
+    assert out.startswith(f"CHECK (nothing is changed): roll out NVIDIA driver {NEW} "), out[:500]
+    plan = "Name the driver and packages the node moves to: "
+    planned = {line.split()[2]: line.split(plan, 1)[1] for line in out.splitlines() if plan in line}
+    assert planned == {
+        n: f"would install driver {NEW} (loaded: {OLD}); package nvidia-driver-580-server is {OLD}-0ubuntu1, "
+        f"expected {NEW}; package nvidia-fabricmanager-580 is {OLD}-1, expected {NEW}"
+        for n in NODES
+    }, out
+    # the canary alone first, then the rest one node per batch (--batch 1), in name order
+    assert _sections(out, "Name the driver") == [
+        ("Pick the canary batch", []),
+        ("Upgrade the canary batch", ["node101"]),
+        ("Upgrade the rest in batches", ["node102"]),
+        ("Upgrade the rest in batches", ["node103"]),
+    ], out
+    if cluster.slurm:
+        drain = "slurm_drain : Set the node's Slurm drain state: "
+        drains = [line.split(drain, 1)[1] for line in out.splitlines() if drain in line]
+        assert drains == [f"{n} would be drained (is IDLE)" for n in NODES], out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("node1")]
+    assert rows == [[n, "changed"] for n in NODES], out
+    assert "FAILED" not in out and "NOT REACHED" not in out, out
+
+    assert _untouched(cluster) == before
+
+    # every task ran from the collection inside the venv's installed fleetops
+    root = wheel_venv.python("from fleetops.rollout import runner; print(runner.ansible_dir())").strip()
+    assert wheel_venv.under_venv(root)
+    assert root.endswith("/fleetops/collections/ansible_collections/fleetops/gpu"), root
+    events = WheelVenv.events(artifacts / "power") + WheelVenv.events(artifacts / "rollout")
+    paths = {e["event_data"]["task_path"].rsplit(":", 1)[0] for e in events if e["event_data"].get("task_path")}
+    assert paths and [p for p in paths if not p.startswith(root + "/")] == [], sorted(paths)
+    actions = ("fleetops.gpu.fleetops_gpu_set", "fleetops.gpu.fleetops_gpu_facts", "ansible.builtin.apt")
+    ran = {
+        action: sorted(
+            {
+                e["event_data"]["host"]
+                for e in events
+                if e["event"] == "runner_on_ok" and e["event_data"].get("resolved_action") == action
+            }
+        )
+        for action in actions
+    }
+    assert ran == dict.fromkeys(ran, NODES), ran
+
+
 def _units_log(c, units: tuple[str, ...]) -> str:
     """Each host's journal of ``units`` this boot and its state's caps: what a failure needs
     to be told apart (the cap never set, set then undone, or the unit failing)."""
@@ -178,17 +295,6 @@ def test_power_caps_set_the_cap_and_enable_the_boot_unit(cluster) -> None:
         assert (
             cluster.ssh(host, "systemctl is-enabled fleetops-gpu-power.service").stdout.strip() == "enabled"
         )
-
-
-def test_rollout_check_mode_reports_every_node_and_changes_nothing(cluster) -> None:
-    before = {n: cluster.state(n) for n in NODES}
-    code, out = _cli(cluster, "rollout", "driver", "--version", NEW, "--batch", "1", "--check")
-    assert code == 0, out
-    assert all(f"{n}  changed" in out for n in NODES), out
-    after = {n: cluster.state(n) for n in NODES}
-    assert after == before
-    held = cluster.ssh(cluster.hosts[0], "dpkg-query -W -f '${Version}' nvidia-driver-580-server").stdout
-    assert held == f"{OLD}-0ubuntu1"
 
 
 def test_rollout_stops_at_a_host_whose_driver_fails_to_load_and_leaves_it_drained(cluster) -> None:
