@@ -66,6 +66,34 @@ def mad(values: Iterable[float]) -> float:
     return float(statistics.median(abs(v - med) for v in vals))
 
 
+class Peers:
+    """The steady figures one comparison group holds (a model's GPUs for a metric, a model's P2P
+    pairs, the nodes that ran one all_reduce shape), with their median and MAD computed once
+    however many figures are judged against them: recomputed per figure, a 1000-node fleet's
+    56,000 P2P pairs each sorted the 56,000 (bench/validate_judge.py)."""
+
+    __slots__ = ("values", "_stats")
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._stats: tuple[float, float] | None = None
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._stats = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def median_and_mad(self) -> tuple[float, float]:
+        if self._stats is None:
+            self._stats = (float(statistics.median(self.values)), mad(self.values))
+        return self._stats
+
+
+NO_PEERS = Peers()
+
+
 def summarize(samples: list[float]) -> dict[str, float]:
     """Median and spread of the kept repeats (warm-up already dropped by the caller)."""
     return {
@@ -95,11 +123,11 @@ def judge(
 
     The fleet median is taken per model over the GPUs whose test reached steady state, so one
     noisy GPU cannot drag its peers' reference."""
-    by_model: dict[tuple[str | None, str], list[float]] = {}
+    by_model: dict[tuple[str | None, str], Peers] = {}
     for g in gpus:
         for metric, stat in (g.get("tests") or {}).items():
             if isinstance(stat, Mapping) and "median" in stat and steady(stat, max_spread):
-                by_model.setdefault((g.get("name"), metric), []).append(float(stat["median"]))
+                by_model.setdefault((g.get("name"), metric), Peers()).add(float(stat["median"]))
 
     out: list[GpuVerdict] = []
     for g in gpus:
@@ -130,7 +158,7 @@ def judge(
                 v = Verdict(host, uuid, metric, "unknown", med,
                             f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
             else:
-                v = _judge_value(host, uuid, metric, stat, floors, by_model.get((name, metric), []), k, pct)
+                v = _judge_value(host, uuid, metric, stat, floors, by_model.get((name, metric), NO_PEERS), k, pct)
             gv.verdicts.append(v)
             gv.status = _worse(gv.status, v.status)
         out.append(gv)
@@ -152,13 +180,13 @@ def _judge_outcome(host: str, uuid: str, metric: str, stat: Mapping[str, Any]) -
 
 
 def _judge_value(host: str, uuid: str, metric: str, stat: Mapping[str, Any], floors: Any,
-                 peers: list[float], k: float, pct: float) -> Verdict:
+                 peers: Peers, k: float, pct: float) -> Verdict:
     floor = floors.metric(metric) if floors is not None else None
     return _against(host, uuid, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
 def _against(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None, model: str,
-             peers: list[float], k: float, pct: float) -> Verdict:
+             peers: Peers, k: float, pct: float) -> Verdict:
     """The one rule for a steady figure: below the floor is crit, below the peers' median by
     more than max(k x MAD, pct x median) is a straggler (warn).
 
@@ -169,8 +197,8 @@ def _against(host: str, label: str, metric: str, stat: Mapping[str, Any], floor:
     if floor is not None and value < floor:
         return Verdict(host, label, metric, "crit", value, f"{value:.1f} below the {model} floor {floor:.1f}")
     if len(peers) >= 3:
-        ref = float(statistics.median(peers))
-        margin = max(k * mad(peers), pct * ref)
+        ref, spread = peers.median_and_mad()
+        margin = max(k * spread, pct * ref)
         line = ref - margin
         if value < line:
             best = float(stat.get("max", value))
@@ -254,17 +282,17 @@ def judge_nodes(
     floor that fits its GPU count, algorithm and message size, and the straggler rule across
     the nodes that ran the same shape. A node with one GPU has neither test: that is a note,
     not a finding."""
-    pair_peers: dict[tuple[str | None, str], list[float]] = {}
-    ar_peers: dict[tuple[str | None, tuple[int, str, int]], list[float]] = {}
+    pair_peers: dict[tuple[str | None, str], Peers] = {}
+    ar_peers: dict[tuple[str | None, tuple[int, str, int]], Peers] = {}
     for doc in nodes:
         model = _node_model(doc)
         for metric, _label, stat in _pair_entries(doc):
             if "median" in stat and steady(stat, max_spread):
-                pair_peers.setdefault((model, metric), []).append(float(stat["median"]))
+                pair_peers.setdefault((model, metric), Peers()).add(float(stat["median"]))
         ar = (doc.get("node") or {}).get("allreduce") or {}
         ar_stat = ar.get("allreduce_busbw_gbps")
         if isinstance(ar_stat, Mapping) and "median" in ar_stat and steady(ar_stat, max_spread):
-            ar_peers.setdefault((model, _allreduce_shape(ar)), []).append(float(ar_stat["median"]))
+            ar_peers.setdefault((model, _allreduce_shape(ar)), Peers()).add(float(ar_stat["median"]))
 
     out: list[NodeVerdict] = []
     for doc in nodes:
@@ -283,7 +311,7 @@ def judge_nodes(
                 nv.status = _worse(nv.status, v.status)
         for metric, label, stat in _pair_entries(doc):
             floor = floors.metric(metric) if floors is not None and metric == "p2p_gbps" else None
-            v = _node_value(host, label, metric, stat, floor, floors, pair_peers.get((model, metric), []),
+            v = _node_value(host, label, metric, stat, floor, floors, pair_peers.get((model, metric), NO_PEERS),
                             k, pct, max_spread)
             nv.verdicts.append(v)
             nv.status = _worse(nv.status, v.status)
@@ -296,7 +324,7 @@ def judge_nodes(
                 nv.notes.append(f"allreduce: no shipped floor for {shape[0]} GPUs, algorithm {shape[1]}, "
                                 f"{shape[2] >> 20} MiB: judged against its fleet peers only")
             v = _node_value(host, f"{shape[0]} GPUs {shape[1]} {shape[2] >> 20} MiB", "allreduce_busbw_gbps",
-                            ar_stat, fl.busbw_gbps if fl else None, floors, ar_peers.get((model, shape), []),
+                            ar_stat, fl.busbw_gbps if fl else None, floors, ar_peers.get((model, shape), NO_PEERS),
                             k, pct, max_spread)
             nv.verdicts.append(v)
             nv.status = _worse(nv.status, v.status)
@@ -305,7 +333,7 @@ def judge_nodes(
 
 
 def _node_value(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None,
-                floors: ModelFloors | None, peers: list[float], k: float, pct: float,
+                floors: ModelFloors | None, peers: Peers, k: float, pct: float,
                 max_spread: float) -> Verdict:
     if "median" not in stat:
         return Verdict(host, label, metric, "unknown", None, str(stat.get("error", "no figure")))

@@ -144,3 +144,15 @@ def test_node_pair_straddling_the_straggler_line_is_unknown() -> None:
            "node": {"p2p": {"pairs": [*steady_pairs, pair(4, _stat(368.0, 350.0, 400.0))]}}}
     found = {f["gpu"]: f["status"] for f in judge_nodes([doc])[0].to_dict()["findings"]}
     assert found == {"G4->G5": "unknown"}
+
+
+def test_peers_median_and_mad_follow_every_added_figure() -> None:
+    from fleetops.validation.judge import Peers
+
+    peers = Peers()
+    for v in (10.0, 12.0, 11.0):
+        peers.add(v)
+    assert peers.median_and_mad() == (11.0, 1.0)
+    peers.add(30.0)  # a figure added after a judgement is not judged against the old median
+    assert peers.median_and_mad() == (11.5, 1.0)
+    assert len(peers) == 4
