@@ -58,3 +58,54 @@ def test_quick_warm_up_goes_on_to_its_least_time_when_settled_at_once() -> None:
 def test_no_warm_up_time_runs_no_batch() -> None:
     gpu = Script([0.01])
     assert levels.warm_up(gpu.batch, levels.UNTIMED_WARMUP, gpu.clock) == 0
+
+
+class Recorder:
+    """A telemetry window and a GPU that write what happens, in order, to one list."""
+
+    def __init__(self, call_s: float) -> None:
+        self.events: list[str] = []
+        self.call_s = call_s
+
+    def begin(self, test: str) -> None:
+        self.events.append(f"begin {test}")
+
+    def end(self) -> None:
+        self.events.append("end")
+
+    def first(self) -> None:
+        self.events.append("first")
+
+    def elapsed(self, calls: int) -> float:
+        self.events.append(f"batch {calls}")
+        return calls * self.call_s
+
+
+def test_time_repeats_samples_from_before_the_first_call_to_after_the_last_batch() -> None:
+    gpu = Recorder(0.001)
+    per_call = levels.time_repeats(gpu.elapsed, gpu.first, 3, 5, gpu, "gemm_bf16_tflops", levels.UNTIMED_WARMUP)
+    assert per_call == [0.001] * 3
+    assert gpu.events == ["begin gemm_bf16_tflops", "first", "batch 5", "batch 5", "batch 5", "end"]
+
+
+def test_time_repeats_makes_each_full_level_repeat_last_its_least_time() -> None:
+    gpu = Recorder(0.004)  # a 4 ms call: 0.3 s of GEMM is 75 calls a repeat
+    timing = levels.Timing(warmup_s=0.0, repeat_s=0.3)
+    per_call = levels.time_repeats(gpu.elapsed, gpu.first, 2, 5, None, "x", timing)
+    assert gpu.events == ["first", "batch 1", "batch 75", "batch 75"]
+    assert per_call == [0.004, 0.004]
+
+
+def test_time_repeats_ends_the_window_when_the_gpu_fails() -> None:
+    gpu = Recorder(0.001)
+
+    def broken(calls: int) -> float:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    try:
+        levels.time_repeats(broken, gpu.first, 3, 1, gpu, "hbm_copy_gbps", levels.UNTIMED_WARMUP)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the GPU's error was swallowed")
+    assert gpu.events == ["begin hbm_copy_gbps", "first", "end"]

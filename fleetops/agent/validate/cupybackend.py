@@ -3,7 +3,6 @@ the GEMM tests are fp16 and fp32 and say so by their names."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fleetops.agent.validate import levels
@@ -63,18 +62,11 @@ def _time(
         end.synchronize()
         return float(cupy.cuda.get_elapsed_time(start, end)) / 1000.0
 
-    if window is not None:
-        window.begin(test)
-    try:
+    def first() -> None:
         fn()
         cupy.cuda.Device().synchronize()
-        if timing.repeat_s > 0:
-            inner = max(inner, math.ceil(timing.repeat_s / max(elapsed(1), 1e-6)))
-        levels.warm_up(lambda: elapsed(inner), timing)
-        return [elapsed(inner) / inner for _ in range(repeats)]
-    finally:
-        if window is not None:
-            window.end()
+
+    return levels.time_repeats(elapsed, first, repeats, inner, window, test, timing)
 
 
 _STREAM_SOURCE = r"""

@@ -13,9 +13,10 @@ last at least ``repeat_s``. Eight GPUs one after the other stay within each leve
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 KINDS = ("hbm", "gemm", "copy")
 WARMUP_S = {
@@ -64,3 +65,25 @@ def warm_up(batch: Callable[[], float], timing: Timing, clock: Callable[[], floa
         ):
             break
     return runs
+
+
+def time_repeats(
+    elapsed: Callable[[int], float], first: Callable[[], None], repeats: int, inner: int, window: Any, test: str,
+    timing: Timing,
+) -> list[float]:
+    """The backends' one timing rule: ``first()`` (one call, synchronised), the warm-up, then
+    ``repeats`` timed batches of ``inner`` calls, or of as many as last ``timing.repeat_s``;
+    ``elapsed(calls)`` runs a batch and gives its seconds on the GPU's own clock. ``window`` (a
+    ``telemetry.Window``) samples the GPU from before the first call until the last batch ended,
+    as ``test``. Seconds per call, one per repeat."""
+    if window is not None:
+        window.begin(test)
+    try:
+        first()
+        if timing.repeat_s > 0:
+            inner = max(inner, math.ceil(timing.repeat_s / max(elapsed(1), 1e-6)))
+        warm_up(lambda: elapsed(inner), timing)
+        return [elapsed(inner) / inner for _ in range(repeats)]
+    finally:
+        if window is not None:
+            window.end()
