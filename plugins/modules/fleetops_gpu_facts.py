@@ -62,7 +62,7 @@ options:
     default: false
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""

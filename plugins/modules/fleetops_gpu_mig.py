@@ -55,7 +55,7 @@ options:
     default: true
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -49,7 +49,7 @@ options:
     default: 120
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -48,7 +48,7 @@ options:
     description: Seconds an nvfwupd call may take.
     type: int
     default: 7200
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""

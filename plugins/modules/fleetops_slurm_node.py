@@ -55,7 +55,7 @@ options:
     description: Fail when scontrol is missing instead of reporting managed=false.
     type: bool
     default: false
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
