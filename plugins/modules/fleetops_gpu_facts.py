@@ -94,7 +94,7 @@ findings:
 mismatches:
   description:
     - The findings of the checks the O(expect) keys ask for (and values they need that could not be read),
-      then one entry per package that differs from O(expect.packages) (check C(package)).
+      then one entry per package that differs from the C(packages) key of O(expect) (check C(package)).
   returned: always
   type: list
   elements: dict
