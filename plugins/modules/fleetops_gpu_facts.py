@@ -274,7 +274,7 @@ def mismatches_of(findings, expect):
         if check in asked:
             out.append(f)
         elif check.endswith(".unreadable") and isinstance(f.get("observed"), dict):
-            if any(str(name).split("[")[0] in fields for name in f["observed"]):
+            if any(str(name).split("[", 1)[0] in fields for name in f["observed"]):
                 out.append(f)
     return out
 
