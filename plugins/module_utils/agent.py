@@ -110,5 +110,3 @@ def fail_from(module, exc, **extra):
 
 def gpu_label(gpu):
     return "GPU %s %s %s" % (gpu.get("index"), gpu.get("uuid"), gpu.get("bus_id"))
-
-

@@ -62,7 +62,7 @@ options:
     default: false
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -94,7 +94,7 @@ findings:
 mismatches:
   description:
     - The findings of the checks the O(expect) keys ask for (and values they need that could not be read),
-      then one entry per package that differs from O(expect.packages) (check C(package)).
+      then one entry per package that differs from the C(packages) key of O(expect) (check C(package)).
   returned: always
   type: list
   elements: dict
@@ -274,7 +274,7 @@ def mismatches_of(findings, expect):
         if check in asked:
             out.append(f)
         elif check.endswith(".unreadable") and isinstance(f.get("observed"), dict):
-            if any(str(name).split("[")[0] in fields for name in f["observed"]):
+            if any(str(name).split("[", 1)[0] in fields for name in f["observed"]):
                 out.append(f)
     return out
 

@@ -55,7 +55,7 @@ options:
     default: true
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -275,9 +275,12 @@ def main():
         gpus=gpus,
         changed_gpus=[g.get("uuid") for g in changing] if not refused_docs else [],
         refused=bool(refused_docs),
-        result=bad[0].get("result") if bad else (docs[0].get("result") if len(docs) == 1 else
-                                                   ("applied" if any(d.get("changed") for d in docs) else
-                                                    "would-change" if changing else "unchanged")),
+        result=bad[0].get("result") if bad else (
+            docs[0].get("result") if len(docs) == 1
+            else "applied" if any(d.get("changed") for d in docs)
+            else "would-change" if changing
+            else "unchanged"
+        ),
         reset_required=[g.get("uuid") for g in gpus if g.get("status") == "mode-pending"
                         or (g.get("reset_report") or {}).get("result") in ("refused", "error")],
         reset_gpus=[g.get("uuid") for g in gpus if _resets(g, module.check_mode)],

@@ -13,7 +13,7 @@ description:
     systems, the GPU clients it stops and restarts), resets the GPU, and verifies it came back healthy.
   - A refusal fails the task with the agent's remedy (reboot the node, drain and inspect, reset the
     peer set, ...).
-  - In check mode the agent runs with C(--dry-run): it evaluates every precondition and changes nothing.
+  - In check mode the agent runs with C(--dry-run); it evaluates every precondition and changes nothing.
 options:
   gpu:
     description: The GPU's UUID or PCI bus id. Never an index (indices change when a GPU falls off the bus).
@@ -49,7 +49,7 @@ options:
     default: 120
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""

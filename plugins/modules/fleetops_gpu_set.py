@@ -44,7 +44,7 @@ options:
     default: {}
 extends_documentation_fragment:
   - fleetops.gpu.agent
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -250,7 +250,7 @@ def main():
             snapshot = run_agent(module, ["collect", "--fresh", "--json"] + backend_args(module))
         except AgentError as exc:
             fail_from(module, exc, **result)
-        _, enforced_field = VERIFY_FIELD[setting]
+        enforced_field = VERIFY_FIELD[setting][1]
         by_uuid = {g.get("uuid"): g for g in snapshot.get("gpus") or []}
         wrong = []
         for gpu in gpus:

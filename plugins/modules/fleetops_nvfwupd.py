@@ -48,7 +48,7 @@ options:
     description: Seconds an nvfwupd call may take.
     type: int
     default: 7200
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -177,7 +177,7 @@ def main():
         except ValueError as exc:
             module.fail_json(msg=str(exc), stdout=out[-2000:])
 
-    _, devices = show()
+    devices = show()[1]
     # A device the package carries no image for ("Pkg Version": "N/A") cannot be updated from it.
     outdated = [d["name"] for d in devices if d["in_package"] and not d["up_to_date"]]
     activation = sorted({activation_for(name, params["activation"]) for name in outdated})
@@ -214,7 +214,7 @@ def main():
         module.fail_json(
             msg="nvfwupd update_fw failed (exit %d): %s" % (rc, (err or out).strip()[-1000:]), **result
         )
-    _, after = show()
+    after = show()[1]
     still = [d["name"] for d in after if d["name"] in outdated and not d["up_to_date"]]
     result["devices_after"] = after
     # Many devices report their new version only after activation: list them, do not guess.

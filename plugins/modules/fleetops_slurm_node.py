@@ -55,7 +55,7 @@ options:
     description: Fail when scontrol is missing instead of reporting managed=false.
     type: bool
     default: false
-author: fleetops
+author: fleetops (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -266,7 +266,7 @@ def main():
             deadline = time.time() + params["wait_timeout"]
             current = state
             while True:
-                current, _ = node.show()
+                current = node.show()[0]
                 if not is_busy(current):
                     break
                 if time.time() > deadline:
