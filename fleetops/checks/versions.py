@@ -73,6 +73,20 @@ def fabric_manager_version(node: model.Node) -> str | None:
     return None
 
 
+_PIN_BOUNDARY = "-~+:"
+
+
+def package_version_matches(installed: str, pinned: str) -> bool:
+    """Whether an installed package version is the one a baseline pins: the same text, or the
+    pin followed by a revision (``-``, Debian's ``~`` and ``+``) or, after an epoch pin, its
+    version (``:``). ``580.159.04`` matches ``580.159.04-0ubuntu1`` and ``580.159.04-1``, not
+    ``580.159.041`` or ``3:580.159.04-1.el9`` (pin ``3:580.159.04`` for that); ``580.159``
+    matches no ``580.159.04`` (a pin is a whole upstream version, not a prefix of one)."""
+    if installed == pinned:
+        return True
+    return installed.startswith(pinned) and installed[len(pinned)] in _PIN_BOUNDARY
+
+
 def driver_package_versions(node: model.Node) -> dict[str, str]:
     """Installed driver packages (name -> upstream version). Only versions shaped like a driver
     release (``580.159.04``) count: helper packages (``nvidia-driver-assistant`` 0.x) do not."""
@@ -249,6 +263,19 @@ SPECS = (
         applies=lambda n, b: b is not None and b.driver.flavour == DATACENTER,
     ),
     CheckSpec(
+        "versions.packages", FAMILY, "Pinned packages installed at their versions",
+        reads="installed NVIDIA/CUDA packages and their versions (dpkg's status file, or rpm)",
+        threshold="every package of packages is installed at its pinned version: the version itself, or it "
+        "followed by a package revision (580.159.04 matches 580.159.04-0ubuntu1 and 580.159.04-1; "
+        "3:580.159.04 matches 3:580.159.04-1.el9; 580.159 matches no 580.159.04)",
+        severities=("warn",),
+        action=f"Install the pinned package versions and hold them: {CMD_ROLLOUT_DRIVER}.",
+        not_a_fault="Packages the node could not list (no dpkg status file and no rpm) are unknown, not "
+        "missing.",
+        requires="packages",
+        applies=lambda n, b: b is not None and bool(b.packages),
+    ),
+    CheckSpec(
         "versions.gpu_model", FAMILY, "GPU model known to the baseline",
         reads="nvmlDeviceGetName",
         threshold="every GPU's model is a key of gpu_models (when gpu_models is set)",
@@ -270,6 +297,7 @@ def run(ctx: Context) -> None:
         _fabric_manager_vs_baseline(ctx, b)
         _driver_branch(ctx, b)
         _driver_flavour(ctx, b)
+        _packages(ctx, b)
     _fabric_manager_match(ctx, driver)
     _driver_package(ctx, driver)
 
@@ -387,6 +415,25 @@ def _driver_flavour(ctx: Context, b: Baseline) -> None:
             expected=DATACENTER,
             action=f"Replace it with the data center flavour of the branch ({server} on Ubuntu, or NVIDIA's "
             f"repository), then reboot: {CMD_ROLLOUT_DRIVER}.")
+
+
+def _packages(ctx: Context, b: Baseline) -> None:
+    """One finding per pinned package that is missing or at another version. An empty package
+    list the agent read is a node with none installed; one it could not read is unknown."""
+    if not b.packages:
+        return
+    reason = ctx.node.unavailable.get("packages")
+    if reason is not None:
+        ctx.unreadable(FAMILY, "packages", reason, "node")
+        return
+    for name, pinned in sorted(b.packages.items()):
+        have = ctx.node.packages.get(name)
+        if have is not None and package_version_matches(have, pinned):
+            continue
+        ctx.add("versions.packages", "warn",
+                f"package {name} is {have or 'not installed'}, expected {pinned}",
+                observed={name: have}, expected={name: pinned},
+                action=f"Install {name} {pinned} and hold it: {CMD_ROLLOUT_DRIVER}.")
 
 
 def _fabric_manager_match(ctx: Context, driver: str | None) -> None:
