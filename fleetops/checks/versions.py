@@ -1,7 +1,8 @@
 """Versions: driver, CUDA, VBIOS and InfoROM per GPU model, Fabric Manager; per node against
 the baseline, and across the fleet against the majority for what the baseline does not pin.
 The driver's branch and flavour: a data center branch the baseline allows, installed from a
-data center package (Ubuntu's ``-server`` packages, NVIDIA's repository), never a consumer one."""
+data center package (Ubuntu's ``-server`` packages, NVIDIA's repository), never a consumer one.
+Pinned packages at their versions (``packages``), with the one rule a pin matches a version by."""
 
 from __future__ import annotations
 
