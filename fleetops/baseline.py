@@ -9,8 +9,9 @@ Layering: in an inventory, group baselines layer from parent to child. The host'
 name: a parent before its children), then the host itself; at each level the inventory file's
 inline vars come before its ``group_vars``/``host_vars`` files. ``layer`` merges them in that
 order: keys a later level sets win, mappings (``thresholds``, ``mig``, ``pcie``, ``gpu_models``
-and each model) merge key by key, lists (``services``, ``stray_process_allowlist``) replace,
-and an explicit ``null`` unsets the key for that level's hosts. Each layer is validated on its
+and each model, ``packages``) merge key by key, lists (``services``,
+``stray_process_allowlist``) replace, and an explicit ``null`` unsets the key for that level's
+hosts. Each layer is validated on its
 own (errors name its file and line); rules that relate two keys (warn below crit) are checked
 on the merged result and blame the most specific level. The result remembers which level set
 each key (``Baseline.level_of``), which ``fleetops baseline show`` prints. Ansible itself
@@ -74,6 +75,7 @@ T_INT_LIST = "list of integers"
 T_MAP = "mapping"
 T_MAP_OF = "mapping of GPU model name to mapping"  # gpu_models: free keys, fixed sub-keys
 T_MAP_OF_XID = "mapping of XID code to mapping"  # xid_policy: codes as keys, fixed sub-keys
+T_MAP_OF_VERSION = "mapping of package name to version"  # packages: free keys, string values
 
 
 @dataclass(frozen=True)
@@ -245,15 +247,28 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "Which NVIDIA drivers the nodes may run: the allowed branches and the package flavour.",
               {"branches": [535, 550, 570, 580], "flavour": "datacenter"}),
     SchemaKey("driver.branches", T_INT_LIST, None,
-              "Driver branches allowed (the major number of the loaded driver: 580.159.04 is branch "
-              "580). Use the data center branches NVIDIA supports for the GPUs (production and "
-              "long-term support branches).", [535, 550, 570, 580]),
+              "Driver branches allowed: the branch NVML names for the loaded driver (r580_00 is "
+              "branch 580) where the driver reports one, else the driver's major number (580.159.04 "
+              "is branch 580). Use the data center branches NVIDIA supports for the GPUs (production "
+              "and long-term support branches).", [535, 550, 570, 580]),
     SchemaKey("driver.flavour", T_STR, None,
               "datacenter: the installed driver packages must be a data center flavour (Ubuntu's "
               "-server packages, or packages from NVIDIA's repository such as cuda-drivers and "
               "nvidia-open); a consumer package (Ubuntu's nvidia-driver-<branch> without -server, "
               "RPM Fusion's akmod-nvidia) is reported. any: not checked.", "datacenter",
               choices=("datacenter", "any")),
+    SchemaKey("packages", T_MAP_OF_VERSION, None,
+              "Packages every node must have installed, each at its pinned version (versions.packages): "
+              "the version as the package manager lists it, or its upstream part, which matches any "
+              "package revision (580.159.04 matches 580.159.04-0ubuntu1 and 580.159.04-1, not "
+              "580.159.041; 580.159 matches no 580.159.04). An epoch is part of the pin "
+              "(3:580.159.04 for 3:580.159.04-1.el9). The agent lists NVIDIA's packages only (names "
+              "starting nvidia-, cuda-, libnvidia-, kmod-nvidia, ...): a pin on another package is "
+              "reported as not installed.",
+              {"nvidia-driver-580-server": "580.159.04", "nvidia-fabricmanager-580": "580.159.04"}),
+    SchemaKey("packages.*", T_STR, None,
+              "One package, keyed by its name as dpkg or rpm lists it: its pinned version. " + _VERSION_HINT,
+              "580.159.04", pattern=r"\S+"),
     # --- validation (fleetops validate): floors overrides and what the audit requires ---
     SchemaKey("validation", T_MAP, None,
               "Performance validation (fleetops validate): floor overrides per GPU model, and "
@@ -366,7 +381,7 @@ def _json_keys(value: Any) -> Any:
 def _json_key(key: SchemaKey) -> dict[str, Any]:
     out: dict[str, Any] = {"description": key.description}
     children = _children(key.path)
-    if key.type in (T_MAP, T_MAP_OF, T_MAP_OF_XID) or children:
+    if key.type in (T_MAP, T_MAP_OF, T_MAP_OF_XID, T_MAP_OF_VERSION) or children:
         out["type"] = "object"
         if key.type == T_MAP_OF_XID:  # keys are XID codes; JSON (and YAML tooling) sees them as text
             out["propertyNames"] = {"pattern": "^[1-9][0-9]*$"}
@@ -557,6 +572,7 @@ class Baseline:
     stray_process_allowlist: tuple[str, ...] | None = None
     services: tuple[str, ...] = (SERVICE_PERSISTENCED,)
     driver: DriverBaseline = field(default_factory=DriverBaseline)
+    packages: Mapping[str, str] = field(default_factory=dict)  # name -> pinned version
     thresholds: Thresholds = field(default_factory=Thresholds)
     xid_policy: Mapping[int, _xid.XidPolicy] = field(default_factory=dict)
     validation: ValidationBaseline = field(default_factory=ValidationBaseline)
@@ -766,8 +782,8 @@ class _Validator:
                 return None
             self.fail(shown, f"expected {spec.type}, got null (this key cannot be unset)", line)
         t = spec.type
-        if t in (T_MAP, T_MAP_OF, T_MAP_OF_XID) or schema_path.endswith("*"):
-            # gpu_models (free keys) and each of its models, mig, pcie, thresholds
+        if t in (T_MAP, T_MAP_OF, T_MAP_OF_XID, T_MAP_OF_VERSION):
+            # gpu_models and packages (free keys), each model, mig, pcie, thresholds
             return self.mapping(value, schema_path, shown, _mapping_line(value) or line)
         if t == T_STR:
             if not isinstance(value, str):
@@ -906,6 +922,7 @@ def _build(
         stray_process_allowlist=tuple(allow) if allow is not None else None,
         services=services,
         driver=driver,
+        packages={name: v for name, v in (raw.get("packages") or {}).items() if v is not None},
         thresholds=thresholds,
         xid_policy=policy,
         validation=_validation(raw.get("validation")),
@@ -1072,7 +1089,7 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 
 def merge(base: Baseline, override: Baseline) -> Baseline:
     """Layer ``override`` (a more specific group) over ``base``: keys ``override`` sets win,
-    mappings (thresholds, mig, pcie, gpu_models and each model) merge key by key, lists
+    mappings (thresholds, mig, pcie, gpu_models and each model, packages) merge key by key, lists
     replace, and an explicit ``null`` unsets. Defaults never override explicit values."""
     raw = _deep_merge(_plain(base.raw), _plain(override.raw))
     origins = {**base.origins, **override.origins}

@@ -1,7 +1,8 @@
 """Versions: driver, CUDA, VBIOS and InfoROM per GPU model, Fabric Manager; per node against
 the baseline, and across the fleet against the majority for what the baseline does not pin.
 The driver's branch and flavour: a data center branch the baseline allows, installed from a
-data center package (Ubuntu's ``-server`` packages, NVIDIA's repository), never a consumer one."""
+data center package (Ubuntu's ``-server`` packages, NVIDIA's repository), never a consumer one.
+Pinned packages at their versions (``packages``), with the one rule a pin matches a version by."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def fabric_manager_version(node: model.Node) -> str | None:
     return None
 
 
+_PIN_BOUNDARY = "-~+:"
+
+
+def package_version_matches(installed: str, pinned: str) -> bool:
+    """Whether an installed package version is the one a baseline pins: the same text, or the
+    pin followed by a revision (``-``, Debian's ``~`` and ``+``) or, after an epoch pin, its
+    version (``:``). ``580.159.04`` matches ``580.159.04-0ubuntu1`` and ``580.159.04-1``, not
+    ``580.159.041`` or ``3:580.159.04-1.el9`` (pin ``3:580.159.04`` for that); ``580.159``
+    matches no ``580.159.04`` (a pin is a whole upstream version, not a prefix of one)."""
+    if installed == pinned:
+        return True
+    return installed.startswith(pinned) and installed[len(pinned)] in _PIN_BOUNDARY
+
+
 def driver_package_versions(node: model.Node) -> dict[str, str]:
     """Installed driver packages (name -> upstream version). Only versions shaped like a driver
     release (``580.159.04``) count: helper packages (``nvidia-driver-assistant`` 0.x) do not."""
@@ -92,6 +107,30 @@ def driver_branch(version: str | None) -> int | None:
         return None
     head = version.strip().split(".", 1)[0]
     return int(head) if head.isdigit() else None
+
+
+_NVML_BRANCH_RE = re.compile(r"(?<!\d)(\d{3,4})(?!\d)")
+
+
+def nvml_branch_number(branch: str | None) -> int | None:
+    """NVML's branch name -> its number: ``r580_00`` -> 580, ``580`` -> 580; None when the
+    name holds no three- or four-digit number."""
+    m = _NVML_BRANCH_RE.search(branch or "")
+    return int(m.group(1)) if m else None
+
+
+BRANCH_FROM_NVML = "nvmlSystemGetDriverBranch"
+BRANCH_FROM_VERSION = "driver_version"
+
+
+def loaded_branch(node: model.Node) -> tuple[int | None, str, str | None]:
+    """The loaded driver's branch, where it came from and what that source said: NVML's own
+    branch where the snapshot has one with a number (``(580, BRANCH_FROM_NVML, "r580_00")``),
+    else the driver version's major number (``(580, BRANCH_FROM_VERSION, "580.159.04")``)."""
+    number = nvml_branch_number(node.driver_branch)
+    if number is not None:
+        return number, BRANCH_FROM_NVML, node.driver_branch
+    return driver_branch(node.driver_version), BRANCH_FROM_VERSION, node.driver_version
 
 
 def package_flavour(name: str, origin: str | None) -> tuple[str | None, str] | None:
@@ -202,8 +241,8 @@ SPECS = (
     ),
     CheckSpec(
         "versions.driver_branch", FAMILY, "Driver branch allowed",
-        reads="nvmlSystemGetDriverVersion: the branch is its major number (580.159.04 is branch 580, "
-        "as on the real H200)",
+        reads="nvmlSystemGetDriverBranch where the driver and nvidia-ml-py have it (r580_00 is branch 580); "
+        "else nvmlSystemGetDriverVersion's major number (580.159.04 is branch 580, as on the real H200)",
         threshold="the loaded driver's branch is one of driver.branches",
         severities=("warn",),
         action=f"Move the node to an allowed data center branch: {CMD_ROLLOUT_DRIVER}.",
@@ -223,6 +262,19 @@ SPECS = (
         "from NVIDIA's .run file, is unknown, not consumer.",
         requires="driver.flavour: datacenter",
         applies=lambda n, b: b is not None and b.driver.flavour == DATACENTER,
+    ),
+    CheckSpec(
+        "versions.packages", FAMILY, "Pinned packages installed at their versions",
+        reads="installed NVIDIA/CUDA packages and their versions (dpkg's status file, or rpm)",
+        threshold="every package of packages is installed at its pinned version: the version itself, or it "
+        "followed by a package revision (580.159.04 matches 580.159.04-0ubuntu1 and 580.159.04-1; "
+        "3:580.159.04 matches 3:580.159.04-1.el9; 580.159 matches no 580.159.04)",
+        severities=("warn",),
+        action=f"Install the pinned package versions and hold them: {CMD_ROLLOUT_DRIVER}.",
+        not_a_fault="Packages the node could not list (no dpkg status file and no rpm) are unknown, not "
+        "missing.",
+        requires="packages",
+        applies=lambda n, b: b is not None and bool(b.packages),
     ),
     CheckSpec(
         "versions.gpu_model", FAMILY, "GPU model known to the baseline",
@@ -246,6 +298,7 @@ def run(ctx: Context) -> None:
         _fabric_manager_vs_baseline(ctx, b)
         _driver_branch(ctx, b)
         _driver_flavour(ctx, b)
+        _packages(ctx, b)
     _fabric_manager_match(ctx, driver)
     _driver_package(ctx, driver)
 
@@ -321,19 +374,27 @@ def _driver_branch(ctx: Context, b: Baseline) -> None:
     allowed = b.driver.branches
     if allowed is None:
         return
-    driver = ctx.get(FAMILY, ctx.node, "driver_version", DEMAND_BASELINE)
-    if driver is None:
-        return
-    branch = driver_branch(driver)
-    if branch is None:
-        ctx.unreadable(FAMILY, "driver_branch", f"driver version {driver!r} has no branch number", "node")
-        return
-    if branch in allowed:
+    branch, source, said = loaded_branch(ctx.node)
+    if source == BRANCH_FROM_VERSION:
+        driver = ctx.get(FAMILY, ctx.node, "driver_version", DEMAND_BASELINE)
+        if driver is None:
+            return
+        if branch is None:
+            ctx.unreadable(FAMILY, "driver_branch", f"driver version {driver!r} has no branch number", "node")
+            return
+    if branch is None or branch in allowed:
         return
     listed = ", ".join(str(a) for a in allowed)
+    if source == BRANCH_FROM_NVML:
+        how = f"NVML names its branch {said!r}"
+    else:
+        nvml_said = ctx.node.driver_branch
+        how = "its major number; NVML " + (f"names its branch {nvml_said!r}, without a number" if nvml_said
+                                           else "does not name the branch here")
     ctx.add("versions.driver_branch", "warn",
-            f"driver {driver} is branch {branch}, not one of the baseline's data center branches {listed}",
-            observed=branch, expected=list(allowed),
+            f"driver {ctx.node.driver_version} is branch {branch} ({how}), not one of the baseline's data "
+            f"center branches {listed}",
+            observed={"branch": branch, "source": source, "reported": said}, expected=list(allowed),
             action=f"Move the node to an allowed branch ({listed}): {CMD_ROLLOUT_DRIVER}.")
 
 
@@ -346,7 +407,7 @@ def _driver_flavour(ctx: Context, b: Baseline) -> None:
     if flavour is None:
         ctx.unreadable(FAMILY, "driver_flavour", "; ".join(why), "node")
         return
-    branch = driver_branch(ctx.node.driver_version)
+    branch = loaded_branch(ctx.node)[0]
     server = f"nvidia-driver-{branch}-server" if branch is not None else "nvidia-driver-<branch>-server"
     ctx.add("versions.driver_flavour", "warn",
             f"consumer driver installed: {'; '.join(why)}; the baseline asks for a data center driver",
@@ -355,6 +416,25 @@ def _driver_flavour(ctx: Context, b: Baseline) -> None:
             expected=DATACENTER,
             action=f"Replace it with the data center flavour of the branch ({server} on Ubuntu, or NVIDIA's "
             f"repository), then reboot: {CMD_ROLLOUT_DRIVER}.")
+
+
+def _packages(ctx: Context, b: Baseline) -> None:
+    """One finding per pinned package that is missing or at another version. An empty package
+    list the agent read is a node with none installed; one it could not read is unknown."""
+    if not b.packages:
+        return
+    reason = ctx.node.unavailable.get("packages")
+    if reason is not None:
+        ctx.unreadable(FAMILY, "packages", reason, "node")
+        return
+    for name, pinned in sorted(b.packages.items()):
+        have = ctx.node.packages.get(name)
+        if have is not None and package_version_matches(have, pinned):
+            continue
+        ctx.add("versions.packages", "warn",
+                f"package {name} is {have or 'not installed'}, expected {pinned}",
+                observed={name: have}, expected={name: pinned},
+                action=f"Install {name} {pinned} and hold it: {CMD_ROLLOUT_DRIVER}.")
 
 
 def _fabric_manager_match(ctx: Context, driver: str | None) -> None:

@@ -87,7 +87,8 @@ def baseline_page_data() -> dict[str, Any]:
     keys = []
     for key in bl.schema_dicts():
         path = key["path"]
-        wildcard = "xid" if path.startswith("xid_policy.*") else "model" if "*" in path else None
+        wildcard = ("xid" if path.startswith("xid_policy.*") else "package" if path.startswith("packages.*")
+                    else "model" if "*" in path else None)
         keys.append(
             {**key, "anchor": anchor[path], "wildcard": wildcard, "example_doc": _nest(path, key["example"])}
         )

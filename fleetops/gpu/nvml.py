@@ -1,6 +1,7 @@
 """The NVML backend: fill a ``model.Node`` from the driver through nvidia-ml-py (``pynvml``).
 
-``collect_into(node)`` is the only entry point. It fills the node's driver/CUDA/NVML versions,
+``collect_into(node)`` is the only entry point. It fills the node's driver/CUDA/NVML versions
+and driver branch (``nvmlSystemGetDriverBranch``, where the driver and binding have it),
 ``gpu_count``, one ``model.Gpu`` per enumerated GPU and ``node.topology``.
 
 Rules this module keeps:
@@ -238,6 +239,13 @@ def _print_trace(trace: list[tuple[float, str]]) -> None:
 def _collect(nv: _Nvml, node: model.Node) -> None:
     value, reason = nv.call("nvmlSystemGetDriverVersion")
     _set_node(node, "driver_version", _text(value) if reason is None else None, reason)
+    # Newer drivers and bindings only: elsewhere the call is missing (FunctionNotFound, or not
+    # in this nvidia-ml-py), which is recorded like any unreadable value and fails nothing.
+    value, reason = nv.call("nvmlSystemGetDriverBranch")
+    branch = _branch_text(value) if reason is None else None
+    if reason is None and branch is None:
+        reason = "empty answer"
+    _set_node(node, "driver_branch", branch, reason)
     value, reason = nv.call("nvmlSystemGetNVMLVersion")
     _set_node(node, "nvml_version", _text(value) if reason is None else None, reason)
     value, reason = nv.call("nvmlSystemGetCudaDriverVersion_v2")
@@ -269,6 +277,12 @@ def _set_node(node: model.Node, name: str, value: Any, reason: str | None) -> No
     setattr(node, name, value)
     if reason is not None:
         node.unavailable[name] = reason
+
+
+def _branch_text(info: Any) -> str | None:
+    """nvmlSystemGetDriverBranch answers a structure whose ``branch`` holds the text."""
+    text = _text(getattr(info, "branch", info))
+    return text or None
 
 
 def cuda_version(value: int) -> str:

@@ -688,6 +688,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         links_matrix.append(row_l)
         counts.append(row_c)
     kernel_log = [entry["line"] for entry in state.get("kernel_log", [])]
+    branch = node["driver_branch"] if "driver_branch" in node else driver_branch_of(node.get("driver_version"))
     return {
         "schema": SCHEMA_ID,
         "hostname": state["hostname"],
@@ -696,6 +697,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         "os": node.get("os"),
         "uptime_s": uptime_s(state, now),
         "driver_version": node.get("driver_version"),
+        "driver_branch": branch,
         "cuda_driver_version": node.get("cuda_driver_version"),
         "nvml_version": node.get("nvml_version"),
         "services": dict(node.get("services", {})),
@@ -710,8 +712,18 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
             "nvlink_counts": counts,
             "numa": {g["bus_id"]: g["numa_node"] for g in gpus},
         },
+        # a scenario's driver_branch: null is a driver without nvmlSystemGetDriverBranch
+        "unavailable": {} if branch is not None else {"driver_branch": "FunctionNotFound"},
         "_kernel_log": list(kernel_log),
     }
+
+
+def driver_branch_of(version: str | None) -> str | None:
+    """The branch NVML names for a driver, as the simulator reports it: ``r<major>_00`` (580.159.04
+    is on r580_00). Derived from the loaded version at each snapshot, so a driver that a rollout
+    loads brings its branch with it; a scenario's ``node: {driver_branch: ...}`` overrides it."""
+    head = (version or "").split(".", 1)[0]
+    return f"r{head}_00" if head.isdigit() else None
 
 
 STEADY_PROBE_S = 3600.0

@@ -31,9 +31,9 @@ options:
         they set are C(driver_version), C(cuda_driver_version), C(gpu_count), C(power_limit_w) (GPUs whose
         model has no limit of its own in O(baseline)), C(persistence_mode), C(mig_mode) (C(mig.mode)),
         C(mig_profile) (C(mig.profile), checked on GPUs in MIG mode), C(firmware) (GPU model name to
-        C(vbios_version)/C(inforom_image), C(gpu_models)), C(services) (unit to C(active)).
-      - C(packages) (package name to version or version prefix) is matched against the installed packages
-        (no baseline key pins packages).
+        C(vbios_version)/C(inforom_image), C(gpu_models)), C(services) (unit to C(active)), C(packages)
+        (package name to its pinned version, C(packages); the version, or its upstream part followed by any
+        package revision, as the check C(versions.packages) matches them).
       - A difference in any of them is a mismatch, whatever the finding's severity.
     type: dict
     default: {}
@@ -93,8 +93,8 @@ findings:
   elements: dict
 mismatches:
   description:
-    - The findings of the checks the O(expect) keys ask for (and values they need that could not be read),
-      then one entry per package that differs from the C(packages) key of O(expect) (check C(package)).
+    - The findings of the checks the O(expect) keys ask for (and values they need that could not be read);
+      one per package that differs from the C(packages) key of O(expect) (check C(versions.packages)).
   returned: always
   type: list
   elements: dict
@@ -151,19 +151,10 @@ EXPECT_CHECKS = {
     "mig_profile": (("config.mig_profile",), ("mig_instances",)),
     "firmware": (("versions.vbios", "versions.inforom"), ("vbios_version", "inforom_image")),
     "services": (("config.services",), ("services",)),
-    "packages": ((), ()),
+    "packages": (("versions.packages",), ("packages",)),
 }
 FAIL_ON = {"none": (), "warn": ("warn", "crit"), "crit": ("crit",)}
 BASELINE_FILE = "fleetops-baseline.json"
-
-
-def _version_matches(installed, wanted):
-    """``580.159.04`` matches ``580.159.04``, ``580.159.04-1`` and ``580.159.04-0ubuntu1``: a pin
-    is the upstream version, the package revision may follow."""
-    wanted = str(wanted)
-    if installed == wanted:
-        return True
-    return installed.startswith(wanted) and installed[len(wanted)] in "-~+:"
 
 
 def _bool(module, key, value):
@@ -220,6 +211,16 @@ def expect_layer(module, expect):
                 kind="usage",
             )
         layer["services"] = sorted(services)
+    if "packages" in expect:
+        packages = expect["packages"]
+        if not isinstance(packages, dict):
+            module.fail_json(msg="expect.packages: a mapping of package name to version, got %r" % (packages,),
+                             kind="usage")
+        odd = sorted(str(n) for n, v in packages.items() if v is None or isinstance(v, (dict, list, bool)))
+        if odd:
+            module.fail_json(msg="expect.packages: %s: a version is text or a number" % ", ".join(odd), kind="usage")
+        # Jinja hands a version over as text or, unquoted, as a number: the pin is its text.
+        layer["packages"] = {str(n): str(v) for n, v in packages.items()}
     return layer
 
 
@@ -238,27 +239,6 @@ def desired_baseline(module, baseline, expect):
     if "fleetops_baseline" in baseline:  # a group_vars-shaped mapping
         baseline = dict(baseline["fleetops_baseline"] or {})
     return _merge(baseline, expect_layer(module, expect))
-
-
-def package_mismatches(snapshot, pins):
-    found = []
-    installed = snapshot.get("packages") or {}
-    for name, want in sorted((pins or {}).items()):
-        got = installed.get(name)
-        if got is None or not _version_matches(got, want):
-            found.append(
-                {
-                    "check": "package",
-                    "severity": "warn",
-                    "node": snapshot.get("hostname"),
-                    "gpu": None,
-                    "observed": got,
-                    "expected": str(want),
-                    "message": "package %s is %s, expected %s" % (name, got or "not installed", want),
-                    "action": None,
-                }
-            )
-    return found
 
 
 def mismatches_of(findings, expect):
@@ -338,7 +318,7 @@ def main():
     facts = {"fleetops_gpu": summary(snapshot)}
     if module.params["full"]:
         facts["fleetops_snapshot"] = snapshot
-    mismatches = mismatches_of(findings, expect) + package_mismatches(snapshot, expect.get("packages"))
+    mismatches = mismatches_of(findings, expect)
     failing = [f for f in findings if f.get("severity") in FAIL_ON[module.params["fail_on"]]]
     result = dict(
         changed=False, ansible_facts=facts, findings=findings, mismatches=mismatches, compliant=not mismatches,

@@ -100,8 +100,12 @@ def test_gpu_facts_judges_every_expected_key_through_the_agents_checks(run_modul
     rc, result = run_module("fleetops_gpu_facts", {"expect": expect, "sim_state": sim_state, "agent": AGENT})
     assert rc == 0 and result["compliant"] is False
     checks = sorted((m["check"], (m["gpu"] or {}).get("index")) for m in result["mismatches"])
-    # "580.159" is not a prefix of 580.159.04-0ubuntu1 at a version boundary: a mismatch too.
-    assert checks == [("package", None), ("versions.driver", None), ("versions.vbios", 4)]
+    # "580.159" is not a prefix of 580.159.04-0ubuntu1 at a version boundary: a mismatch too, found
+    # by the agent's versions.packages check like every other expect key's.
+    assert checks == [("versions.driver", None), ("versions.packages", None), ("versions.vbios", 4)]
+    [pin] = [m for m in result["mismatches"] if m["check"] == "versions.packages"]
+    assert pin["message"] == "package nvidia-driver-580-server is 580.159.04-0ubuntu1, expected 580.159"
+    assert pin in result["findings"]
     assert result["agent_check"]["kind"] == "fleetops.check/v1" and result["agent_check"]["scope"] == "node"
     # every finding of the agent's checks comes back; the mismatches are among them
     assert {f["check"] for f in result["findings"]} >= {"versions.driver", "versions.vbios"}
@@ -111,6 +115,27 @@ def test_gpu_facts_judges_every_expected_key_through_the_agents_checks(run_modul
         {"expect": expect, "fail_on_mismatch": True, "sim_state": sim_state, "agent": AGENT},
     )
     assert rc == 1 and failed["kind"] == "mismatch" and "ansible_facts" not in failed
+
+
+def test_gpu_facts_pins_packages_through_the_baseline_and_layers_them(run_module, sim_state: str) -> None:
+    """expect.packages is the baseline's packages key, layered over the task's baseline pin by pin;
+    versions given as numbers (unquoted Jinja) are pinned as their text."""
+    baseline = {"packages": {"nvidia-fabricmanager-580": "570.133.20", "nvidia-open": "580.159.04"}}
+    expect = {"packages": {"nvidia-fabricmanager-580": "580.159.04", "cuda-toolkit-13-0": 13.0}}
+    rc, result = run_module("fleetops_gpu_facts",
+                            {"baseline": baseline, "expect": expect, "sim_state": sim_state, "agent": AGENT})
+    assert rc == 0 and result["compliant"] is False
+    # The expect pin of Fabric Manager wins over the baseline's and holds; "13.0" is not
+    # cuda-toolkit-13-0's 13.0.2-1; the baseline's own nvidia-open pin is judged by the same check.
+    assert sorted(m["message"] for m in result["mismatches"]) == [
+        "package cuda-toolkit-13-0 is 13.0.2-1, expected 13.0",
+        "package nvidia-open is not installed, expected 580.159.04",
+    ]
+    assert [f for f in result["findings"] if f["check"] == "versions.packages"] == result["mismatches"]
+    rc, result = run_module("fleetops_gpu_facts", {"expect": {"packages": {"nvidia-open": None}},
+                                                   "sim_state": sim_state, "agent": AGENT})
+    assert rc == 1 and result["kind"] == "usage" and result["msg"] == (
+        "expect.packages: nvidia-open: a version is text or a number")
 
 
 def test_gpu_facts_rejects_unknown_expectations(run_module, sim_state: str) -> None:

@@ -130,6 +130,27 @@ def test_snapshot_follows_the_conventions(node: model.Node) -> None:
     json.dumps(model.to_dict(node))
 
 
+def test_the_driver_branch_nvml_names_is_the_loaded_drivers(node: model.Node) -> None:
+    """nvmlSystemGetDriverBranch, where the driver and nvidia-ml-py have it: the number in the
+    branch it names is the loaded driver version's major number, and the branch check takes it
+    from there. Where the call is missing, the reason is recorded and the version gives the
+    branch. Run with -s to see what this GPU's driver says."""
+    from fleetops.checks import versions
+
+    reason = node.unavailable.get("driver_branch")
+    print(f"\ndriver {node.driver_version}: NVML driver branch {node.driver_branch!r}"
+          + (f" (unreadable: {reason})" if reason else ""))
+    major = versions.driver_branch(node.driver_version)
+    assert major is not None
+    if node.driver_branch is None:
+        assert reason, "driver_branch is None without a reason"
+        assert versions.loaded_branch(node) == (major, versions.BRANCH_FROM_VERSION, node.driver_version)
+        return
+    assert reason is None
+    assert versions.nvml_branch_number(node.driver_branch) == major
+    assert versions.loaded_branch(node) == (major, versions.BRANCH_FROM_NVML, node.driver_branch)
+
+
 def test_topology_command_reads_the_same_gpus(node: model.Node) -> None:
     proc = _agent("topology", "--backend", "nvml")
     assert proc.returncode == 0, proc.stderr

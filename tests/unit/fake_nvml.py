@@ -1,8 +1,9 @@
 """A fake ``pynvml`` for the daemon tests (``$FLEETOPS_AGENT_NVML_MODULE=fake_nvml``): two GPUs,
 driven by a JSON control file (``$FAKE_NVML_CONTROL``): ``mode`` ok | unloaded | hang, ``temp``,
-and optionally ``nvlinks`` (links per GPU, default none) and ``link_kib`` (``"GPU/LINK"`` ->
-``[tx, rx]`` KiB counters). Every NVML function counts its calls in ``CALLS`` (``calls()``,
-``reset_calls()``), so a test can say how many NVML calls a daemon tick costs."""
+and optionally ``nvlinks`` (links per GPU, default none), ``link_kib`` (``"GPU/LINK"`` ->
+``[tx, rx]`` KiB counters) and ``driver_branch`` (see ``nvmlSystemGetDriverBranch``). Every NVML
+function counts its calls in ``CALLS`` (``calls()``, ``reset_calls()``), so a test can say how
+many NVML calls a daemon tick costs."""
 
 from __future__ import annotations
 
@@ -89,6 +90,20 @@ def nvmlInit() -> None:
 def nvmlSystemGetDriverVersion() -> str:
     _gate("nvmlSystemGetDriverVersion")
     return "580.0"
+
+
+class NVMLError_FunctionNotFound(NVMLError):
+    pass
+
+
+def nvmlSystemGetDriverBranch() -> Any:
+    """``driver_branch`` in the control file: the branch's name, or null for a driver without the
+    call (FunctionNotFound); default r580_00."""
+    c = _gate("nvmlSystemGetDriverBranch")
+    branch = c.get("driver_branch", "r580_00")
+    if branch is None:
+        raise NVMLError_FunctionNotFound(13)
+    return SimpleNamespace(version=0x1000054, branch=branch.encode())
 
 
 def nvmlDeviceGetCount() -> int:

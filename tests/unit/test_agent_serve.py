@@ -260,6 +260,7 @@ def test_nvml_driver_reload_reinitialises(tmp_path: Path) -> None:
     d, control, _, sock = _nvml_daemon(tmp_path)
     try:
         _until("GPUs at 40 C", lambda: _temps(_ask_path(sock)) == [40, 40])
+        assert (_ask_path(sock) or {}).get("driver_branch") == "r580_00"  # read with the full snapshot
         control.write_text(json.dumps({"mode": "unloaded", "temp": 40}))
         doc = _until("degraded while unloaded", lambda: (lambda x: x if x and x["daemon"]["degraded"] else None)(
             _ask_path(sock)))

@@ -241,6 +241,8 @@ def test_every_schema_example_validates_at_its_path(validator: jsonschema.protoc
     {"services": ["", "x"]},
     {"xid_policy": {"abc": {"severity": "crit"}}},
     {"xid_policy": {"31": {"severity": "fatal"}}},
+    {"packages": {"nvidia-open": 580}},
+    {"packages": ["nvidia-open"]},
 ])
 def test_the_schema_rejects_what_the_validator_rejects(validator: jsonschema.protocols.Validator,
                                                        bad: dict[str, object]) -> None:

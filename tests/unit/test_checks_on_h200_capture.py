@@ -137,7 +137,9 @@ def capture_fake_gpu() -> dict[str, Any]:
 
 
 def _capture_node(monkeypatch: pytest.MonkeyPatch, collected_at: float = 1_800_000_000.0) -> model.Node:
-    CaptureNvml([capture_fake_gpu()], monkeypatch)
+    # The probe never called nvmlSystemGetDriverBranch: the capture's NVML names no branch, as a
+    # driver without the call, so the branch check takes the driver version's.
+    CaptureNvml([capture_fake_gpu()], monkeypatch, driver_branch=None)
     node = collect(None)
     node.collected_at = collected_at
     return node
@@ -160,6 +162,7 @@ def _capture_baseline(**extra: Any) -> baseline.Baseline:
         "gpu_count": 1,
         "pcie": {"gen": xml["pcie_gen_max"].value, "width": xml["pcie_width_max"].value},
         "stray_process_allowlist": [],
+        "driver": {"branches": [int(node["driver_version"].value.split(".")[0])]},
         # The capture holds no service states: its VM had no systemctl (h200_queries.txt), and
         # the NVML collector under test does not read them.
         "services": [],
@@ -212,6 +215,14 @@ def test_no_finding_on_the_capture_without_a_baseline(monkeypatch):
 def test_no_finding_on_the_capture_with_its_baseline(monkeypatch):
     node = _capture_node(monkeypatch)
     assert run_node_checks(node, _capture_baseline(), None) == []
+
+
+def test_the_branch_check_on_the_capture_takes_the_driver_versions_major(monkeypatch):
+    node = _capture_node(monkeypatch)
+    assert node.driver_branch is None and node.unavailable == {"driver_branch": "FunctionNotFound"}
+    [f] = run_node_checks(node, _capture_baseline(driver={"branches": [570]}), None)
+    assert (f.check, f.severity, f.expected) == ("versions.driver_branch", "warn", [570])
+    assert f.observed == {"branch": 580, "source": "driver_version", "reported": "580.159.04"}
 
 
 def test_no_finding_between_two_snapshots_of_the_capture(monkeypatch):

@@ -21,6 +21,9 @@ from fleetops import model  # noqa: E402 - after the skip: pynvml must be import
 from fleetops.gpu import nvml  # noqa: E402
 
 MIB = 1024 * 1024
+# The capture's probe predates nvmlSystemGetDriverBranch: the fake answers the name the simulator
+# gives driver 580.159.04's branch (fleetops.gpu.sim.driver_branch_of).
+DRIVER_BRANCH = "r580_00"
 NS = pynvml.NVML_ERROR_NOT_SUPPORTED
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 
@@ -109,9 +112,14 @@ class FakeNvml:
     """Installs fakes over pynvml's functions; records every call."""
 
     def __init__(
-        self, gpus: list[dict], monkeypatch: pytest.MonkeyPatch, init_error: int | None = None
+        self,
+        gpus: list[dict],
+        monkeypatch: pytest.MonkeyPatch,
+        init_error: int | None = None,
+        driver_branch: str | None = DRIVER_BRANCH,
     ) -> None:
         self.gpus = gpus
+        self.driver_branch = driver_branch  # None: a driver without nvmlSystemGetDriverBranch
         self.calls: list[tuple[str, object]] = []
         self.init_error = init_error
         self.topology: dict[tuple[int, int], int] = {}
@@ -165,6 +173,14 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self):
         return "580.159.04"
+
+    def nvmlSystemGetDriverBranch(self):
+        if self.driver_branch is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = pynvml.c_nvmlSystemDriverBranchInfo_v1_t()
+        info.version = pynvml.SystemDriverBranchInfo_v1
+        info.branch = self.driver_branch.encode()
+        return info
 
     def nvmlSystemGetNVMLVersion(self):
         return "13.580.159.04"
@@ -491,6 +507,31 @@ def test_reference_h200_vm(monkeypatch):
     assert fake.count("nvmlDeviceGetTotalEccErrors") == 0
     assert fake.count("nvmlDeviceGetRetiredPages") == 0  # pending status said NotSupported
     assert fake.count("nvmlShutdown") == 0  # left to the process exit
+
+
+def test_the_driver_branch_is_read_once_per_snapshot_at_node_level(monkeypatch):
+    fake = FakeNvml([h200(0), h200(1, "00000000:2A:00.0")], monkeypatch)
+    node = collect(fake)
+    assert node.driver_branch == DRIVER_BRANCH and "driver_branch" not in node.unavailable
+    assert fake.count("nvmlSystemGetDriverBranch") == 1
+
+
+def test_a_driver_without_the_branch_call_fails_nothing(monkeypatch):
+    """Drivers before the call answer FunctionNotFound: the branch is unknown, the rest is read."""
+    fake = FakeNvml([h200()], monkeypatch, driver_branch=None)
+    node = collect(fake)
+    assert node.driver_branch is None and node.unavailable == {"driver_branch": "FunctionNotFound"}
+    assert node.driver_version == "580.159.04" and node.errors == []
+    assert len(node.gpus) == 1 and node.gpus[0].power_limit_w == 700.0
+
+
+def test_a_binding_without_the_branch_call_fails_nothing(monkeypatch):
+    fake = FakeNvml([h200()], monkeypatch)
+    monkeypatch.delattr(pynvml, "nvmlSystemGetDriverBranch")
+    node = collect(fake)
+    assert node.driver_branch is None
+    assert node.unavailable == {"driver_branch": "nvmlSystemGetDriverBranch not in this nvidia-ml-py"}
+    assert node.driver_version == "580.159.04" and node.errors == [] and len(node.gpus) == 1
 
 
 def test_round_trips_through_the_schema(monkeypatch):

@@ -89,8 +89,8 @@ def test_fault_changes_exactly_its_fields(fault):
     assert changes([fault]) == want
 
 
-def test_driver_drift_changes_only_the_node_driver():
-    assert changes(["driver-drift"]) == {("node", "driver_version")}
+def test_driver_drift_changes_only_the_node_driver_and_its_branch():
+    assert changes(["driver-drift"]) == {("node", "driver_version"), ("node", "driver_branch")}
 
 
 def test_mig_drift_turns_mig_on_and_nvlinks_report_down_on_that_gpu_only():

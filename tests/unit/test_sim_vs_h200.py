@@ -198,6 +198,13 @@ def test_default_node_versions_match_the_capture(sim_node, field):
     assert getattr(sim_node, field) == real.value, real.source
 
 
+def test_default_node_names_the_branch_of_the_captured_driver(sim_node):
+    """The capture predates nvmlSystemGetDriverBranch; the simulator's branch is the one of the
+    captured driver's version (580.159.04 is on branch 580)."""
+    driver = cap.node_from_capture()["driver_version"].value
+    assert sim_node.driver_branch == f"r{driver.split('.')[0]}_00" == "r580_00"
+
+
 def test_retired_pages_are_not_supported_in_the_capture_and_the_simulator(sim_node):
     assert cap.nvml_failed_as("nvmlDeviceGetRetiredPagesPendingStatus") == cap.NOT_SUPPORTED
     assert cap.nvml_failed_as("retired_dbe") == cap.NOT_SUPPORTED
