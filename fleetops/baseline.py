@@ -247,9 +247,9 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "Which NVIDIA drivers the nodes may run: the allowed branches and the package flavour.",
               {"branches": [535, 550, 570, 580], "flavour": "datacenter"}),
     SchemaKey("driver.branches", T_INT_LIST, None,
-              "Driver branches allowed: the branch NVML names for the loaded driver (r580_00 is "
-              "branch 580) where the driver reports one, else the driver's major number (580.159.04 "
-              "is branch 580). Use the data center branches NVIDIA supports for the GPUs (production "
+              "Driver branches allowed, by the loaded driver's major number (580.159.04 is branch "
+              "580; the build branch NVML names, r582_49 for that driver, is shown in a finding but "
+              "not compared). Use the data center branches NVIDIA supports for the GPUs (production "
               "and long-term support branches).", [535, 550, 570, 580]),
     SchemaKey("driver.flavour", T_STR, None,
               "datacenter: the installed driver packages must be a data center flavour (Ubuntu's "

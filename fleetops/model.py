@@ -186,9 +186,9 @@ class Node:
     os: str | None = None
     uptime_s: float | None = None
     driver_version: str | None = None
-    # The branch NVML names (nvmlSystemGetDriverBranch, "r580_00"); None where the driver or
-    # nvidia-ml-py lacks the call (the reason is in unavailable): the checks then take the branch
-    # from driver_version's major number.
+    # The build branch NVML names (nvmlSystemGetDriverBranch, "r582_49" for 580.159.04 on the real
+    # H200); None where the driver or nvidia-ml-py lacks the call (the reason is in unavailable).
+    # Shown, not compared: the branch checks take driver_version's major number.
     driver_branch: str | None = None
     cuda_driver_version: str | None = None  # "13.0"
     nvml_version: str | None = None

@@ -109,28 +109,13 @@ def driver_branch(version: str | None) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-_NVML_BRANCH_RE = re.compile(r"(?<!\d)(\d{3,4})(?!\d)")
-
-
-def nvml_branch_number(branch: str | None) -> int | None:
-    """NVML's branch name -> its number: ``r580_00`` -> 580, ``580`` -> 580; None when the
-    name holds no three- or four-digit number."""
-    m = _NVML_BRANCH_RE.search(branch or "")
-    return int(m.group(1)) if m else None
-
-
-BRANCH_FROM_NVML = "nvmlSystemGetDriverBranch"
-BRANCH_FROM_VERSION = "driver_version"
-
-
-def loaded_branch(node: model.Node) -> tuple[int | None, str, str | None]:
-    """The loaded driver's branch, where it came from and what that source said: NVML's own
-    branch where the snapshot has one with a number (``(580, BRANCH_FROM_NVML, "r580_00")``),
-    else the driver version's major number (``(580, BRANCH_FROM_VERSION, "580.159.04")``)."""
-    number = nvml_branch_number(node.driver_branch)
-    if number is not None:
-        return number, BRANCH_FROM_NVML, node.driver_branch
-    return driver_branch(node.driver_version), BRANCH_FROM_VERSION, node.driver_version
+def loaded_branch(node: model.Node) -> int | None:
+    """The loaded driver's branch as baselines and NVIDIA's data center documentation number it
+    (R535, R570, R580): the major number of the driver version. NVML's own branch name
+    (``node.driver_branch``, from nvmlSystemGetDriverBranch) is the driver's build branch and is
+    not that number: on the real H200 the 580.159.04 driver names ``r582_49``. It is shown
+    beside a finding, never compared."""
+    return driver_branch(node.driver_version)
 
 
 def package_flavour(name: str, origin: str | None) -> tuple[str | None, str] | None:
@@ -241,8 +226,8 @@ SPECS = (
     ),
     CheckSpec(
         "versions.driver_branch", FAMILY, "Driver branch allowed",
-        reads="nvmlSystemGetDriverBranch where the driver and nvidia-ml-py have it (r580_00 is branch 580); "
-        "else nvmlSystemGetDriverVersion's major number (580.159.04 is branch 580, as on the real H200)",
+        reads="nvmlSystemGetDriverVersion's major number (580.159.04 is branch 580); the build branch "
+        "nvmlSystemGetDriverBranch names (r582_49 for 580.159.04 on the real H200) is shown beside it, not compared",
         threshold="the loaded driver's branch is one of driver.branches",
         severities=("warn",),
         action=f"Move the node to an allowed data center branch: {CMD_ROLLOUT_DRIVER}.",
@@ -374,27 +359,22 @@ def _driver_branch(ctx: Context, b: Baseline) -> None:
     allowed = b.driver.branches
     if allowed is None:
         return
-    branch, source, said = loaded_branch(ctx.node)
-    if source == BRANCH_FROM_VERSION:
-        driver = ctx.get(FAMILY, ctx.node, "driver_version", DEMAND_BASELINE)
-        if driver is None:
-            return
-        if branch is None:
-            ctx.unreadable(FAMILY, "driver_branch", f"driver version {driver!r} has no branch number", "node")
-            return
-    if branch is None or branch in allowed:
+    driver = ctx.get(FAMILY, ctx.node, "driver_version", DEMAND_BASELINE)
+    if driver is None:
+        return
+    branch = loaded_branch(ctx.node)
+    if branch is None:
+        ctx.unreadable(FAMILY, "driver_branch", f"driver version {driver!r} has no branch number", "node")
+        return
+    if branch in allowed:
         return
     listed = ", ".join(str(a) for a in allowed)
-    if source == BRANCH_FROM_NVML:
-        how = f"NVML names its branch {said!r}"
-    else:
-        nvml_said = ctx.node.driver_branch
-        how = "its major number; NVML " + (f"names its branch {nvml_said!r}, without a number" if nvml_said
-                                           else "does not name the branch here")
+    build = ctx.node.driver_branch
+    how = f"; NVML names its build branch {build!r}" if build else ""
     ctx.add("versions.driver_branch", "warn",
-            f"driver {ctx.node.driver_version} is branch {branch} ({how}), not one of the baseline's data "
-            f"center branches {listed}",
-            observed={"branch": branch, "source": source, "reported": said}, expected=list(allowed),
+            f"driver {driver} is branch {branch}{how}, not one of the baseline's data center branches {listed}",
+            observed={"branch": branch, "driver_version": driver, "nvml_build_branch": build},
+            expected=list(allowed),
             action=f"Move the node to an allowed branch ({listed}): {CMD_ROLLOUT_DRIVER}.")
 
 
@@ -407,7 +387,7 @@ def _driver_flavour(ctx: Context, b: Baseline) -> None:
     if flavour is None:
         ctx.unreadable(FAMILY, "driver_flavour", "; ".join(why), "node")
         return
-    branch = loaded_branch(ctx.node)[0]
+    branch = loaded_branch(ctx.node)
     server = f"nvidia-driver-{branch}-server" if branch is not None else "nvidia-driver-<branch>-server"
     ctx.add("versions.driver_flavour", "warn",
             f"consumer driver installed: {'; '.join(why)}; the baseline asks for a data center driver",

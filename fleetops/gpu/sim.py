@@ -718,10 +718,18 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     }
 
 
+# The build branch NVML names for drivers seen on real GPUs (nvmlSystemGetDriverBranch on the
+# lent H200, tests/fixtures/h200/README.md): not the version's major number.
+NVML_BUILD_BRANCHES = {"580.159.04": "r582_49"}
+
+
 def driver_branch_of(version: str | None) -> str | None:
-    """The branch NVML names for a driver, as the simulator reports it: ``r<major>_00`` (580.159.04
-    is on r580_00). Derived from the loaded version at each snapshot, so a driver that a rollout
-    loads brings its branch with it; a scenario's ``node: {driver_branch: ...}`` overrides it."""
+    """The build branch NVML names for a driver, as the simulator reports it: the one seen on a
+    real GPU where known (580.159.04 names r582_49), else ``r<major>_00``. Derived from the loaded
+    version at each snapshot, so a driver that a rollout loads brings its branch with it; a
+    scenario's ``node: {driver_branch: ...}`` overrides it."""
+    if version in NVML_BUILD_BRANCHES:
+        return NVML_BUILD_BRANCHES[version]
     head = (version or "").split(".", 1)[0]
     return f"r{head}_00" if head.isdigit() else None
 

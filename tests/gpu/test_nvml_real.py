@@ -131,24 +131,26 @@ def test_snapshot_follows_the_conventions(node: model.Node) -> None:
 
 
 def test_the_driver_branch_nvml_names_is_the_loaded_drivers(node: model.Node) -> None:
-    """nvmlSystemGetDriverBranch, where the driver and nvidia-ml-py have it: the number in the
-    branch it names is the loaded driver version's major number, and the branch check takes it
-    from there. Where the call is missing, the reason is recorded and the version gives the
-    branch. Run with -s to see what this GPU's driver says."""
-    from fleetops.checks import versions
+    """NVML's build branch (nvmlSystemGetDriverBranch), where the driver has the call, is a name
+    like r582_49 (the H200's 580.159.04 driver), kept in the snapshot; the branch the check
+    compares is the driver version's major number, and a baseline allowing it finds nothing.
+    Where the call is missing, the reason is recorded. Run with -s to see what this GPU says."""
+    import re
+
+    from fleetops import baseline
+    from fleetops.checks import run_node_checks, versions
 
     reason = node.unavailable.get("driver_branch")
     print(f"\ndriver {node.driver_version}: NVML driver branch {node.driver_branch!r}"
           + (f" (unreadable: {reason})" if reason else ""))
     major = versions.driver_branch(node.driver_version)
-    assert major is not None
+    assert major is not None and versions.loaded_branch(node) == major
     if node.driver_branch is None:
         assert reason, "driver_branch is None without a reason"
-        assert versions.loaded_branch(node) == (major, versions.BRANCH_FROM_VERSION, node.driver_version)
-        return
-    assert reason is None
-    assert versions.nvml_branch_number(node.driver_branch) == major
-    assert versions.loaded_branch(node) == (major, versions.BRANCH_FROM_NVML, node.driver_branch)
+    else:
+        assert reason is None and re.fullmatch(r"r\d+_\d+", node.driver_branch), node.driver_branch
+    allows = baseline.from_mapping({"driver": {"branches": [major]}}, "b")
+    assert [f for f in run_node_checks(node, allows, None) if f.check == "versions.driver_branch"] == []
 
 
 def test_topology_command_reads_the_same_gpus(node: model.Node) -> None:

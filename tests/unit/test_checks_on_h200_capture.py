@@ -222,7 +222,7 @@ def test_the_branch_check_on_the_capture_takes_the_driver_versions_major(monkeyp
     assert node.driver_branch is None and node.unavailable == {"driver_branch": "FunctionNotFound"}
     [f] = run_node_checks(node, _capture_baseline(driver={"branches": [570]}), None)
     assert (f.check, f.severity, f.expected) == ("versions.driver_branch", "warn", [570])
-    assert f.observed == {"branch": 580, "source": "driver_version", "reported": "580.159.04"}
+    assert f.observed == {"branch": 580, "driver_version": "580.159.04", "nvml_build_branch": None}
 
 
 def test_no_finding_between_two_snapshots_of_the_capture(monkeypatch):

@@ -10,13 +10,12 @@ import pytest
 
 from fleetops import baseline, model
 from fleetops.agent import hostinfo
-from fleetops.checks import REGISTRY, checks_run, run_node_checks
+from fleetops.checks import REGISTRY, checks_run, run_node_checks, versions
 from fleetops.checks.versions import (
     CONSUMER,
     DATACENTER,
     driver_branch,
     driver_flavour,
-    nvml_branch_number,
     package_flavour,
 )
 from fleetops.gpu import sim
@@ -77,62 +76,51 @@ def test_a_consumer_package_is_a_warning_naming_it(sim_node) -> None:
 
 
 def test_a_branch_outside_the_list_is_a_warning(sim_node) -> None:
-    node = sim_node("n1", faults=["driver-drift"])  # 570.133.20, on r570_00
+    node = sim_node("n1", faults=["driver-drift"])  # 570.133.20
     b = baseline.from_mapping({"driver": {"branches": [535, 580]}}, "b")
     [f] = [f for f in run_node_checks(node, b, None) if f.check == "versions.driver_branch"]
     assert (f.severity, f.expected) == ("warn", [535, 580])
-    assert f.observed == {"branch": 570, "source": "nvmlSystemGetDriverBranch", "reported": "r570_00"}
-    assert f.message == ("driver 570.133.20 is branch 570 (NVML names its branch 'r570_00'), not one of the "
-                         "baseline's data center branches 535, 580")
+    assert f.observed == {"branch": 570, "driver_version": "570.133.20", "nvml_build_branch": "r570_00"}
+    assert f.message == ("driver 570.133.20 is branch 570; NVML names its build branch 'r570_00', not one of "
+                         "the baseline's data center branches 535, 580")
     assert [f for f in run_node_checks(node, DC, None) if f.check == "versions.driver_branch"] == []
 
 
-def test_nvml_names_the_branch_number_in_its_branch() -> None:
-    assert nvml_branch_number("r580_00") == 580 and nvml_branch_number("r535_61") == 535
-    assert nvml_branch_number("580") == 580 and nvml_branch_number("r1010_00") == 1010
-    assert nvml_branch_number("open") is None and nvml_branch_number("r58_00") is None
-    assert nvml_branch_number("") is None and nvml_branch_number(None) is None
-
-
-def test_nvmls_branch_wins_over_the_version_and_the_finding_says_so(sim_node) -> None:
-    """A driver whose version says 580 while NVML names branch r570_00: the check takes NVML's."""
+def test_the_real_h200s_build_branch_is_not_its_product_branch(sim_node) -> None:
+    """On the real H200 the 580.159.04 driver's NVML names build branch r582_49: a baseline that
+    allows branch 580 passes it, one that allows only 582 does not (the branch is the version's)."""
     node = sim_node("n1")
-    node.driver_branch = "r570_00"
-    b = baseline.from_mapping({"driver": {"branches": [580]}}, "b")
-    [f] = [f for f in run_node_checks(node, b, None) if f.check == "versions.driver_branch"]
-    assert f.observed == {"branch": 570, "source": "nvmlSystemGetDriverBranch", "reported": "r570_00"}
-    assert f.message == ("driver 580.159.04 is branch 570 (NVML names its branch 'r570_00'), not one of the "
-                         "baseline's data center branches 580")
-    node.driver_branch = "r580_00"
-    assert [f for f in run_node_checks(node, DC, None) if f.check.startswith("versions.")] == []
+    assert (node.driver_version, node.driver_branch) == ("580.159.04", "r582_49")
+    assert versions.loaded_branch(node) == 580
+    allows_580 = baseline.from_mapping({"driver": {"branches": [580]}}, "b")
+    assert [f for f in run_node_checks(node, allows_580, None) if f.check.startswith("versions.")] == []
+    allows_582 = baseline.from_mapping({"driver": {"branches": [582]}}, "b")
+    [f] = [f for f in run_node_checks(node, allows_582, None) if f.check == "versions.driver_branch"]
+    assert f.observed == {"branch": 580, "driver_version": "580.159.04", "nvml_build_branch": "r582_49"}
 
 
-def test_without_nvmls_branch_the_version_gives_it_and_the_finding_says_so(sim_node) -> None:
+def test_without_nvmls_branch_the_finding_names_the_version_alone(sim_node) -> None:
     node = sim_node("n1", faults=["driver-drift"])
     node.driver_branch = None
     node.unavailable["driver_branch"] = "FunctionNotFound"
     b = baseline.from_mapping({"driver": {"branches": [580]}}, "b")
     found = run_node_checks(node, b, None)
     [f] = [f for f in found if f.check == "versions.driver_branch"]
-    assert f.observed == {"branch": 570, "source": "driver_version", "reported": "570.133.20"}
-    assert f.message == ("driver 570.133.20 is branch 570 (its major number; NVML does not name the branch "
-                         "here), not one of the baseline's data center branches 580")
+    assert f.observed == {"branch": 570, "driver_version": "570.133.20", "nvml_build_branch": None}
+    assert f.message == "driver 570.133.20 is branch 570, not one of the baseline's data center branches 580"
     assert "versions.unreadable" not in {f.check for f in found}  # a missing call is no unknown
-    node.driver_branch = "open"  # a name without a number: the version again
-    [f] = [f for f in run_node_checks(node, b, None) if f.check == "versions.driver_branch"]
-    assert f.observed == {"branch": 570, "source": "driver_version", "reported": "570.133.20"}
-    assert "(its major number; NVML names its branch 'open', without a number)" in f.message
 
 
-def test_the_simulator_reports_the_branch_of_its_loaded_driver(sim_node) -> None:
-    assert sim_node("n1").driver_branch == "r580_00"
+def test_the_simulator_reports_the_build_branch_of_its_loaded_driver(sim_node) -> None:
+    assert sim_node("n1").driver_branch == "r582_49"  # as the real H200's NVML names it
     assert sim_node("n1", faults=["driver-drift"]).driver_branch == "r570_00"
     from tests.unit.conftest import node_from_state
 
     state = sim.build_state("n1", {"node": {"driver_branch": None}})  # a driver without the call
     node = node_from_state(state, None)
     assert node.driver_branch is None and node.unavailable == {"driver_branch": "FunctionNotFound"}
-    assert sim.driver_branch_of("580.159.04") == "r580_00" and sim.driver_branch_of(None) is None
+    assert sim.driver_branch_of("580.159.04") == "r582_49" and sim.driver_branch_of(None) is None
+    assert sim.driver_branch_of("570.133.20") == "r570_00"
 
 
 def test_an_ambiguous_package_is_unknown_not_consumer(sim_node) -> None:
