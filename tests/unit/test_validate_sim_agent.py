@@ -43,6 +43,25 @@ def test_agent_sim_subprocess(tmp_path: Path) -> None:
     assert [g["index"] for g in one["gpus"]] == [5]
 
 
+def test_agent_sim_telemetry_has_the_cuda_backends_shape(tmp_path: Path) -> None:
+    """Per GPU, what it went through during each test (telemetry.during) and one reading after,
+    as the torch and CuPy backends give them, so the history and the reports read one shape."""
+    path = tmp_path / "s.json"
+    sim.write_state(str(path), sim.build_state("n01"))
+    proc = _agent("--backend", "sim", "--state", str(path), "--seed", "7")
+    assert proc.returncode == 0, proc.stderr
+    for g in json.loads(proc.stdout)["gpus"]:
+        tel = g["telemetry"]
+        assert set(tel) == {"during", "after"}
+        assert set(tel["during"]) == set(g["tests"])
+        for seen in tel["during"].values():
+            assert seen == {
+                "readings": 2, "seconds": 0.0, "clocks_event_reasons": [], "clocks_event_readings": {},
+                "temperature_c_max": 35, "power_w_max": 120.0, "sm_clock_mhz_min": 1980, "sm_clock_mhz_max": 1980,
+            }  # fmt: skip
+        assert tel["after"] == {"clocks_event_reasons": [], "temperature_c": 35, "power_w": 120.0, "sm_clock_mhz": 1980}
+
+
 def test_agent_sim_refuses_bad_gpu_and_missing_state(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     sim.write_state(str(path), sim.build_state("n01"))

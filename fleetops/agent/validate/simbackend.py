@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from fleetops.agent.validate import telemetry
+
 # Healthy figures of one H200 SXM measured the agent's way (median of repeats).
 HEALTHY: dict[str, float] = {
     "hbm_copy_gbps": 4010.0,
@@ -30,6 +32,17 @@ REPEATS = 10
 DEFAULT_NOISE = 0.02  # relative noise of a run where neither the command line nor the state names one
 
 
+# What a simulated GPU "went through" during each test, in the shape the CUDA backends give
+# (telemetry.Window's summary per test, one reading after): a healthy GPU's readings.
+_SIM_READING = {"clocks_event_reasons": [], "temperature_c": 35, "power_w": 120.0, "sm_clock_mhz": 1980}
+
+
+def _telemetry(tests: dict[str, Any]) -> dict[str, Any]:
+    reading = _SIM_READING
+    during = {test: telemetry.summarize([reading, reading], 0.0) for test in tests}
+    return {"during": during, "after": dict(reading)}
+
+
 def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) -> list[dict[str, Any]]:
     from fleetops.gpu.sim import VALIDATION_FAULTS, validation_faults
 
@@ -47,8 +60,7 @@ def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) 
             samples = [node_level * (1 + rng.uniform(-half, half)) for _ in range(REPEATS)]
             tests[metric] = samples
         out.append({"index": index, "uuid": gpu["uuid"], "bus_id": gpu["bus_id"], "name": gpu["name"],
-                    "samples": tests, "telemetry": {"clocks_event_reasons": [], "temperature_c": [35],
-                                                     "power_w": [120.0], "sm_clock_mhz": [1980]}})
+                    "samples": tests, "telemetry": _telemetry(tests)})
     return out
 
 
