@@ -115,12 +115,3 @@ def test_without_nvml_the_window_says_so_and_starts_no_thread() -> None:
         "readings": 0, "seconds": window.during["hbm_copy_gbps"]["seconds"], "errors": 2,
         "error": "pynvml not available",
     }  # fmt: skip
-
-
-def test_a_single_reading_for_tests_without_a_window() -> None:
-    nv = ScriptedNvml([CAPPED, LOAD])
-    window = telemetry.Window(nv, 0)
-    window("p2p_gbps")
-    window("p2p_gbps")  # the first reading stays
-    assert window.during["p2p_gbps"]["readings"] == 1
-    assert window.during["p2p_gbps"]["clocks_event_reasons"] == ["sw_power_cap"]

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-KINDS = ("hbm", "gemm", "copy")
 WARMUP_S = {
     "quick": {"hbm": 0.2, "gemm": 1.0, "copy": 0.1},
     "full": {"hbm": 2.0, "gemm": 10.0, "copy": 1.0},

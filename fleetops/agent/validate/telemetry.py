@@ -69,10 +69,7 @@ def summarize(readings: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
 
 
 class Window:
-    """Samples one GPU while a test runs; ``during`` maps each test to its summary.
-
-    Also callable as ``window(test)``: one reading kept as that test's (for a test that has no
-    begin and end, as the node tests' backends do)."""
+    """Samples one GPU while a test runs; ``during`` maps each test to its summary."""
 
     def __init__(self, nv: Any, index: int, period_s: float = PERIOD_S) -> None:
         self.nv = nv
@@ -84,10 +81,6 @@ class Window:
         self._started = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def __call__(self, test: str) -> None:
-        if test not in self.during:
-            self.during[test] = summarize([read(self.nv, self.index)], 0.0)
 
     def begin(self, test: str) -> None:
         if self._test is not None:
