@@ -868,14 +868,25 @@ class Stream:
         self._client = client
         self._channel = channel
         self._stderr = bytearray()
+        self._closed_here = False
 
     def fileno(self) -> int:
         return self._channel.fileno()
 
     def send(self, data: bytes) -> None:
-        """Write to the command's stdin (OSError when the connection is gone)."""
+        """Write to the command's stdin (OSError once closed here, or when the connection
+        broke). A command that already ended (the host closed its channel: a relay that found
+        no daemon socket exits at once) is not an error, as with ``ProcessStream``: why it ended
+        (its exit status, its stderr) is what the caller learns from the stream's end."""
+        if self._closed_here:
+            raise OSError(f"{self.host}: stream closed")
         try:
             self._channel.sendall(data)
+        except OSError:
+            carrier = self._channel.get_transport()
+            if self._channel.closed and carrier is not None and carrier.is_active():
+                return  # the command ended, the connection did not
+            raise
         except (paramiko.SSHException, EOFError) as exc:
             raise OSError(f"{self.host}: stream closed: {exc}") from exc
 
@@ -920,6 +931,7 @@ class Stream:
         return transport is not None and transport.is_active() and not self._channel.closed
 
     def close(self) -> None:
+        self._closed_here = True
         try:
             self._channel.close()
         finally:

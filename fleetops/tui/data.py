@@ -545,7 +545,10 @@ def summarize(
 def mark_failed(name: str, status: str, problem: model.Finding, previous: NodeEntry | None) -> NodeEntry:
     """The node did not give a snapshot: keep its last good state, add the mark and why."""
     base = previous or pending_entry(name)
-    hay = " ".join([base.haystack or name.lower(), f"{problem.check} {problem.message}".lower()])
+    # built afresh from the kept findings and this problem: a node marked again and again (a
+    # host down for a day, retried every backoff) must not grow its search text each time
+    hay = " ".join([name, *(f"{f.check} {f.message}" for f in base.findings), f"{problem.check} {problem.message}"])
+    hay = hay.lower()
     entry = replace(base, status=status, problem=problem, haystack=hay, version=base.version + 1)
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)

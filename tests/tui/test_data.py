@@ -120,6 +120,21 @@ def test_unreachable_node_keeps_last_state_with_age_and_mark(fleet: data.FleetSt
     assert state.totals().unreachable == 1
 
 
+def test_a_node_marked_again_and_again_keeps_one_search_text(fleet: data.FleetState) -> None:
+    """A host down for hours is marked at every retry: its search text holds its kept findings
+    and the latest problem once, not one more copy per retry."""
+    entry = fleet.entries["node003"]
+    first = unreachable("node003", entry)
+    for _ in range(200):
+        entry = unreachable("node003", entry)
+    assert entry.haystack == first.haystack
+    assert entry.haystack.count("connection refused") == 1
+    assert "ecc" in entry.haystack  # the last state's findings are still searchable
+    fleet.update([entry])
+    fleet.filter = data.Filter.parse("refused")
+    assert [r.key for r in fleet.rows("nodes")] == ["node003"]
+
+
 def test_a_node_never_reached_is_unreachable_without_data() -> None:
     e = unreachable("node099", None)
     assert e.snapshot is None and e.display_health == "unreach"

@@ -574,3 +574,71 @@ def test_openssh_open_edges_and_close_leaves_no_ssh_process(fleet_dir: tuple[str
         assert len(pids) == len(NODES)
         assert sorted(p for p, _ in _ssh_children()) == sorted(pids)
     assert _ssh_children() == []  # no ssh left, no zombie either
+
+
+def test_paramiko_stream_whose_command_ended_before_the_first_write_reads_as_ended(
+    fleet_dir: tuple[str, Daemon],
+) -> None:
+    """The relay exits at once when no daemon socket is there; on a loaded machine the host's
+    close can arrive before the source writes ``watch``. That write is no failure (the
+    connection is up): the end, its status and stderr are read from the stream, as with the
+    OpenSSH stream. Once closed here, a write is an error."""
+    directory, _ = fleet_dir
+    hosts, baselines = _hosts(directory)
+    opener = stream_source(hosts, baselines, "paramiko").opener
+    ended = opener.open(hosts[0], ["sh", "-c", "echo 'fleetops relay: no daemon socket' >&2; exit 3"])
+    assert isinstance(ended, transport.Stream)
+    assert ended.exit_status(wait_s=10) == 3
+    deadline = time.monotonic() + 10
+    while not ended._channel.closed:  # the race, made certain: the host's close came first
+        assert time.monotonic() < deadline, "the channel did not close"
+        time.sleep(0.02)
+    assert ended.active is False
+    ended.send(b"watch\n")
+    assert ended.read() == b""
+    assert "no daemon socket" in ended.stderr()
+    ended.close()
+    with pytest.raises(OSError, match="stream closed"):
+        ended.send(b"watch\n")
+
+
+class _LateWriter:
+    """An opener whose streams are handed back only once their command has ended, so the
+    source's first write always comes after the relay's end (the loaded machine's order)."""
+
+    def __init__(self, opener: Any) -> None:
+        self.opener = opener
+        self.opened = 0
+
+    def open(self, host: Any, command: Any, env: Any = None) -> Any:
+        s = self.opener.open(host, command, env)
+        self.opened += 1
+        s.exit_status(wait_s=10)
+        deadline = time.monotonic() + 10
+        while s.active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return s
+
+
+def test_stream_daemon_absent_relay_ended_before_the_write_is_polled_never_unreach(
+    fleet_dir: tuple[str, Daemon],
+) -> None:
+    """No daemon: every stream's relay ends before the source writes to it, over and over (the
+    source retries the stream every second). Each node is polled with a cold collect and none
+    is ever marked unreachable."""
+    directory, daemon = fleet_dir
+    hosts, baselines = _hosts(directory)
+    daemon.stop()
+    source = stream_source(hosts, baselines, "paramiko")
+    late = _LateWriter(source.opener)
+    source.opener = late
+    with Running(source) as run:
+        run.wait(
+            lambda: all(source.node_state(n) == stream.POLLING for n in NODES)
+            and len(run.entries) == len(NODES)
+            and late.opened >= 3 * len(NODES),
+            60,
+            "every node polled, its stream retried",
+        )
+        assert all(e.status == data.STATUS_OK for e in run.entries.values()), run.entries
+        assert source.unreachable_marks == {}
