@@ -39,7 +39,7 @@ def main() -> int:
     passes = []
     for _ in range(2):
         t = time.monotonic()
-        tests = mod.run_gpu(0, "quick", lambda _test: None)
+        tests = mod.run_gpu(0, "quick", None)  # no telemetry window: the time alone
         passes.append({"seconds": round(time.monotonic() - t, 3),
                        "tests": sorted(k for k, v in tests.items() if isinstance(v, list))})
     doc["run_gpu_passes"] = passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetops.agent.validate import levels
+from fleetops.agent.validate import levels, telemetry
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}
@@ -84,7 +84,8 @@ extern "C" __global__ void fleetops_triad(const float4* __restrict__ x, const fl
 """
 
 
-def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
+def run_gpu(index: int, level: str, window: telemetry.Window | None) -> dict[str, Any]:
+    """The per-GPU tests on GPU ``index``; ``window`` samples the GPU during each (None: not sampled)."""
     import cupy
 
     reps = REPEATS[level]
@@ -102,25 +103,25 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
         n4 = n // 4
         grid = (int(cupy.cuda.Device(index).attributes["MultiProcessorCount"]) * 8,)
         block = (256,)
-        t = _time(lambda: copy(grid, block, (b, a, cupy.int64(n4))), reps, window=sample, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
+        t = _time(lambda: copy(grid, block, (b, a, cupy.int64(n4))), reps, window=window, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
         tests["hbm_copy_gbps"] = [2 * n * 4 / s / 1e9 for s in t]
         t = _time(lambda: triad(grid, block, (b, c, a, cupy.float32(3.0), cupy.int64(n4))), reps,
-                  window=sample, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
+                  window=window, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
         tests["hbm_triad_gbps"] = [3 * n * 4 / s / 1e9 for s in t]
         a = b = c = None  # free the STREAM arrays before the GEMM ones
         for dtype, name in ((cupy.float16, "gemm_fp16_tflops"), (cupy.float32, "gemm_fp32_tflops")):
             x = cupy.random.rand(GEMM_N, GEMM_N).astype(dtype)
             y = cupy.random.rand(GEMM_N, GEMM_N).astype(dtype)
-            t = _time(lambda x=x, y=y: cupy.matmul(x, y), reps, inner=5, window=sample, test=name, timing=levels.timing(level, "gemm"))
+            t = _time(lambda x=x, y=y: cupy.matmul(x, y), reps, inner=5, window=window, test=name, timing=levels.timing(level, "gemm"))
             tests[name] = [2 * GEMM_N**3 / s / 1e12 for s in t]
         tests["gemm_bf16_tflops"] = {"skipped": "CuPy has no bf16 GEMM: gemm_fp16_tflops and gemm_fp32_tflops instead"}
         tests["gemm_fp8_tflops"] = {"skipped": "CuPy has no fp8 GEMM"}
         pinned = cupy.cuda.alloc_pinned_memory(HOST_BYTES)
         devbuf = cupy.cuda.alloc(HOST_BYTES)
         stream = cupy.cuda.get_current_stream()
-        t = _time(lambda: devbuf.copy_from_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="h2d_gbps", timing=levels.timing(level, "copy"))
+        t = _time(lambda: devbuf.copy_from_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=window, test="h2d_gbps", timing=levels.timing(level, "copy"))
         tests["h2d_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
-        t = _time(lambda: devbuf.copy_to_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=sample, test="d2h_gbps", timing=levels.timing(level, "copy"))
+        t = _time(lambda: devbuf.copy_to_host_async(pinned.ptr, HOST_BYTES, stream), reps, window=window, test="d2h_gbps", timing=levels.timing(level, "copy"))
         tests["d2h_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
         cupy.get_default_memory_pool().free_all_blocks()
     return tests

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetops.agent.validate import levels
+from fleetops.agent.validate import levels, telemetry
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}
@@ -55,7 +55,8 @@ def _time(
     return levels.time_repeats(elapsed, first, repeats, inner, window, test, timing)
 
 
-def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
+def run_gpu(index: int, level: str, window: telemetry.Window | None) -> dict[str, Any]:
+    """The per-GPU tests on GPU ``index``; ``window`` samples the GPU during each (None: not sampled)."""
     import torch
 
     dev = torch.device("cuda", index)
@@ -67,14 +68,14 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
     a = torch.empty(n, dtype=torch.float32, device=dev)
     b = torch.rand(n, dtype=torch.float32, device=dev)
     c = torch.rand(n, dtype=torch.float32, device=dev)
-    t = _time(lambda: a.copy_(b), reps, window=sample, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
+    t = _time(lambda: a.copy_(b), reps, window=window, test="hbm_copy_gbps", timing=levels.timing(level, "hbm"))
     tests["hbm_copy_gbps"] = [2 * n * 4 / s / 1e9 for s in t]
-    t = _time(lambda: torch.add(b, c, alpha=3.0, out=a), reps, window=sample, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
+    t = _time(lambda: torch.add(b, c, alpha=3.0, out=a), reps, window=window, test="hbm_triad_gbps", timing=levels.timing(level, "hbm"))
     tests["hbm_triad_gbps"] = [3 * n * 4 / s / 1e9 for s in t]
 
     x = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device=dev)
     y = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device=dev)
-    t = _time(lambda: torch.mm(x, y), reps, inner=5, window=sample, test="gemm_bf16_tflops", timing=levels.timing(level, "gemm"))
+    t = _time(lambda: torch.mm(x, y), reps, inner=5, window=window, test="gemm_bf16_tflops", timing=levels.timing(level, "gemm"))
     tests["gemm_bf16_tflops"] = [2 * GEMM_N**3 / s / 1e12 for s in t]
     scaled_mm = getattr(torch, "_scaled_mm", None)
     fp8 = getattr(torch, "float8_e4m3fn", None)
@@ -88,16 +89,16 @@ def run_gpu(index: int, level: str, sample: Any) -> dict[str, Any]:
         yf = y.t().contiguous().t().to(fp8)
         one = torch.tensor(1.0, device=dev)
         try:
-            t = _time(lambda: scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, inner=5, window=sample, test="gemm_fp8_tflops", timing=levels.timing(level, "gemm"))
+            t = _time(lambda: scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, inner=5, window=window, test="gemm_fp8_tflops", timing=levels.timing(level, "gemm"))
             tests["gemm_fp8_tflops"] = [2 * GEMM_N**3 / s / 1e12 for s in t]
         except (RuntimeError, TypeError) as exc:
             tests["gemm_fp8_tflops"] = {"skipped": f"torch._scaled_mm failed: {exc}"[:200]}
 
     host = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
     devbuf = torch.empty(HOST_BYTES, dtype=torch.uint8, device=dev)
-    t = _time(lambda: devbuf.copy_(host, non_blocking=True), reps, window=sample, test="h2d_gbps", timing=levels.timing(level, "copy"))
+    t = _time(lambda: devbuf.copy_(host, non_blocking=True), reps, window=window, test="h2d_gbps", timing=levels.timing(level, "copy"))
     tests["h2d_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
-    t = _time(lambda: host.copy_(devbuf, non_blocking=True), reps, window=sample, test="d2h_gbps", timing=levels.timing(level, "copy"))
+    t = _time(lambda: host.copy_(devbuf, non_blocking=True), reps, window=window, test="d2h_gbps", timing=levels.timing(level, "copy"))
     tests["d2h_gbps"] = [HOST_BYTES / s / 1e9 for s in t]
     torch.cuda.empty_cache()
     return tests
