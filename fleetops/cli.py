@@ -276,9 +276,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"stopped {n} sshd processes (and the fleet's agent daemon, if it ran one)")
         return 0
     if args.sim_command in ("inject", "clear"):
-        fn = fleet.inject if args.sim_command == "inject" else fleet.clear
-        fn(args.dir, args.node, args.fault, args.gpu)
+        if args.sim_command == "inject":
+            fleet.inject(args.dir, args.node, args.fault, args.gpu, args.peer)
+        else:
+            fleet.clear(args.dir, args.node, args.fault, args.gpu)
         where = f" GPU {args.gpu}" if args.gpu is not None else ""
+        where += f" (link to GPU {args.peer})" if getattr(args, "peer", None) is not None else ""
         print(f"{args.sim_command}: {args.fault} on {args.node}{where}")
         return 0
     if args.sim_command == "status":
@@ -474,8 +477,14 @@ def build_parser() -> argparse.ArgumentParser:
         q = ssub.add_parser(name, help=f"{name} a fault on a running node")
         q.add_argument("--dir", required=True)
         q.add_argument("node")
-        q.add_argument("fault", help="e.g. ecc-dbe, xid:79, host-down, host-hang" + (", all" if name == "clear" else ""))
+        q.add_argument(
+            "fault",
+            help="e.g. ecc-dbe, xid:79, host-down, host-hang; for validate: slow-hbm, slow-gemm, slow-pcie, "
+            "slow-nvlink, noisy" + (", all" if name == "clear" else ""),
+        )
         q.add_argument("--gpu", type=int, help="GPU index (default: GPU 0, or the last for gpu-missing)")
+        if name == "inject":
+            q.add_argument("--peer", type=int, help="slow-nvlink only: the one link between --gpu and this GPU")
     q = ssub.add_parser("status", help="nodes, addresses, up/down/hung, faults")
     q.add_argument("--dir", required=True)
     q.add_argument("--json", action="store_true")

@@ -225,19 +225,32 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
         "processes": {},
     }
     for entry in scenario.get("faults") or []:
-        name, gpu_index = _parse_fault_entry(entry)
-        inject_into(state, name, gpu_index)
+        name, gpu_index, peer = _parse_fault_entry(entry)
+        inject_into(state, name, gpu_index, peer)
     return state
 
 
-def _parse_fault_entry(entry: Any) -> tuple[str, int | None]:
-    if isinstance(entry, str):
-        name, _, gpu = entry.partition("@")
-        return name, int(gpu) if gpu else None
-    if isinstance(entry, dict) and "fault" in entry:
-        index = entry.get("gpu")
-        return str(entry["fault"]), int(index) if index is not None else None
-    raise SimError(f"faults: entry {entry!r} is neither 'NAME[@GPU]' nor {{fault: NAME, gpu: N}}")
+def _parse_fault_entry(entry: Any) -> tuple[str, int | None, int | None]:
+    """(fault, GPU, peer GPU) of a scenario's fault entry: ``NAME``, ``NAME@GPU``,
+    ``slow-nvlink@GPU-PEER`` (one link), or ``{fault: NAME, gpu: N, peer: M}``."""
+    bad = SimError(
+        f"faults: entry {entry!r} is neither 'NAME[@GPU]', 'slow-nvlink@GPU-PEER' nor {{fault: NAME, gpu: N, peer: M}}"
+    )
+    try:
+        if isinstance(entry, str):
+            name, _, where = entry.partition("@")
+            gpu, _, peer = where.partition("-")
+            return name, int(gpu) if gpu else None, int(peer) if peer else None
+        if isinstance(entry, dict) and "fault" in entry and set(entry) <= {"fault", "gpu", "peer"}:
+            index, peer_index = entry.get("gpu"), entry.get("peer")
+            return (
+                str(entry["fault"]),
+                int(index) if index is not None else None,
+                int(peer_index) if peer_index is not None else None,
+            )
+    except (TypeError, ValueError):
+        raise bad from None
+    raise bad
 
 
 def load_scenario(path: str) -> dict[str, Any]:
@@ -257,7 +270,7 @@ def load_scenario(path: str) -> dict[str, Any]:
     if unknown:
         raise SimError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
     for entry in data.get("faults") or []:
-        name, _ = _parse_fault_entry(entry)
+        name, _, _ = _parse_fault_entry(entry)
         check_fault_name(name)
     return data
 
@@ -268,8 +281,11 @@ def check_fault_name(name: str) -> None:
         if not code.isdigit() or int(code) <= 0:
             raise SimError(f"unknown fault {name!r}: xid:<code> takes a positive number, e.g. xid:79")
         return
-    if name not in FAULT_NAMES:
-        raise SimError(f"unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}, xid:<code>")
+    if name not in FAULT_NAMES and name not in VALIDATION_FAULTS:
+        raise SimError(
+            f"unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}, xid:<code>; "
+            f"for validate: {', '.join(VALIDATION_FAULTS)}"
+        )
 
 
 # --- state file ----------------------------------------------------------------------
@@ -359,11 +375,17 @@ def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
     return gpu
 
 
-def inject_into(state: dict[str, Any], name: str, gpu: int | None) -> bool:
+def inject_into(state: dict[str, Any], name: str, gpu: int | None, peer: int | None = None) -> bool:
     """Inject ``name`` into a state held in memory (a scenario being built, a test's node); False
     if it was already there. An XID fault injected again logs its XID once more (each XID is an
-    event, and the policy escalates on repeats). ``inject`` does the same on a state file."""
+    event, and the policy escalates on repeats). A validation degradation (``VALIDATION_FAULTS``)
+    changes only what the simulated ``validate`` measures; ``peer`` narrows slow-nvlink to one
+    link. ``inject`` does the same on a state file."""
     check_fault_name(name)
+    if name in VALIDATION_FAULTS:
+        return inject_validation_fault(state, name, 0 if gpu is None else gpu, peer)
+    if peer is not None:
+        raise SimError(f"a peer GPU narrows slow-nvlink to one link; {name} takes none")
     index = _gpu_index(state, name, gpu)
     for fault in state["faults"]:
         if fault["name"] == name and fault.get("gpu") == index:
@@ -405,13 +427,13 @@ def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
     state.setdefault("kernel_log", []).append({"gpu": index, "code": code, "line": line})
 
 
-def inject(path: str, name: str, gpu: int | None = None) -> bool:
+def inject(path: str, name: str, gpu: int | None = None, peer: int | None = None) -> bool:
     """Inject ``name`` on the node whose state is at ``path``; False if it was already there.
     An XID it logs is also appended to the node's kmsg-format file (``kmsg_path``)."""
     check_fault_name(name)
     with locked_state(path) as state:
         before = len(state.get("kernel_log", []))
-        done = inject_into(state, name, gpu)
+        done = inject_into(state, name, gpu, peer)
         for entry in state.get("kernel_log", [])[before:]:
             append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)))
         return done
@@ -450,7 +472,8 @@ def clear(path: str, name: str, gpu: int | None = None) -> int:
 
 
 def _clear(state: dict[str, Any], name: str, gpu: int | None) -> int:
-    kept, removed = [], 0
+    removed = _clear_validation(state, name, gpu)
+    kept = []
     now = time.time()
     for fault in state["faults"]:
         hit = (name == "all" or fault["name"] == name) and (gpu is None or fault.get("gpu") == gpu)
@@ -1138,9 +1161,10 @@ VALIDATION_FAULTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int, peer: int | None = None) -> None:
-    """Mark one GPU degraded for the simulated validation backend (idempotent). ``peer`` (only
-    for slow-nvlink) narrows it to the one link between ``gpu_index`` and ``peer``."""
+def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int, peer: int | None = None) -> bool:
+    """Mark one GPU degraded for the simulated validation backend (idempotent: False when it
+    was already). ``peer`` (only for slow-nvlink) narrows it to the one link between
+    ``gpu_index`` and ``peer``."""
     if name not in VALIDATION_FAULTS:
         raise SimError(f"unknown validation fault {name!r}; known: {', '.join(VALIDATION_FAULTS)}")
     for index in (gpu_index,) if peer is None else (gpu_index, peer):
@@ -1152,8 +1176,23 @@ def inject_validation_fault(state: dict[str, Any], name: str, gpu_index: int, pe
     entry: dict[str, Any] = {"fault": name, "gpu": gpu_index}
     if peer is not None:
         entry["peer"] = peer
-    if entry not in entries:
-        entries.append(entry)
+    if entry in entries:
+        return False
+    entries.append(entry)
+    return True
+
+
+def _clear_validation(state: dict[str, Any], name: str, gpu: int | None) -> int:
+    """Remove validation degradations named ``name`` (or all) on ``gpu`` (either end of a
+    narrowed link) or on every GPU; how many."""
+    entries = state.get("validation_faults") or []
+    kept = [
+        e for e in entries
+        if not ((name == "all" or e["fault"] == name) and (gpu is None or gpu in (e.get("gpu"), e.get("peer"))))
+    ]  # fmt: skip
+    if entries:
+        state["validation_faults"] = kept
+    return len(entries) - len(kept)
 
 
 def set_validation_noise(state: dict[str, Any], noise: float | None = None, seed: int | None = None) -> None:

@@ -733,6 +733,9 @@ def status(directory: str) -> list[dict[str, Any]]:
             sim_state = sim.read_state(entry["state"])
             for f in sim_state["faults"]:
                 faults.append(f["name"] if f.get("gpu") is None else f"{f['name']}@{f['gpu']}")
+            for v in sim_state.get("validation_faults") or []:  # what only validate measures
+                link = f"-{v['peer']}" if v.get("peer") is not None else ""
+                faults.append(f"{v['fault']}@{v['gpu']}{link}")
         except sim.SimError as exc:
             row["error"] = str(exc)
         row["faults"] = faults
@@ -774,8 +777,9 @@ def _reload(fleet: dict[str, Any], name: str) -> None:
             time.sleep(0.01)
 
 
-def inject(directory: str, node: str | int, fault: str, gpu: int | None = None) -> bool:
-    """Inject ``fault`` on ``node``; False when it was already there."""
+def inject(directory: str, node: str | int, fault: str, gpu: int | None = None, peer: int | None = None) -> bool:
+    """Inject ``fault`` on ``node``; False when it was already there. ``peer`` narrows
+    slow-nvlink (a validation degradation) to the link between ``gpu`` and ``peer``."""
     directory = os.path.abspath(directory)
     _check_fault(fault)
     with _locked(directory):
@@ -785,10 +789,10 @@ def inject(directory: str, node: str | int, fault: str, gpu: int | None = None) 
         entry = fleet["nodes"][name]
         if fault not in FLEET_FAULTS:
             try:
-                return sim.inject(entry["state"], fault, gpu)
+                return sim.inject(entry["state"], fault, gpu, peer)
             except sim.SimError as exc:
                 raise SimFleetError(f"{name}: {exc}") from exc
-        if gpu is not None:
+        if gpu is not None or peer is not None:
             raise SimFleetError(f"fault {fault!r} is host-wide; it takes no GPU index")
         faults = entry.setdefault("faults", [])
         if fault in faults:

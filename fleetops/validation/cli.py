@@ -162,23 +162,62 @@ def cmd_validate(args: argparse.Namespace) -> int:
                "nodes": [v.to_dict() for v in node_verdicts], "unreachable": problems, "history_run": run_id}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        sys.stdout.write(_table(verdicts, problems, node_verdicts))
+        sys.stdout.write(_table(verdicts, problems, node_verdicts, gpus, args.all))
     return code
 
 
-def _table(verdicts: list[GpuVerdict], problems: dict[str, str], node_verdicts: list[NodeVerdict] | None = None) -> str:
-    lines = [f"{'HOST':<16} {'GPU':<44} {'STATUS':<8} FINDINGS"]
+def _table(
+    verdicts: list[GpuVerdict],
+    problems: dict[str, str],
+    node_verdicts: list[NodeVerdict] | None = None,
+    gpus: list[dict[str, Any]] | None = None,
+    show_all: bool = False,
+) -> str:
+    """The operator's table: the GPUs and nodes that are not ok (every one with ``show_all``),
+    each GPU by its index and bus id (what ``nvidia-smi -i`` takes), P2P pairs by GPU index,
+    then the counts. The JSON form keeps UUIDs and every figure."""
+    where: dict[tuple[str, str], tuple[Any, Any]] = {
+        (str(g.get("host")), str(g.get("uuid"))): (g.get("index"), g.get("bus_id")) for g in gpus or []
+    }
+    by_host: dict[str, dict[str, str]] = {}
+    for (host, uuid), (index, _) in where.items():
+        if index is not None:
+            by_host.setdefault(host, {})[uuid] = f"GPU {index}"
+
+    def gpu_cell(v: GpuVerdict) -> str:
+        index, bus = where.get((v.host, v.gpu), (None, None))
+        return f"{index} {bus}" if index is not None and bus else v.gpu
+
+    def pair(host: str, text: str) -> str:
+        for uuid, name in by_host.get(host, {}).items():
+            text = text.replace(uuid, name)
+        return text
+
+    lines = [f"{'HOST':<16} {'GPU':<20} {'STATUS':<8} FINDINGS"]
     for v in verdicts:
+        if v.status == "ok" and not show_all:
+            continue
         finding = "; ".join(f"{x.metric}: {x.reason}" for x in v.verdicts if x.status != "ok")
-        lines.append(f"{v.host:<16} {v.gpu:<44} {v.status:<8} {finding}")
+        lines.append(f"{v.host:<16} {gpu_cell(v):<20} {v.status:<8} {finding}")
     for nv in node_verdicts or []:
+        if nv.status == "ok" and not show_all:
+            continue
         bad = [x for x in nv.verdicts if x.status != "ok"]
-        finding = "; ".join(f"{x.metric} {x.gpu}: {x.reason}" for x in bad) or "; ".join(nv.notes)
-        lines.append(f"{nv.host:<16} {'(node: P2P, all_reduce)':<44} {nv.status:<8} {finding}")
+        finding = "; ".join(f"{x.metric} {pair(nv.host, x.gpu)}: {x.reason}" for x in bad) or "; ".join(nv.notes)
+        lines.append(f"{nv.host:<16} {'(node: P2P, NCCL)':<20} {nv.status:<8} {finding}")
     for host, why in problems.items():
-        lines.append(f"{host:<16} {'-':<44} {'unknown':<8} {why}")
+        lines.append(f"{host:<16} {'-':<20} {'unknown':<8} {why}")
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
-    lines.append(f"{len(verdicts)} GPUs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    summary = f"{len(verdicts)} GPUs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    if node_verdicts:
+        ncounts = {s: sum(1 for v in node_verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
+        summary += f"; {len(node_verdicts)} nodes' P2P and all_reduce: " + ", ".join(
+            f"{n} {s}" for s, n in ncounts.items()
+        )
+    summary += f"; {len(problems)} nodes without a result"
+    lines.append(summary)
+    if not show_all and (counts["ok"] or any(nv.status == "ok" for nv in node_verdicts or [])):
+        lines.append("(what is ok is not listed: --all lists every GPU and node)")
     return "\n".join(lines) + "\n"
 
 
@@ -193,6 +232,8 @@ def register(sub: Any) -> None:
                    help="quick (at most 60 s a node, the default) or full (at most 10 minutes)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table (default) or json (every GPU's and node's status, findings and figures)")
+    p.add_argument("--all", action="store_true",
+                   help="table: list every GPU and node, ok ones too (default: only what is not ok, then the counts)")
     p.add_argument("--forks", type=int, default=50, help="nodes at a time")
     p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")

@@ -38,16 +38,14 @@ def fleet32(root_sshd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     info = fleet.up(32, directory, first_address=ADDRESS, port=free_port(ADDRESS))
     try:
         expected: dict[str, str] = {}
-        for (name, gpu), fault in DEGRADED.items():
-            path = info["nodes"][name]["state"]
-            state = sim.read_state(path)
-            sim.inject_validation_fault(state, fault, gpu)
-            sim.write_state(path, state)
-            expected[state["gpus"][gpu]["uuid"]] = fault
+        for (name, gpu), fault in DEGRADED.items():  # as `fleetops sim inject NODE FAULT --gpu N` does
+            assert fleet.inject(directory, name, fault, gpu) is True
+            expected[sim.read_state(info["nodes"][name]["state"])["gpus"][gpu]["uuid"]] = fault
         name, gpu, peer = SLOW_LINK
+        inject = _fleetops("sim", "inject", "--dir", directory, name, "slow-nvlink", "--gpu", str(gpu), "--peer", str(peer))
+        assert inject.returncode == 0, inject.stderr
         state = sim.read_state(info["nodes"][name]["state"])
-        sim.inject_validation_fault(state, "slow-nvlink", gpu, peer)
-        sim.write_state(info["nodes"][name]["state"], state)
+        assert state["validation_faults"] == [{"fault": "slow-nvlink", "gpu": gpu, "peer": peer}]
         link_uuids[:] = [state["gpus"][gpu]["uuid"], state["gpus"][peer]["uuid"]]
         yield os.path.join(directory, "inventory.yml"), expected
     finally:
@@ -89,6 +87,40 @@ def _fleetops(*argv: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "fleetops.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
+
+
+def test_validate_table_lists_what_is_not_ok_by_gpu_index(fleet32: tuple[str, dict[str, str]]) -> None:
+    """The text form: only what is not ok, each GPU by index and bus id, a slow link by its two
+    GPU indexes, then the counts; ``--all`` lists every GPU and node."""
+    inv, _ = fleet32
+    four = "node001,node003,node007,node020"
+    proc = _fleetops("validate", "-i", inv, "--no-history", "--limit", four)
+    assert proc.returncode == EXIT_CRIT, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["HOST", "GPU", "STATUS", "FINDINGS"]
+    rows = [line.split(None, 4) for line in lines[1:-2]]
+    states = {name: sim.read_state(os.path.join(os.path.dirname(inv), "state", f"{name}.json")) for name in
+              ("node003", "node020")}
+    bus = {name: [g["bus_id"] for g in st["gpus"]] for name, st in states.items()}
+    assert [r[:4] for r in rows] == [
+        ["node003", "1", bus["node003"][1], "warn"],
+        ["node020", "0", bus["node020"][0], "crit"],
+        ["node007", "(node:", "P2P,", "NCCL)"],
+    ]
+    assert rows[0][4].startswith("hbm_copy_gbps: straggler") and "d2h_gbps" in rows[1][4]
+    node_row = lines[3]
+    assert "p2p_gbps GPU 2->GPU 5: straggler" in node_row and "p2p_gbps GPU 5->GPU 2: straggler" in node_row
+    assert "GPU-" not in node_row  # indexes, not UUIDs
+    assert lines[-2] == (
+        "32 GPUs: 30 ok, 1 warn, 1 crit, 0 unknown; 4 nodes' P2P and all_reduce: 3 ok, 1 warn, 0 crit, 0 unknown; "
+        "0 nodes without a result"
+    )
+    every = _fleetops("validate", "-i", inv, "--no-history", "--limit", four, "--all")
+    assert every.returncode == EXIT_CRIT, every.stderr
+    body = every.stdout.splitlines()[1:-1]
+    assert len(body) == 4 * 8 + 4
+    statuses = [(p[4] if p[1] == "(node:" else p[3]) for p in (line.split() for line in body)]
+    assert {s: statuses.count(s) for s in set(statuses)} == {"ok": 30 + 3, "warn": 2, "crit": 1}
 
 
 def test_validate_results_are_stored_and_history_shows_them(fleet32: tuple[str, dict[str, str]],
