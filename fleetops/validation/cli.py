@@ -214,7 +214,7 @@ def _table(
         summary += f"; {len(node_verdicts)} nodes' P2P and all_reduce: " + ", ".join(
             f"{n} {s}" for s, n in ncounts.items()
         )
-    summary += f"; {len(problems)} nodes without a result"
+    summary += f"; {len(problems)} node{'' if len(problems) == 1 else 's'} without a result"
     lines.append(summary)
     if not show_all and (counts["ok"] or any(nv.status == "ok" for nv in node_verdicts or [])):
         lines.append("(what is ok is not listed: --all lists every GPU and node)")
