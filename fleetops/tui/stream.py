@@ -57,7 +57,8 @@ NO_DAEMON_STATUS = 3
 # start cost about 9 ms of CPU more, on every node of every stream opened): the numbers are
 # Linux's, on every architecture a GPU node runs (AF_UNIX 1, SOCK_STREAM 1, EINTR 4), and the
 # address is sockaddr_un by hand (a native short family, then the path: Linux takes the
-# address's length from the call, so the path needs no terminating NUL).
+# address's length from the call, so the path needs no terminating NUL). The socket is read
+# before stdin: what the daemon already sent reaches stdout before an end of stdin ends the relay.
 PERL_RELAY = r"""
 my $p = $ARGV[0];
 if (length($p) > 107) { print STDERR "fleetops relay: socket path too long: $p\n"; exit 3 }
@@ -69,12 +70,12 @@ while (1) {
   my $r = $rin;
   my $n = select($r, undef, undef, undef);
   if ($n < 0) { next if $! == 4; exit 1 }
-  if (vec($r, $in, 1)) { my $k = sysread(STDIN, my $b, 4096); exit 0 unless $k; defined(syswrite($s, $b)) or exit 0 }
   if (vec($r, $sk, 1)) {
     my $k = sysread($s, my $b, 65536); exit 0 unless $k;
     my $o = 0;
     while ($o < $k) { my $w = syswrite(STDOUT, $b, $k - $o, $o); exit 0 unless defined $w; $o += $w }
   }
+  if (vec($r, $in, 1)) { my $k = sysread(STDIN, my $b, 4096); exit 0 unless $k; defined(syswrite($s, $b)) or exit 0 }
 }
 """
 

@@ -94,6 +94,42 @@ def test_perl_relay_copies_both_ways_and_ends_when_stdin_closes(short_dir: Path)
         server.close()
 
 
+def test_perl_relay_passes_on_what_waits_on_the_socket_before_ending_at_stdin_end(short_dir: Path) -> None:
+    """The daemon's line and the end of stdin are both waiting when the relay next looks (the
+    order a loaded machine gives: the relay is stopped while both arrive). The line is passed
+    on, then the relay ends."""
+    import signal
+
+    path = str(short_dir / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    proc = _perl(path)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        listener.settimeout(20)
+        conn, _ = listener.accept()
+        with conn:
+            proc.stdin.write(b"watch\n")
+            proc.stdin.flush()
+            conn.settimeout(20)
+            assert conn.recv(64) == b"watch\n"  # the relay is in its loop
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                conn.sendall(b'{"change": 7}\n')
+                proc.stdin.close()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            out = proc.stdout.read()
+            assert proc.wait(20) == 0
+        assert out == b'{"change": 7}\n'
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()
+
+
 def test_perl_relay_loads_no_module(short_dir: Path) -> None:
     """The relay's start is paid on every node for every stream: no ``use`` and no ``%!`` (which
     loads Errno), so perl compiles only the script."""
