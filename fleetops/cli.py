@@ -276,12 +276,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"stopped {n} sshd processes (and the fleet's agent daemon, if it ran one)")
         return 0
     if args.sim_command in ("inject", "clear"):
+        peer = getattr(args, "peer", None)  # inject only
         if args.sim_command == "inject":
-            fleet.inject(args.dir, args.node, args.fault, args.gpu, args.peer)
+            fleet.inject(args.dir, args.node, args.fault, args.gpu, peer)
         else:
             fleet.clear(args.dir, args.node, args.fault, args.gpu)
         where = f" GPU {args.gpu}" if args.gpu is not None else ""
-        where += f" (link to GPU {args.peer})" if getattr(args, "peer", None) is not None else ""
+        where += f" (link to GPU {peer})" if peer is not None else ""
         print(f"{args.sim_command}: {args.fault} on {args.node}{where}")
         return 0
     if args.sim_command == "status":

@@ -522,7 +522,7 @@ def summarize(
         seen_keys[base] = n + 1
         xids.append(XidView(f"{base}#{n}" if n else base, ev, ev.code, xname, sev, action, sxid))
     worst_f = next((f for f in found if f.severity not in ("ok", "info")), None)
-    hay = " ".join([name, *(f"{f.check} {f.message}" for f in found)]).lower()
+    hay = _haystack(name, found)
     entry = NodeEntry(
         name=name,
         status=STATUS_OK,
@@ -542,13 +542,17 @@ def summarize(
     )
 
 
+def _haystack(name: str, findings: Iterable[model.Finding]) -> str:
+    """What the ``/`` filter searches for a node: its name and every finding's check and message."""
+    return " ".join([name, *(f"{f.check} {f.message}" for f in findings)]).lower()
+
+
 def mark_failed(name: str, status: str, problem: model.Finding, previous: NodeEntry | None) -> NodeEntry:
     """The node did not give a snapshot: keep its last good state, add the mark and why."""
     base = previous or pending_entry(name)
     # built afresh from the kept findings and this problem: a node marked again and again (a
     # host down for a day, retried every backoff) must not grow its search text each time
-    hay = " ".join([name, *(f"{f.check} {f.message}" for f in base.findings), f"{problem.check} {problem.message}"])
-    hay = hay.lower()
+    hay = _haystack(name, (*base.findings, problem))
     entry = replace(base, status=status, problem=problem, haystack=hay, version=base.version + 1)
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)

@@ -176,13 +176,16 @@ def _table(
     """The operator's table: the GPUs and nodes that are not ok (every one with ``show_all``),
     each GPU by its index and bus id (what ``nvidia-smi -i`` takes), P2P pairs by GPU index,
     then the counts. The JSON form keeps UUIDs and every figure."""
-    where: dict[tuple[str, str], tuple[Any, Any]] = {
-        (str(g.get("host")), str(g.get("uuid"))): (g.get("index"), g.get("bus_id")) for g in gpus or []
-    }
-    by_host: dict[str, dict[str, str]] = {}
-    for (host, uuid), (index, _) in where.items():
+    where: dict[tuple[str, str], tuple[Any, Any]] = {}
+    by_host: dict[str, dict[str, str]] = {}  # host -> UUID -> "GPU i", for the node tests' pairs
+    for g in gpus or []:
+        host, uuid, index = str(g.get("host")), str(g.get("uuid")), g.get("index")
+        where[(host, uuid)] = (index, g.get("bus_id"))
         if index is not None:
             by_host.setdefault(host, {})[uuid] = f"GPU {index}"
+
+    def counted(items: list[GpuVerdict] | list[NodeVerdict]) -> str:
+        return ", ".join(f"{sum(1 for v in items if v.status == s)} {s}" for s in ("ok", "warn", "crit", "unknown"))
 
     def gpu_cell(v: GpuVerdict) -> str:
         index, bus = where.get((v.host, v.gpu), (None, None))
@@ -207,16 +210,12 @@ def _table(
         lines.append(f"{nv.host:<16} {'(node: P2P, NCCL)':<20} {nv.status:<8} {finding}")
     for host, why in problems.items():
         lines.append(f"{host:<16} {'-':<20} {'unknown':<8} {why}")
-    counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
-    summary = f"{len(verdicts)} GPUs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    summary = f"{len(verdicts)} GPUs: {counted(verdicts)}"
     if node_verdicts:
-        ncounts = {s: sum(1 for v in node_verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
-        summary += f"; {len(node_verdicts)} nodes' P2P and all_reduce: " + ", ".join(
-            f"{n} {s}" for s, n in ncounts.items()
-        )
+        summary += f"; {len(node_verdicts)} nodes' P2P and all_reduce: {counted(node_verdicts)}"
     summary += f"; {len(problems)} node{'' if len(problems) == 1 else 's'} without a result"
     lines.append(summary)
-    if not show_all and (counts["ok"] or any(nv.status == "ok" for nv in node_verdicts or [])):
+    if not show_all and (any(v.status == "ok" for v in verdicts) or any(v.status == "ok" for v in node_verdicts or [])):
         lines.append("(what is ok is not listed: --all lists every GPU and node)")
     return "\n".join(lines) + "\n"
 
