@@ -44,7 +44,9 @@ def last_value(samples: list[tuple[float, float | None]]) -> float:
 
 
 def chart_label(app: Any, field: str) -> str:
-    return str(app.screen.query_one(f"#chart-{field}", Chart).render()).splitlines()[0]
+    """The chart's first line; "" while the chart is still blank (its history not loaded yet)."""
+    lines = str(app.screen.query_one(f"#chart-{field}", Chart).render()).splitlines()
+    return lines[0] if lines else ""
 
 
 def test_sparkline_scales_between_min_and_max_and_leaves_gaps() -> None:
