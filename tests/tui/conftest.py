@@ -96,7 +96,7 @@ def screen_lines(app: FleetApp) -> list[str]:
 
 
 async def wait_for(
-    pilot: Any, condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
+    pilot: Any, condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition"
 ) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

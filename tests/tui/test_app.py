@@ -270,7 +270,7 @@ def test_reset_dialog_names_node_gpu_and_processes_and_defaults_to_cancel() -> N
         await pilot.press("enter")  # Enter on the default button cancels
         assert isinstance(app.screen, NodeScreen) and source.resets == []
         await pilot.press("r", "tab", "enter")  # move to "Reset GPU" and press it
-        await wait_for(pilot, lambda: app.last_action is not None, 5, "the reset")
+        await wait_for(pilot, lambda: app.last_action is not None, 30, "the reset")
         # exactly the PIDs the dialog showed travel with the reset
         assert source.resets == [("node008", gpu6.uuid, gpu6.bus_id, (48213,))]
 
@@ -291,7 +291,7 @@ def test_reset_of_a_gpu_the_dialog_showed_idle_passes_no_pids() -> None:
         assert isinstance(app.screen, ConfirmScreen)
         assert "Processes: none" in str(app.screen.query_one("#dialog-body", Static).render())
         await pilot.press("tab", "enter")
-        await wait_for(pilot, lambda: app.last_action is not None, 5, "the reset")
+        await wait_for(pilot, lambda: app.last_action is not None, 30, "the reset")
         assert source.resets == [("node003", gpu3.uuid, gpu3.bus_id, ())]
 
     drive(app, body, ENTRIES)

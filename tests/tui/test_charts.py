@@ -172,7 +172,7 @@ def test_live_charts_show_the_daemons_last_values(fleets: tuple[str, str]) -> No
         await _open_charts(app, node)(pilot)
         assert isinstance(app.screen, NodeScreen)
         assert app.screen.query_one("#node-gpus", FleetTable).cursor_key == uuid
-        await wait_for(pilot, lambda: "last" in chart_label(app, "power_draw_w"), timeout=30, what="the live charts")
+        await wait_for(pilot, lambda: "last" in chart_label(app, "power_draw_w"), timeout=60, what="the live charts")
         from fleetops.agent.serve.history_cli import history
 
         truth = history(sock, uuid, [s.field for s in CHARTS], 3600)  # the daemon's own answer, right after
@@ -197,7 +197,7 @@ def test_live_node_without_daemon_says_so(fleets: tuple[str, str]) -> None:
         await wait_for(
             pilot,
             lambda: "no fleetops-agent daemon" in str(app.screen.query_one("#charts-note", Static).render()),
-            timeout=30,
+            timeout=60,
             what="the no-daemon note",
         )
         assert not any(c.display for c in app.screen.query_one(GpuCharts).charts())
@@ -217,13 +217,13 @@ def test_live_charts_refresh_while_open_and_show_an_injected_heat(
 
     async def body(pilot: Any) -> None:
         await _open_charts(app, node)(pilot)
-        await wait_for(pilot, lambda: "last" in chart_label(app, "temp_gpu_c"), timeout=30, what="the live charts")
+        await wait_for(pilot, lambda: "last" in chart_label(app, "temp_gpu_c"), timeout=60, what="the live charts")
         before = chart_label(app, "temp_gpu_c")
         assert " max 9" not in before  # a cool GPU: no 90-something yet
         try:
             assert fleet.inject(directory, node, "thermal-slowdown", 0)
             # no key pressed: the screen's own refresh brings the daemon's new samples
-            await wait_for(pilot, lambda: "max 9" in chart_label(app, "temp_gpu_c"), timeout=30, what="the heat charted")
+            await wait_for(pilot, lambda: "max 9" in chart_label(app, "temp_gpu_c"), timeout=60, what="the heat charted")
         finally:
             fleet.clear(directory, node, "all")
         label = chart_label(app, "temp_gpu_c")

@@ -16,7 +16,7 @@ from fleetops.tui import data
 from fleetops.tui.app import FleetApp
 from fleetops.tui.widgets.fleet_table import FleetTable
 
-from .conftest import NAMES, SIZE, fed_app, fed_entries
+from .conftest import NAMES, SIZE, fed_app, fed_entries, wait_for
 
 ENTRIES = fed_entries()
 _i = NAMES.index("node010")
@@ -94,10 +94,12 @@ def test_snapshot_node_charts(snap_compare: Any) -> None:
         await pilot.press("enter")
         pilot.app.screen.query_one("#node-gpus", FleetTable).select_key(gpu2)
         await pilot.press("5")
-        for _ in range(50):  # the history is fetched in a worker thread
-            await pilot.pause(0.05)
-            if "last" in str(pilot.app.screen.query_one("#chart-power_draw_w").render()):
-                break
+        # the history is fetched in a worker thread; a chart still blank would be a wrong picture
+        await wait_for(
+            pilot,
+            lambda: "last" in str(pilot.app.screen.query_one("#chart-power_draw_w").render()),
+            what="node005 GPU 2's charts",
+        )
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=open_charts)
