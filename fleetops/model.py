@@ -395,24 +395,36 @@ def _make_converter(tp: Any) -> Converter:
     return lambda value, path: value
 
 
+# A dataclass's plan (its fields' converters) is made on its first conversion. Threads
+# convert at once from the first snapshot a process sees (the daemon's nodes, an audit's
+# pool, the TUI's readers), so a plan is made whole in a local and only then published: a
+# thread that finds none makes its own (the same), never reads one half made. A plan filled
+# in place was read half made: a snapshot parsed as a node without GPUs, or with GPUs whose
+# later fields were missing (None, so "could not read" findings).
+
+
 def _dataclass_converter(cls: type) -> Converter:
     hints = typing.get_type_hints(cls)
-    plan: list[tuple[str, Converter | None, bool]] = []
+    published: tuple[tuple[str, Converter, bool], ...] | None = None
 
-    def fill() -> None:
-        for f in dataclasses.fields(cls):
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            plan.append((f.name, _converter(hints[f.name]), required))
+    def make_plan() -> tuple[tuple[str, Converter, bool], ...]:
+        return tuple(
+            (f.name, _converter(hints[f.name]),
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)
+        )  # fmt: skip
 
     def build(value: Any, path: str) -> Any:
-        if not plan:
-            fill()
+        nonlocal published
+        plan = published
+        if plan is None:
+            plan = published = make_plan()
         if type(value) is not dict:
             raise SchemaError(f"{path}: expected an object, got {type(value).__name__}")
         kwargs = {}
         for name, conv, required in plan:
             if name in value:
-                kwargs[name] = conv(value[name], f"{path}.{name}")  # type: ignore[misc]
+                kwargs[name] = conv(value[name], f"{path}.{name}")
             elif required:
                 raise SchemaError(f"{path}.{name}: missing")
         return cls(**kwargs)
@@ -532,22 +544,33 @@ def _scalar_of(tp: Any) -> tuple[type, bool] | None:
     return None
 
 
+_FastPlan = tuple[tuple[str, bool, "type | None", bool, "FastConverter | None"], ...]
+
+
 def _fast_dataclass(cls: type) -> FastConverter:
     """Scalar fields (most of a GPU's and a link's) are checked inline, the rest converted."""
     hints = typing.get_type_hints(cls)
-    # (name, required, scalar type or None, None allowed, converter for the rest)
-    plan: list[tuple[str, bool, type | None, bool, FastConverter | None]] = []
+    # (name, required, scalar type or None, None allowed, converter for the rest); published
+    # whole, as ``_dataclass_converter``'s plan
+    published: _FastPlan | None = None
     missing = object()
 
+    def make_plan() -> _FastPlan:
+        plan: list[tuple[str, bool, type | None, bool, FastConverter | None]] = []
+        for f in dataclasses.fields(cls):
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            found = _scalar_of(hints[f.name])
+            if found is not None:
+                plan.append((f.name, required, found[0], found[1], None))
+            else:
+                plan.append((f.name, required, None, False, _fast(hints[f.name])))
+        return tuple(plan)
+
     def build(value: Any) -> Any:
-        if not plan:
-            for f in dataclasses.fields(cls):
-                required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                found = _scalar_of(hints[f.name])
-                if found is not None:
-                    plan.append((f.name, required, found[0], found[1], None))
-                else:
-                    plan.append((f.name, required, None, False, _fast(hints[f.name])))
+        nonlocal published
+        plan = published
+        if plan is None:
+            plan = published = make_plan()
         if type(value) is not dict:
             raise _Refused
         kwargs = {}

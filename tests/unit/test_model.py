@@ -131,3 +131,58 @@ def test_the_fast_conversion_takes_exactly_what_the_path_keeping_one_takes():
                 assert model._fast(model.Node)(bad) == want, path
                 seen["taken"] += 1
     assert seen["refused"] > 500 and seen["taken"] > 100, seen
+
+
+@pytest.mark.parametrize("hook", ["_scalar_of", "_converter"])
+def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whole(
+    monkeypatch: pytest.MonkeyPatch, hook: str
+) -> None:
+    """The daemon's nodes, an audit's pool and the TUI's readers parse at once, from the first
+    snapshot a process sees. One thread is held while it makes the converters' plan for a
+    snapshot, right at its ``gpus`` field; another parses the same snapshot meanwhile. Both get
+    the whole node (a plan read half made gave the second one a node without GPUs)."""
+    import threading
+    import typing
+
+    node = _node(["ecc-dbe@3"])
+    doc = json.loads(model.node_to_json(node))
+    monkeypatch.setattr(model, "_FAST", {})  # this process has converted nothing yet
+    monkeypatch.setattr(model, "_CONVERTERS", {})
+    gpus_type = typing.get_type_hints(model.Node)["gpus"]
+    held, release = threading.Event(), threading.Event()
+    first: list[threading.Thread] = []
+    real = getattr(model, hook)
+
+    def holding(tp, *args):  # type: ignore[no-untyped-def]
+        if tp == gpus_type and threading.current_thread() in first and not held.is_set():
+            held.set()
+            release.wait(30)
+        return real(tp, *args)
+
+    monkeypatch.setattr(model, hook, holding)
+    if hook == "_converter":  # the path-keeping conversion alone, as when the fast one refuses
+        parse = lambda: model._converter(model.Node)(doc, "snapshot")  # noqa: E731
+    else:
+        parse = lambda: model.node_from_dict(doc)  # noqa: E731
+    got: dict[str, object] = {}
+
+    def first_parse() -> None:
+        try:
+            got["first"] = parse()
+        except Exception as exc:  # noqa: BLE001 - compared below
+            got["first"] = exc
+
+    thread = threading.Thread(target=first_parse)
+    first.append(thread)
+    thread.start()
+    assert held.wait(30), "the first parse never reached the gpus field"
+    try:
+        got["second"] = parse()
+    except Exception as exc:  # noqa: BLE001 - compared below
+        got["second"] = exc
+    finally:
+        release.set()
+        thread.join(30)
+    assert got["second"] == node, got["second"]
+    assert got["first"] == node, got["first"]
+    assert len(node.gpus) == 8 and node.gpus[3].ecc_uncorrected_volatile
