@@ -82,7 +82,7 @@ def test_snapshot_readonly_with_filter_prompt(snap_compare: Any) -> None:
 
 
 def test_snapshot_node_charts(snap_compare: Any) -> None:
-    from .test_charts import HistorySource
+    from .test_charts import HistorySource, chart_label
 
     app = fed_app(source=HistorySource(NAMES))
     app.call_later(app.feed, ENTRIES)
@@ -97,7 +97,7 @@ def test_snapshot_node_charts(snap_compare: Any) -> None:
         # the history is fetched in a worker thread; a chart still blank would be a wrong picture
         await wait_for(
             pilot,
-            lambda: "last" in str(pilot.app.screen.query_one("#chart-power_draw_w").render()),
+            lambda: "last" in chart_label(pilot.app, "power_draw_w"),
             what="node005 GPU 2's charts",
         )
         await pilot.pause()

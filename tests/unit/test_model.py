@@ -166,20 +166,18 @@ def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whol
         parse = lambda: model.node_from_dict(doc)  # noqa: E731
     got: dict[str, object] = {}
 
-    def first_parse() -> None:
+    def attempt(key: str) -> None:
         try:
-            got["first"] = parse()
+            got[key] = parse()
         except Exception as exc:  # noqa: BLE001 - compared below
-            got["first"] = exc
+            got[key] = exc
 
-    thread = threading.Thread(target=first_parse)
+    thread = threading.Thread(target=attempt, args=("first",))
     first.append(thread)
     thread.start()
     assert held.wait(30), "the first parse never reached the gpus field"
     try:
-        got["second"] = parse()
-    except Exception as exc:  # noqa: BLE001 - compared below
-        got["second"] = exc
+        attempt("second")
     finally:
         release.set()
         thread.join(30)
