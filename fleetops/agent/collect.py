@@ -93,9 +93,15 @@ def _sim_dict(state_path: str | None, now: float) -> dict[str, Any]:
     if not path:
         raise CollectError(f"the sim backend needs a state file: set {sim.STATE_ENV} or pass --state")
     try:
+        device = sim.open_device(path)  # a collect in flight holds the GPUs, as nvmlInit does
+    except OSError as exc:
+        raise CollectError(f"{path}: cannot open the simulated node's device files: {exc.strerror or exc}") from exc
+    try:
         state = sim.read_state(path)
     except sim.SimError as exc:
         raise CollectError(str(exc)) from exc
+    finally:
+        os.close(device)
     data: dict[str, Any] = sim.snapshot(state, now=now)
     lines = data.pop("_kernel_log")
     data["collected_at"] = now
@@ -122,7 +128,64 @@ def collect_dict(backend: str = "auto", state_path: str | None = None) -> dict[s
     return data
 
 
-def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
+def nvml_node(
+    now: float | None = None,
+    *,
+    held: bool = False,
+    release: bool = False,
+    packages: tuple[dict[str, str], dict[str, str], str | None] | None = None,
+    kernel_log: bool = True,
+) -> model.Node:
+    """The node's snapshot through NVML: the one builder of the cold collect and the daemon's
+    full snapshot, so a field one of them has, the other has too.
+
+    ``held``: the caller has NVML initialised already (the daemon) and no second ``nvmlInit``
+    is counted. ``release``: NVML is shut down before returning (the reset, which must hold no
+    device file when it resets). ``packages``: the package list already read (the daemon reads
+    it once; the packages change only with a reboot or a rollout that restarts it).
+    ``kernel_log``: False where the caller keeps the XIDs itself (the daemon's book follows the
+    kernel log); the snapshot's ``xids`` are then empty for the caller to fill.
+    Raises ``CollectError`` when NVML cannot start."""
+    import socket
+
+    from fleetops import model
+    from fleetops.agent import hostinfo
+    from fleetops.gpu import nvml, xid
+
+    now = time.time() if now is None else now
+    node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
+    node.kernel = hostinfo.kernel()
+    node.os = hostinfo.os_name()
+    node.uptime_s = hostinfo.uptime_s()
+    try:
+        nvml.collect_into(node, initialised=held, shutdown=release)
+    except nvml.NvmlUnavailable as exc:
+        raise CollectError(str(exc)) from exc
+    node.services, reason = hostinfo.service_states()
+    if reason:
+        node.unavailable["services"] = reason
+    node.packages, node.package_origins, reason = packages or hostinfo.nvidia_packages_with_origins()
+    node.packages, node.package_origins = dict(node.packages), dict(node.package_origins)
+    if reason:
+        node.unavailable["packages"] = reason
+    if kernel_log:
+        lines, reason = xid.read_kernel_log()
+        if reason:
+            node.unavailable["xids"] = reason
+        gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
+        node.xids = _xid_events(lines, "kernel", gpus, now, node.uptime_s)
+    resets = reset_times()
+    for gpu in node.gpus:
+        gpu.last_reset_at = resets.get(gpu.uuid)
+        if gpu.last_reset_at is not None:
+            gpu.unavailable.pop("last_reset_at", None)
+        elif gpu.unavailable.get("last_reset_at", "").startswith("not from NVML"):
+            gpu.unavailable["last_reset_at"] = "no reset recorded in the agent's reset journal"
+    return node
+
+
+def collect(backend: str = "auto", state_path: str | None = None, *, release: bool = False) -> model.Node:
+    """A cold snapshot. ``release``: NVML is shut down before returning (see ``nvml_node``)."""
     from fleetops import model
 
     start = time.perf_counter()
@@ -131,36 +194,6 @@ def collect(backend: str = "auto", state_path: str | None = None) -> model.Node:
     if chosen == "sim":
         node = model.node_from_dict(_sim_dict(state_path, now))
     else:
-        import socket
-
-        from fleetops.agent import hostinfo
-        from fleetops.gpu import nvml, xid
-
-        node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)
-        node.kernel = hostinfo.kernel()
-        node.os = hostinfo.os_name()
-        node.uptime_s = hostinfo.uptime_s()
-        try:
-            nvml.collect_into(node)
-        except nvml.NvmlUnavailable as exc:
-            raise CollectError(str(exc)) from exc
-        node.services, reason = hostinfo.service_states()
-        if reason:
-            node.unavailable["services"] = reason
-        node.packages, node.package_origins, reason = hostinfo.nvidia_packages_with_origins()
-        if reason:
-            node.unavailable["packages"] = reason
-        lines, reason = xid.read_kernel_log()
-        if reason:
-            node.unavailable["xids"] = reason
-        gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
-        node.xids = _xid_events(lines, "kernel", gpus, now, node.uptime_s)
-        resets = reset_times()
-        for gpu in node.gpus:
-            gpu.last_reset_at = resets.get(gpu.uuid)
-            if gpu.last_reset_at is not None:
-                gpu.unavailable.pop("last_reset_at", None)
-            elif gpu.unavailable.get("last_reset_at", "").startswith("not from NVML"):
-                gpu.unavailable["last_reset_at"] = "no reset recorded in the agent's reset journal"
+        node = nvml_node(now, release=release)
     node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
     return node

@@ -207,21 +207,29 @@ class NvmlUnavailable(Exception):
     """NVML cannot start at all (no nvidia-ml-py, no driver, no library); the message says why."""
 
 
-def collect_into(node: model.Node) -> None:
-    """Fill ``node`` from NVML. Raises ``NvmlUnavailable`` only when NVML cannot start at all."""
+def collect_into(node: model.Node, *, initialised: bool = False, shutdown: bool = False) -> None:
+    """Fill ``node`` from NVML. Raises ``NvmlUnavailable`` only when NVML cannot start at all.
+
+    ``initialised``: the caller holds NVML initialised (the daemon), so no ``nvmlInit`` is made
+    here: every ``nvmlInit`` is counted and holds the device files until its own
+    ``nvmlShutdown``, and a daemon that initialised once per snapshot could never let go of
+    them. ``shutdown``: ``nvmlShutdown`` before returning, for a caller that must hold no device
+    file afterwards (the reset). A cold collect does neither: the process's exit releases NVML,
+    and the shutdown costs time (bench/RESULTS.md)."""
     try:
         import pynvml
     except ImportError as exc:
         raise NvmlUnavailable(f"NVML backend: nvidia-ml-py is not installed ({exc})") from exc
     nv = _Nvml(pynvml, trace=bool(os.environ.get("FLEETOPS_NVML_TRACE")))
-    _, reason = nv.call("nvmlInit")
-    if reason is not None:
-        raise NvmlUnavailable(f"NVML initialisation failed: {reason}")
-    # No nvmlShutdown: it costs time (bench/RESULTS.md), the process's exit releases NVML, and a
-    # long-running caller keeps NVML initialised for its next snapshot (nvmlInit is counted).
+    if not initialised:
+        _, reason = nv.call("nvmlInit")
+        if reason is not None:
+            raise NvmlUnavailable(f"NVML initialisation failed: {reason}")
     try:
         _collect(nv, node)
     finally:
+        if shutdown and not initialised:
+            nv.call("nvmlShutdown")
         if nv.trace is not None:
             _print_trace(nv.trace)
 
@@ -996,6 +1004,33 @@ CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 MIG_PLACEMENTS_MAX = 32
 
 
+# Moves each time ``release_process`` shuts NVML down in this process: a holder of NVML state
+# (``MigControl``) initialises again before its next call instead of using a dead handle.
+RELEASES = [0]
+
+
+def release_process(nv: Any = None) -> int:
+    """Shut NVML down in this process as often as it was initialised (``nvmlInit`` is counted,
+    and NVML keeps ``/dev/nvidiactl`` and every opened ``/dev/nvidiaN`` until the count is
+    zero), so the process holds no device file: the reset flow's last step before
+    ``nvidia-smi -r``, which fails while any process, this one included, holds the GPU.
+    Returns how many shutdowns were made (0: NVML was not initialised or not importable)."""
+    if nv is None:
+        try:
+            import pynvml as nv
+        except ImportError:
+            return 0
+    done = 0
+    for _ in range(256):
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - Uninitialized (the count is at zero) or no library loaded
+            break
+        done += 1
+    RELEASES[0] += 1
+    return done
+
+
 class MigControlError(Exception):
     """NVML refused a MIG call; the message names the GPU, the call and NVML's reason."""
 
@@ -1010,14 +1045,14 @@ class MigControl:
             nv = load_module()
         self.nv = _Nvml(nv)
         self.N = nv
-        self._started = False
+        self._started: int | None = None  # the RELEASES generation NVML was initialised in
 
     def _start(self) -> None:
-        if not self._started:
+        if self._started != RELEASES[0]:  # never started, or shut down since by release_process
             _, reason = self.nv.call("nvmlInit")
             if reason is not None:
                 raise NvmlUnavailable(f"nvmlInit failed: {reason}")
-            self._started = True
+            self._started = RELEASES[0]
 
     def _must(self, what: str, name: str, *args: Any) -> Any:
         value, reason = self.nv.call(name, *args)

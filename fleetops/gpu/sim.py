@@ -356,7 +356,15 @@ def locked_state(path: str) -> Iterator[dict[str, Any]]:
 def init_state(path: str, hostname: str, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
     state = build_state(hostname, scenario)
     write_state(path, state)
+    make_devices(path, len(state["gpus"]))
     return state
+
+
+def make_devices(path: str, count: int) -> None:
+    """The simulated node's device files, as the driver makes a node's at load: ``nvidiactl``,
+    ``nvidia-uvm`` and ``nvidia0`` .. ``nvidia<count-1>`` (0666, as on a node)."""
+    for name in ("ctl", "-uvm", *map(str, range(count))):
+        os.close(open_device(path, name))
 
 
 # --- faults --------------------------------------------------------------------------
@@ -437,6 +445,36 @@ def inject(path: str, name: str, gpu: int | None = None, peer: int | None = None
         for entry in state.get("kernel_log", [])[before:]:
             append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)))
         return done
+
+
+def device_prefix(state_path: str) -> str:
+    """The start of the simulated node's device files (``<state>.dev/nvidia``): its
+    ``/dev/nvidia*``. Whoever holds one open holds the simulated GPUs, as on a node
+    (``gpu/holders.py`` scans for them): the simulated daemon while it has NVML, a collect while
+    it runs, a test's process standing for a workload or another user's tool."""
+    base = state_path[:-5] if state_path.endswith(".json") else state_path
+    return os.path.join(base + ".dev", "nvidia")
+
+
+def open_device(state_path: str, name: str = "ctl") -> int:
+    """Open the simulated node's ``/dev/nvidia<name>`` (made on first use) and return the
+    descriptor: what ``nvmlInit`` does to a node's ``/dev/nvidiactl``. The caller closes it."""
+    path = device_prefix(state_path) + name
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        os.fchmod(fd, 0o666)  # as a node's /dev/nvidia*: every user may open it (and so hold the GPU)
+        return fd
+
+
+def in_use_message(bus_id: str, holders: list[Any]) -> str:
+    """What ``nvidia-smi -r`` and ``modprobe -r`` answer, in substance, when processes hold the
+    device files: the simulated reset and unload refuse with the holders named."""
+    named = "; ".join(h.describe() for h in holders)
+    return (f"GPU {bus_id}: in use by another client: {len(holders)} process(es) hold the device "
+            f"files ({named}); stop every process using the GPU, monitoring ones included, and retry")
 
 
 def kmsg_path(state_path: str) -> str:

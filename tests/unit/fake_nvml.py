@@ -35,7 +35,14 @@ def calls() -> dict[str, int]:
 
 
 def reset_calls() -> None:
+    """A fresh fake for the next test in this process: no calls counted, NVML not initialised
+    and its device file closed (a test must not inherit the last one's nvmlInit)."""
+    global _INITS, _DEVICE
     CALLS.clear()
+    _INITS = 0
+    if _DEVICE is not None:
+        os.close(_DEVICE)
+        _DEVICE = None
 
 
 def _count(name: str) -> None:
@@ -68,6 +75,8 @@ def _control() -> dict[str, Any]:
 
 def _gate(name: str, initialising: bool = False) -> dict[str, Any]:
     _count(name)
+    if not initialising and _INITS == 0:
+        raise NVMLError_Uninitialized(1)  # NVML answers nothing before nvmlInit or after its last shutdown
     c = _control()
     while c["mode"] == "hang":
         time.sleep(0.05)
@@ -83,8 +92,69 @@ def __getattr__(name: str) -> int:
     raise AttributeError(name)
 
 
+# NVML holds the driver's device files from nvmlInit to the last nvmlShutdown (it counts its
+# inits), as a real process holds /dev/nvidiactl: the fake opens ``<FAKE_NVML_DEV>ctl``
+# (default: ``dev/nvidia`` beside the control file), so a holder scan (fleetops.gpu.holders) sees
+# this process, a fake reset or unload refuses while it is open, and a call after the last
+# shutdown fails Uninitialized.
+_INITS = 0
+_DEVICE: int | None = None
+
+
+def device_prefix(control_path: str | None = None) -> str:
+    explicit = os.environ.get("FAKE_NVML_DEV")
+    if explicit:
+        return explicit
+    control = control_path or os.environ["FAKE_NVML_CONTROL"]
+    return os.path.join(os.path.dirname(os.path.abspath(control)), "dev", "nvidia")
+
+
+def _open_device() -> int:
+    path = device_prefix() + "ctl"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def holders(control_path: str | None = None) -> list[Any]:
+    """The processes holding the fake's device files (of the control file's fake node)."""
+    from fleetops.gpu import holders as scan
+
+    return scan.scan(device_prefix(control_path))
+
+
+class InUse(Exception):
+    """A fake reset or driver unload refused: processes hold the device files."""
+
+
+def unload(control_path: str) -> None:
+    """``modprobe -r nvidia`` for the fake: refused, naming the holders, while any process holds
+    the device files (as the kernel refuses to unload a module in use); otherwise every NVML
+    call of every process fails until ``load``."""
+    held = holders(control_path)
+    if held:
+        raise InUse("modprobe: FATAL: Module nvidia is in use: " + "; ".join(h.describe() for h in held))
+    _set_mode(control_path, "unloaded")
+
+
+def load(control_path: str) -> None:
+    """``modprobe nvidia`` for the fake: NVML answers again."""
+    _set_mode(control_path, "ok")
+
+
+def _set_mode(control_path: str, mode: str) -> None:
+    with open(control_path, encoding="utf-8") as fh:
+        c = json.load(fh)
+    c["mode"] = mode
+    with open(control_path, "w", encoding="utf-8") as fh:
+        json.dump(c, fh)
+
+
 def nvmlInit() -> None:
+    global _INITS, _DEVICE
     _gate("nvmlInit", initialising=True)
+    if _DEVICE is None:
+        _DEVICE = _open_device()
+    _INITS += 1
 
 
 def nvmlSystemGetDriverVersion() -> str:
@@ -283,7 +353,14 @@ def nvmlDeviceGetHandleByUUID(uuid: str) -> int:
 
 
 def nvmlShutdown() -> None:
-    _gate("nvmlShutdown")
+    global _INITS, _DEVICE
+    _count("nvmlShutdown")
+    if _INITS == 0:
+        raise NVMLError_Uninitialized(1)
+    _INITS -= 1
+    if _INITS == 0 and _DEVICE is not None:
+        os.close(_DEVICE)
+        _DEVICE = None
 
 
 def nvmlDeviceGetHandleByPciBusId(bus_id: str) -> int:
@@ -297,7 +374,12 @@ def nvmlDeviceGetHandleByPciBusId(bus_id: str) -> int:
 
 def reset_gpu(bus_id: str) -> None:
     """What ``nvidia-smi -r -i BUS_ID`` does to the fake: a pending MIG mode becomes current (its
-    instances gone). Tests install it in place of the reset backend's ``nvidia_smi_reset``."""
+    instances gone). Tests install it in place of the reset backend's ``nvidia_smi_reset``.
+    Refused (``InUse``) while any process holds the device files, this one included: the
+    driver resets no GPU that a client, a monitoring one too, has open."""
+    held = holders()
+    if held:
+        raise InUse(f"GPU {bus_id}: In use by another client: " + "; ".join(h.describe() for h in held))
     c = _control()
     index = int(bus_id.split(":")[1], 16) - 0x18
     mig = _gpu_mig(c, index)

@@ -256,25 +256,72 @@ def _temps(doc: dict[str, Any] | None) -> list[Any]:
     return [g.get("temp_gpu_c") for g in (doc or {}).get("gpus", [])]
 
 
-def test_nvml_driver_reload_reinitialises(tmp_path: Path) -> None:
+def test_nvml_driver_reload_needs_the_quiesce_and_reinitialises_after_it(tmp_path: Path) -> None:
+    import fake_nvml
+
+    from fleetops.agent.serve import client
+
     d, control, _, sock = _nvml_daemon(tmp_path)
     try:
         _until("GPUs at 40 C", lambda: _temps(_ask_path(sock)) == [40, 40])
         assert (_ask_path(sock) or {}).get("driver_branch") == "r580_00"  # read with the full snapshot
-        control.write_text(json.dumps({"mode": "unloaded", "temp": 40}))
+        assert d.proc is not None
+        # the daemon holds NVML: the driver cannot be unloaded under it, and the refusal names it
+        with pytest.raises(fake_nvml.InUse, match=f"pid {d.proc.pid} "):
+            fake_nvml.unload(str(control))
+        with client.Quiesce(str(sock), 60, "driver reload test") as pause:
+            assert pause.answer is not None and pause.answer["pid"] == d.proc.pid
+            assert fake_nvml.holders(str(control)) == []  # NVML shut down: no device file held
+            doc = _ask_path(sock) or {}
+            assert doc["daemon"]["quiesced"]["by"] == "driver reload test"
+            fake_nvml.unload(str(control))
+        # taken back while the driver is still out: nvmlInit fails and says so
         doc = _until("degraded while unloaded", lambda: (lambda x: x if x and x["daemon"]["degraded"] else None)(
             _ask_path(sock)))
-        # the first tick after the unload meets Uninitialized; the ones after it fail in nvmlInit
-        assert doc["daemon"]["reason"] in {
-            "sample failed: RuntimeError: NVML: Uninitialized (driver unloaded?); re-initialising",
-            "sample failed: RuntimeError: nvmlInit: DriverNotLoaded",
-        }
+        assert doc["daemon"]["reason"] == "sample failed: RuntimeError: nvmlInit: DriverNotLoaded"
+        assert doc["daemon"]["quiesced"] is None and pause.resumed == {"resumed": True,
+                                                                        "why": "resumed by driver reload test"}
         control.write_text(json.dumps({"mode": "ok", "temp": 55}))
         doc = _until("back at 55 C, not degraded", lambda: (lambda x: x if _temps(x) == [55, 55]
                                                              and not x["daemon"]["degraded"] else None)(_ask_path(sock)))
+        assert [h.pid for h in fake_nvml.holders(str(control))] == [d.proc.pid]  # holds the GPUs again
         assert (stat_mode := os.stat(sock).st_mode & 0o777) == 0o600, oct(stat_mode)
         assert os.stat(sock.parent).st_mode & 0o777 == 0o700
     finally:
+        d.stop()
+
+
+def test_a_quiesce_whose_asker_is_killed_ends_at_once(tmp_path: Path) -> None:
+    """A reset flow killed with SIGKILL during its quiesce leaves the daemon sampling again: the
+    quiesce lives as long as the asking connection, which the kernel closes."""
+    import fake_nvml
+
+    d, control, _, sock = _nvml_daemon(tmp_path)
+    asker = None
+    try:
+        _until("GPUs at 40 C", lambda: _temps(_ask_path(sock)) == [40, 40])
+        code = textwrap.dedent(f"""
+            import sys, time
+            from fleetops.agent.serve import client
+            q = client.Quiesce({str(sock)!r}, 600, "killed flow").__enter__()
+            print("quiesced" if q.answer else "no daemon", flush=True)
+            time.sleep(600)
+        """)
+        asker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert asker.stdout is not None and asker.stdout.readline().strip() == "quiesced"
+        assert fake_nvml.holders(str(control)) == []
+        assert (_ask_path(sock) or {})["daemon"]["quiesced"]["by"] == "killed flow"
+        control.write_text(json.dumps({"mode": "ok", "temp": 61}))
+        asker.kill()
+        asker.wait()
+        doc = _until("sampling again after the kill", lambda: (lambda x: x if _temps(x) == [61, 61] else None)(
+            _ask_path(sock)), deadline_s=30)
+        assert doc["daemon"]["quiesced"] is None
+        assert doc["daemon"]["last_resume"]["why"] == "the asking connection closed"
+        assert d.proc is not None and [h.pid for h in fake_nvml.holders(str(control))] == [d.proc.pid]
+    finally:
+        if asker is not None and asker.poll() is None:
+            asker.kill()
         d.stop()
 
 

@@ -49,6 +49,7 @@ def changing_calls() -> dict[str, int]:
 
 
 def test_the_profile_table_nvml_answers_is_the_catalogs_h200_table(control: Path) -> None:
+    fake_nvml.nvmlInit()  # a handle exists only once NVML is initialised (the fake refuses otherwise)
     table, why = nvml.MigControl(fake_nvml).profiles(0, "NVIDIA H200")
     assert why is None
     assert table == catalog.H200_SXM

@@ -219,7 +219,7 @@ def test_kill_processes_ends_them_then_resets(state):
     assert ended["processes"][0]["pid"] == sim.STRAY_PID and ended["processes"][0]["ended"] is True
     assert ended["processes"][0]["signals"] == ["SIGTERM"]
     names = [a["action"] for a in doc["actions"]]
-    assert names == ["end_processes", "stop_service", "reset", "start_service"]
+    assert names == ["end_processes", "stop_service", "check_holders", "reset", "start_service"]
     st = sim.read_state(str(state))
     assert [f["name"] for f in st["faults"]] == []
     gpu = collect("sim", str(state)).gpu_by_uuid(uuid_of(state, 2))
@@ -256,6 +256,7 @@ def test_gpu_clients_are_stopped_before_and_started_after(state):
     assert steps == [
         ("stop_service", "nvidia-persistenced"),
         ("stop_service", "nvidia-dcgm"),
+        ("check_holders", None),  # right before the reset: nobody holds the device files
         ("reset", None),
         ("start_service", "nvidia-dcgm"),
         ("start_service", "nvidia-persistenced"),
@@ -264,7 +265,7 @@ def test_gpu_clients_are_stopped_before_and_started_after(state):
     assert services["nvidia-dcgm"] == "active" and services["dcgm-exporter"] == "inactive"
     # the list is configurable: flag, then environment
     _, doc = reset_doc(state, "--gpu", uuid_of(state, 0), "--clients", "")
-    assert [a["action"] for a in doc["actions"]] == ["reset"]
+    assert [a["action"] for a in doc["actions"]] == ["check_holders", "reset"]
     _, doc = reset_doc(state, "--gpu", uuid_of(state, 0), env_extra={reset.CLIENTS_ENV: "nvidia-dcgm"})
     assert [a.get("unit") for a in doc["actions"] if a["action"] == "stop_service"] == ["nvidia-dcgm"]
 

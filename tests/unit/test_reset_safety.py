@@ -343,6 +343,7 @@ def test_a_signal_during_the_reset_restarts_the_clients_frees_the_lock_and_is_jo
     assert steps == [
         ("stop_service", "nvidia-persistenced"),
         ("stop_service", "nvidia-dcgm"),
+        ("check_holders", None),  # right before the reset: nobody holds the device files
         ("reset", None),  # nvidia-smi -r is not cut off half-way
         ("start_service", "nvidia-dcgm"),
         ("start_service", "nvidia-persistenced"),

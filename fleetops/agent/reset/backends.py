@@ -26,6 +26,7 @@ from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_E
 DEFAULT_LOG = RESET_JOURNAL
 LOG_ENV = RESET_JOURNAL_ENV
 LOCK_ENV = "FLEETOPS_LOCK"
+DAEMON_SOCKET_ENV = "FLEETOPS_AGENT_SOCKET"  # the daemon's socket when not the default (tests, a second daemon)
 
 
 class ResetError(Exception):
@@ -80,10 +81,29 @@ def nvidia_smi_reset(bus_id: str, timeout: float) -> tuple[int, str]:
 
 
 def nvml_snapshot() -> model.Node:
-    """A fresh snapshot of this node through NVML (the same one ``fleetops-agent collect`` prints)."""
+    """A fresh snapshot of this node through NVML (the same one ``fleetops-agent collect``
+    prints), NVML shut down after it: the reset process must hold no device file when it
+    resets, or it is itself the client that makes ``nvidia-smi -r`` fail."""
     from fleetops.agent.collect import collect
 
-    return collect("nvml", None)
+    return collect("nvml", None, release=True)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def unit_pids(unit: str, root: str = CGROUP_ROOT) -> list[int]:
+    """Every process of a running systemd unit, from its cgroup (read, no subprocess: a dry run
+    reads it too): ``system.slice/UNIT/cgroup.procs`` under the unified hierarchy, or under
+    the legacy ``systemd`` one. [] when the unit runs no process (or the cgroup is elsewhere)."""
+    name = unit if "." in unit else unit + ".service"
+    for base in (root, os.path.join(root, "systemd")):
+        try:
+            with open(os.path.join(base, "system.slice", name, "cgroup.procs"), encoding="ascii") as fh:
+                return [int(line) for line in fh if line.strip().isdigit()]
+        except OSError:
+            continue
+    return []
 
 
 # --- ending processes (both backends end real processes the same way) -----------------------
@@ -181,6 +201,35 @@ class Backend(DryRunGuard):
     def default_log(self) -> str:
         return os.environ.get(LOG_ENV) or DEFAULT_LOG
 
+    def device_prefix(self) -> str:
+        """Where the node's device files start (``gpu.holders``)."""
+        from fleetops.gpu import holders
+
+        return holders.DEVICE_PREFIX
+
+    def holders(self) -> tuple[list[Any] | None, str | None]:
+        """(every process holding a device file, None) or (None, why they cannot be listed)."""
+        from fleetops.gpu import holders
+
+        if not holders.readable():
+            return None, "not root: other processes' descriptors are not readable"
+        return holders.scan(self.device_prefix()), None
+
+    def daemon_socket(self) -> str:
+        """The resident agent's socket on this node (it is paused for the reset)."""
+        from fleetops.agent.serve import client
+
+        return os.environ.get(DAEMON_SOCKET_ENV) or client.DEFAULT_SOCKET
+
+    def service_pids(self, units: list[str]) -> dict[int, str]:
+        """pid -> unit for the running client units (their processes hold the device files)."""
+        return {}
+
+    def release_own(self) -> int:
+        """Let go of whatever this process holds of the GPUs (NVML's device files) right before
+        the reset; how many NVML initialisations were shut down."""
+        return 0
+
     # changing
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -262,6 +311,16 @@ class SimBackend(Backend):
     def default_lock(self) -> str:
         return os.path.abspath(self.path) + ".maintenance.lock"
 
+    def device_prefix(self) -> str:
+        from fleetops.gpu import sim
+
+        return sim.device_prefix(os.path.abspath(self.path))
+
+    def daemon_socket(self) -> str:
+        from fleetops.agent.serve import client
+
+        return client.socket_for("sim", os.path.abspath(self.path), None)
+
     def default_log(self) -> str:
         stem = os.path.splitext(os.path.abspath(self.path))[0]
         return stem + ".reset.jsonl"
@@ -309,6 +368,12 @@ class SimBackend(Backend):
         from fleetops.gpu import sim
 
         self._changing("reset the GPU")
+        held, why = self.holders()
+        if held:  # the driver refuses a GPU any client holds, a monitoring one too
+            return False, f"simulated nvidia-smi -r -i {gpu.bus_id}: {sim.in_use_message(gpu.bus_id, held)}", {
+                "holders": [h.to_dict() for h in held]}
+        if held is None:
+            return False, f"simulated nvidia-smi -r -i {gpu.bus_id}: cannot tell who holds the GPU ({why})", {}
         duration = sim.reset_duration_s(self._state())
         if duration > 0:
             time.sleep(min(duration, timeout))  # the GPU is away while it resets
@@ -415,6 +480,14 @@ class NvmlBackend(Backend):
         if not units:
             return {}, None
         return hostinfo.service_states(tuple(units))
+
+    def service_pids(self, units: list[str]) -> dict[int, str]:
+        return {pid: unit for unit in units for pid in unit_pids(unit)}
+
+    def release_own(self) -> int:
+        from fleetops.gpu import nvml
+
+        return nvml.release_process()
 
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         self._changing("end processes")

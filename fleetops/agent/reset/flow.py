@@ -59,8 +59,10 @@ from fleetops.agent.reset.preconditions import (
     REMEDY_INSPECT,
     REMEDY_REBOOT,
     Check,
+    TOLERATED_HOLDERS,
     check_clients,
     check_fabric_manager,
+    check_holders,
     check_identity,
     check_mig,
     check_nvlink_peers,
@@ -268,6 +270,8 @@ class _Attempt:
         self.log_path = opts.log_path or backend.default_log()
         self.checks: list[Check] = []
         self.held: node_lock.Lock | None = None
+        self.daemon_socket: str | None = None
+        self.daemon_pid: int | None = None
         self.doc: dict[str, Any] = {
             "kind": REPORT_KIND,
             "gpu": {"selector": opts.selector, "uuid": None, "bus_id": None, "index": None, "name": None},
@@ -422,6 +426,7 @@ class _Attempt:
             check_processes(gpu, opts.kill_processes, opts.grace_s, opts.expect_pids),
             check_clients(states, reason, self.clients, left_stopped),
         ]
+        checks.append(self._holders_check(checks[-1], opts.expect_pids if opts.kill_processes else []))
         if any(c.status == "failed" for c in checks):
             doc["result"] = "refused"
             return 1
@@ -429,6 +434,60 @@ class _Attempt:
             doc["result"] = "would-reset"
             return 0
         return self._act(gpu)
+
+    def _holders_check(self, clients: Check, end: list[int] | None) -> Check:
+        """``device_holders``: who holds the device files now, each with what the flow does about
+        it; the daemon is found by its socket (the kernel names the pid that answers)."""
+        from fleetops.agent.serve import client
+
+        held, reason = self.backend.holders()
+        self.daemon_socket = self.backend.daemon_socket()
+        self.daemon_pid = client.daemon_pid(self.daemon_socket)
+        stop = list((clients.data or {}).get("stop", []))
+        return check_holders(held, reason, own_pid=os.getpid(), daemon_pid=self.daemon_pid,
+                             client_pids=self.backend.service_pids(stop) if stop else {}, end_pids=list(end or []))
+
+    def _fresh_daemon(self) -> dict[str, Any] | None:
+        return _daemon_after(self.daemon_socket) if self.daemon_pid is not None else None
+
+    def _reset_alone(self, gpu: model.Gpu, actions: list[dict[str, Any]]) -> tuple[bool, str, dict[str, Any]]:
+        """The reset with the daemon paused and the holders checked again right before it: any
+        process still holding the device files (a job started since, a collect in flight, this
+        process) fails the attempt before ``nvidia-smi -r``, which would fail on it anyway."""
+        from fleetops.agent.serve import client
+
+        lease = reset_remaining_s("reset", self.opts.grace_s, self.opts.reset_timeout_s, self.clients) + 30.0
+        try:
+            pause = client.Quiesce(self.daemon_socket, lease, f"reset pid {os.getpid()} {gpu.uuid}").__enter__()
+        except client.QuiesceError as exc:
+            actions.append({"action": "quiesce_daemon", "ok": False, "socket": self.daemon_socket, "detail": str(exc)})
+            return False, f"the resident agent did not let go of the GPU: {exc}", {}
+        try:
+            if pause.answer is not None:
+                actions.append({"action": "quiesce_daemon", "ok": True, "socket": self.daemon_socket,
+                                "pid": pause.answer.get("pid")})
+            released = self.backend.release_own()  # this process's own NVML (a MIG apply, the snapshots)
+            if released:
+                actions.append({"action": "release_nvml", "ok": True, "shutdowns": released})
+            held, reason = self.backend.holders()
+            if held is None:
+                return False, f"cannot check who holds the GPU right before the reset ({reason})", {}
+            tolerated = [h for h in held if os.path.basename(h.command.split(" ", 1)[0]) in TOLERATED_HOLDERS]
+            left = [h for h in held if h not in tolerated]
+            actions.append({"action": "check_holders", "ok": not left, "holders": [h.to_dict() for h in held]})
+            if left:
+                return False, ("not reset: the GPU's device files are still held right before the reset: "
+                               + "; ".join(h.describe() for h in left)), {"holders": [h.to_dict() for h in left]}
+            t0 = time.time()
+            ok, detail, extra = self.backend.reset(gpu, self.opts.reset_timeout_s)
+            extra = {**extra, "elapsed_s": round(time.time() - t0, 3)}
+            return ok, detail, extra
+        finally:
+            with self.guard.shielded():  # signals are deferred here already; the resume runs whatever comes
+                pause.resume()
+                if pause.answer is not None:
+                    actions.append({"action": "resume_daemon", "ok": True, "detail": (pause.resumed or {}).get("why")
+                                    or "connection closed: the daemon resumes"})
 
     def _act(self, gpu: model.Gpu) -> int:
         """End the confirmed processes, stop clients, reset, restart clients, verify. Never in a dry run."""
@@ -479,12 +538,10 @@ class _Attempt:
                     return 1
             self.beat("reset")
             t0 = time.time()
+            # the pause, the last look and nvidia-smi -r are one step: a signal is acted on after it
             with self.guard.deferred():
-                ok, detail, extra = backend.reset(gpu, opts.reset_timeout_s)
-                actions.append(
-                    {"action": "reset", "bus_id": gpu.bus_id, "ok": ok, "detail": detail,
-                     "elapsed_s": round(time.time() - t0, 3), **extra}
-                )
+                ok, detail, extra = self._reset_alone(gpu, actions)
+                actions.append({"action": "reset", "bus_id": gpu.bus_id, "ok": ok, "detail": detail, **extra})
             reset_ok = ok
         finally:
             with self.guard.deferred():
@@ -501,6 +558,7 @@ class _Attempt:
         self.beat("verify")
         verification = _verify(opts, backend, gpu, t0)
         doc["verification"] = verification
+        doc["daemon"] = self._fresh_daemon()
         doc["verified"] = verification["ok"]
         restarted = all(a["ok"] for a in actions if a["action"] == "start_service")
         if verification["ok"] and restarted:
@@ -512,6 +570,24 @@ class _Attempt:
         else:
             doc["remedy"] = verification.get("remedy") or f"the GPU is not healthy after the reset; {REMEDY_INSPECT}"
         return 1
+
+
+def _daemon_after(socket_path: str | None) -> dict[str, Any] | None:
+    """The daemon's snapshot taken after the reset (``resample``): what audits and the TUI are
+    served from now on, so they never read a verdict from before the reset."""
+    if not socket_path:
+        return None
+    import json
+
+    from fleetops.agent.serve import client
+
+    line = client.resample(socket_path)
+    if line is None:
+        return {"socket": socket_path, "resampled": False}
+    doc = json.loads(line)
+    daemon = doc.get("daemon") or {}
+    return {"socket": socket_path, "resampled": True, "age_s": daemon.get("age_s"),
+            "findings": [f for f in daemon.get("findings") or [] if f.get("severity") in ("warn", "crit")]}
 
 
 def _take_over(held: node_lock.Lock) -> node_lock.Lock:
@@ -575,7 +651,9 @@ def _message(doc: dict[str, Any], checks: list[Check]) -> str:
         why = "; ".join(f"{c.name}: {c.detail}" for c in failed)
         return f"refused to reset {name}: {why}"
     if result == "would-reset":
-        return f"dry run: every precondition holds; {name} would be reset"
+        holders = next(((c.data or {}).get("holders") or [] for c in checks if c.name == "device_holders"), [])
+        then = "; ".join(f"pid {h['pid']} ({h['command']}): {h['then']}" for h in holders)
+        return f"dry run: every precondition holds; {name} would be reset" + (f" ({then})" if then else "")
     if result == "reset":
         return f"reset {name} and verified it"
     if result == "interrupted":

@@ -6,6 +6,7 @@ all of them in ``PRECONDITIONS`` order and acts only when none failed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,11 @@ PRECONDITIONS = (
     "fabric_manager",
     "compute_processes",
     "gpu_clients",
+    "device_holders",
 )
+# Holders of the device files a reset leaves be: on an NVSwitch system the reset needs the
+# Fabric Manager running (``fabric_manager`` above), and it holds the driver's control device.
+TOLERATED_HOLDERS = ("nv-fabricmanager",)
 
 
 
@@ -324,3 +329,55 @@ def pick_remedy(checks: list[Check]) -> str | None:
             if remedy.startswith(prefix):
                 return remedy
     return remedies[0]
+
+
+def check_holders(
+    holders: list[Any] | None,
+    reason: str | None,
+    *,
+    own_pid: int,
+    daemon_pid: int | None,
+    client_pids: dict[int, str],
+    end_pids: list[int],
+) -> Check:
+    """Every process holding a device file of the driver (``/proc/*/fd``), each either one the
+    flow takes off the GPU (the daemon, paused through its socket; a client unit it stops; a
+    confirmed process it ends; this process, which shuts NVML down first) or tolerated (the
+    Fabric Manager); any other holder refuses the reset, named by pid, user and command, since
+    ``nvidia-smi -r`` would fail on it half-way through the flow."""
+    if holders is None:
+        return Check("device_holders", "failed", f"cannot list the processes holding the GPU's device files ({reason})",
+                     "run the reset as root (it reads every process's /proc/PID/fd)")
+    plan: list[dict[str, Any]] = []
+    others = []
+    for h in holders:
+        entry = h.to_dict()
+        if h.pid == own_pid:
+            entry["then"] = "this reset: NVML shut down before the reset"
+        elif daemon_pid is not None and h.pid == daemon_pid:
+            entry["then"] = "fleetops-agent serve: paused through its socket, NVML taken back after the reset"
+        elif h.pid in client_pids:
+            entry["then"] = f"stopped with {client_pids[h.pid]}, started again after the reset"
+        elif h.pid in end_pids:
+            entry["then"] = "ended (confirmed compute process)"
+        elif os.path.basename(h.command.split(" ", 1)[0]) in TOLERATED_HOLDERS:
+            entry["then"] = "left running: the reset needs it"
+        else:
+            others.append(h)
+            entry["then"] = None
+        plan.append(entry)
+    data: dict[str, Any] = {"holders": plan, "pause_daemon": daemon_pid is not None and any(
+        h.pid == daemon_pid for h in holders)}
+    if others:
+        return Check(
+            "device_holders",
+            "failed",
+            f"{len(others)} process(es) that this reset does not stop hold the GPU's device files: "
+            + "; ".join(h.describe() for h in others),
+            "stop them (a monitoring tool, a job outside the scheduler, another user's session) or add "
+            "their unit to --clients, then retry",
+            data,
+        )
+    if not holders:
+        return Check("device_holders", "ok", "no process holds the GPU's device files", data=data)
+    return Check("device_holders", "ok", "; ".join(f"pid {e['pid']} ({e['command']}): {e['then']}" for e in plan), data=data)

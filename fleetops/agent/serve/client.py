@@ -147,3 +147,103 @@ def watch(path: str) -> int:
                     return 0
                 out.write(data)
                 out.flush()
+
+
+def daemon_pid(path: str) -> int | None:
+    """The pid of the process that answers on the daemon's socket (the kernel's word for it,
+    ``SO_PEERCRED``), or None when nothing answers: who the reset's holder check may name as
+    the daemon it will pause."""
+    import socket
+    import struct
+
+    conn = _connect(path, CONNECT_TIMEOUT_S * 5)
+    if conn is None:
+        return None
+    with conn:
+        try:
+            raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            return None
+    pid, _uid, _gid = struct.unpack("3i", raw)
+    return pid if pid > 0 else None
+
+
+class QuiesceError(OSError):
+    """The daemon answers but would not let go of the GPUs (a hung NVML call, another quiesce)."""
+
+
+class Quiesce:
+    """``with Quiesce(path, lease, who) as q``: the daemon on ``path`` releases NVML for the
+    block and takes it back at its end; ``q.answer`` is its answer (None: no daemon answers,
+    nothing to pause). The quiesce is tied to this connection: if this process dies in the
+    block, the kernel closes the socket and the daemon resumes at once (``server._quiesce``)."""
+
+    def __init__(self, path: str, lease_s: float, who: str, timeout: float = 30.0) -> None:
+        self.path, self.lease_s, self.who, self.timeout = path, lease_s, who, timeout
+        self.conn: socket.socket | None = None
+        self.answer: dict[str, object] | None = None
+        self.resumed: dict[str, object] | None = None
+
+    def __enter__(self) -> Quiesce:
+        import json
+
+        if not os.path.exists(self.path):
+            return self
+        conn = _connect(self.path, CONNECT_TIMEOUT_S * 5)
+        if conn is None:
+            return self
+        conn.settimeout(self.timeout)
+        try:
+            conn.sendall(f"quiesce {self.lease_s:g} {self.who}\n".encode())
+            line = _line(conn)
+            doc = json.loads(line) if line else None
+        except (OSError, ValueError) as exc:
+            conn.close()
+            raise QuiesceError(f"the daemon on {self.path} did not answer the quiesce: {exc}") from exc
+        if not isinstance(doc, dict) or not doc.get("quiesced"):
+            conn.close()
+            why = doc.get("error") if isinstance(doc, dict) else "no answer"
+            raise QuiesceError(f"the daemon on {self.path} refused to quiesce: {why}")
+        self.conn, self.answer = conn, doc
+        return self
+
+    def resume(self) -> None:
+        import json
+
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        with conn:
+            try:
+                conn.settimeout(5.0)
+                conn.sendall(b"resume\n")
+                line = _line(conn)
+                self.resumed = json.loads(line) if line else None
+            except (OSError, ValueError):
+                self.resumed = None  # closing the connection resumes it all the same
+
+    def __exit__(self, *exc: object) -> None:
+        self.resume()
+
+
+def _line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.strip()
+
+
+def resample(path: str, timeout: float = 30.0) -> str | None:
+    """Ask the daemon to sample now and return its snapshot line taken after the call (the
+    verdict after an action), or None when no daemon answers or it cannot sample now."""
+    if not os.path.exists(path):
+        return None
+    try:
+        answer = ask(path, b"resample\n", timeout)
+    except OSError:
+        return None
+    text = answer.decode("utf-8", "replace").strip()
+    return text if served_age(text) is not None else None

@@ -60,6 +60,23 @@ class SimBackend:
         self._steady = False
         self._light: tuple[dict[str, dict[str, float | None]], dict[str, str]] | None = None
         self._node: Any = None  # the full snapshot of a steady state, kept until the file changes
+        # the simulated node's control device, held open while "NVML is initialised", as a real
+        # daemon holds /dev/nvidiactl: a simulated reset or driver unload sees this process
+        # holding the GPU (gpu/holders.py) until ``release``
+        self._device: int | None = None
+
+    def _hold(self) -> None:
+        if self._device is None:
+            from fleetops.gpu import sim
+
+            self._device = sim.open_device(self.state_path)
+
+    def release(self) -> None:
+        """Give the node's device files back (the quiesce before a reset): nothing held until
+        the next ``light`` or ``full``, which takes them again."""
+        fd, self._device = self._device, None
+        if fd is not None:
+            os.close(fd)
 
     def _current(self) -> dict[str, Any]:
         """The state as the file holds it now. An unchanged ``stat`` is trusted only when the
@@ -90,6 +107,7 @@ class SimBackend:
         """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
         from fleetops.gpu import sim
 
+        self._hold()
         state = self._current()
         if self._light is not None:
             return self._light
@@ -112,6 +130,7 @@ class SimBackend:
         from fleetops.gpu import sim
 
         start = time.perf_counter()
+        self._hold()
         state = self._current()
         if self._node is None:
             node = collect("sim", self.state_path)
@@ -189,7 +208,14 @@ class NodeService:
         self._trigger_values: dict[str, tuple[float | None, float | None]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
+        # Held around every backend call (a tick, a resample, a release): a quiesce waits for the
+        # call in flight instead of pulling NVML from under it.
+        self.backend_lock = threading.Lock()
+        # While set, the backend holds nothing and no tick calls it (a GPU reset or a driver
+        # reload runs): who asked, since when, and until when at the latest (the lease).
+        self.quiesced: dict[str, Any] | None = None
         self._next_full = 0.0  # time.monotonic() of the next full snapshot; 0: at the next tick
+        self.last_resume: dict[str, Any] | None = None
         # _previous's last GPUs: (the retained snapshot's GPU list, GPUs with rings, base time, GPUs)
         self._prev_cache: tuple[list[Any], set[str], float, list[Any]] | None = None
         self._doc: dict[str, Any] | None = None
@@ -248,7 +274,68 @@ class NodeService:
 
     def tick(self) -> None:
         """One light sample, and the full snapshot when it is due or the sample shows a change;
-        ``loops.Sampling`` calls it every ``interval_s``."""
+        ``loops.Sampling`` calls it every ``interval_s``. A quiesced node is not sampled (its
+        lease, when it runs out, ends the quiesce here)."""
+        quiesced = self.quiesced
+        if quiesced is not None:
+            if time.time() < quiesced["until"]:
+                return
+            self.resume("the quiesce's lease ran out")
+        if not self.backend_lock.acquire(timeout=self.hang_s):
+            return  # a resample or a release holds the backend; the next tick samples
+        try:
+            self._tick()
+        finally:
+            self.backend_lock.release()
+
+    # --- quiesce: the backend gives the GPUs back for a reset or a driver reload ----------
+
+    def quiesce(self, by: str, lease_s: float) -> dict[str, Any]:
+        """Stop sampling and release the backend (NVML shut down, its handles and event set
+        dropped; the simulator's device file closed) until ``resume`` or ``lease_s`` seconds:
+        what a reset or a driver unload needs from a monitoring client. The kernel-log follower
+        keeps recording XIDs meanwhile. Raises ``RuntimeError`` when a backend call in flight
+        does not return within the hang timeout (NVML wedged: nothing can be released)."""
+        if self.quiesced is not None:
+            raise RuntimeError(f"already quiesced by {self.quiesced['by']}")
+        if not self.backend_lock.acquire(timeout=self.hang_s):
+            call = self.in_call
+            raise RuntimeError("a backend call has not returned within "
+                               f"{self.hang_s:g} s ({call[0] if call else 'unknown'}): NVML cannot be released")
+        try:
+            now = time.time()
+            self.quiesced = {"by": by, "since": now, "until": now + max(1.0, lease_s)}
+            release = getattr(self.backend, "release", None)
+            if release is not None:
+                release()
+        finally:
+            self.backend_lock.release()
+        self._publish()
+        return dict(self.quiesced)
+
+    def resume(self, why: str = "resumed") -> None:
+        """Take the backend back: the next tick initialises it again and takes a full snapshot
+        at once, so what is served after a reset was sampled after it."""
+        if self.quiesced is None:
+            return
+        self.quiesced = None
+        self.last_resume = {"at": time.time(), "why": why}
+        self._next_full = 0.0
+        self._publish()
+
+    def resample(self) -> bool:
+        """A light sample and a full snapshot now (``resample`` on the socket, after an
+        action): False when quiesced or when the backend is busy past the hang timeout."""
+        if self.quiesced is not None or not self.backend_lock.acquire(timeout=self.hang_s):
+            return False
+        try:
+            self._next_full = 0.0
+            self._tick()
+        finally:
+            self.backend_lock.release()
+        return True
+
+    def _tick(self) -> None:
         now = time.time()
         try:
             values, lost = self._call("sample", self.backend.light)
@@ -468,6 +555,11 @@ class NodeService:
             "clear_after": self.clear_after,
             "degraded": degraded is not None,
             "reason": degraded,
+            "pid": os.getpid(),
+            "backend": self.backend.name,
+            # a reset or a driver reload has the GPUs: nothing sampled meanwhile
+            "quiesced": dict(self.quiesced) if self.quiesced is not None else None,
+            "last_resume": self.last_resume,
             "lost": dict(self.lost),
             "findings": list(self.findings),
             "xid_counts": book["counts"],

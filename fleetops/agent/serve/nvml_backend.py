@@ -85,6 +85,8 @@ class NvmlBackend:
         self.mig: dict[str, dict[str, Any]] | None = None
         self._mig_gpus: dict[str, dict[str, Any]] | None = None  # uuid -> its entry in the full snapshot
         self._mig_tables: dict[str, Any] = {}  # uuid -> its MIG profile table (None: unreadable), read once
+        self.events_quiet = threading.Event()  # set while the events loop holds no event set
+        self.events_quiet.set()
 
     # NVML lifecycle ----------------------------------------------------------------------
 
@@ -237,28 +239,55 @@ class NvmlBackend:
                 row[name] = _num(field_value(fv))
 
     def full(self) -> Any:
+        """The node's full snapshot through ``collect.nvml_node``, the cold collect's own builder
+        (services, packages, the reset journal's ``last_reset_at`` included), on the NVML this
+        backend holds initialised; the XIDs are the daemon's book's (``NodeService._full``)."""
         from fleetops import model
         from fleetops.agent import hostinfo
-        from fleetops.gpu import nvml
+        from fleetops.agent.collect import CollectError, nvml_node
 
-        node = model.Node(hostname=self._hostname, backend="nvml", collected_at=time.time())
-        node.kernel = hostinfo.kernel()
-        node.os = hostinfo.os_name()
-        node.uptime_s = hostinfo.uptime_s()
-        nvml.collect_into(node)
+        try:
+            self._init()
+        except self.N.NVMLError as exc:
+            self._drop()
+            raise RuntimeError(f"nvmlInit: {_reason(self.N, exc)}") from exc
+        if self._packages is None:
+            self._packages = hostinfo.nvidia_packages_with_origins()
+        try:
+            node = nvml_node(held=True, packages=self._packages, kernel_log=False)
+        except CollectError as exc:
+            raise RuntimeError(str(exc)) from exc
+        node.hostname = self._hostname
         for g in node.gpus:
             self.lost.pop(g.uuid, None)  # enumerated again (a reset, a driver reload)
         from fleetops.agent.serve import instances
 
         # the GPUs whose instances the light reads sample until the next full snapshot
         self._mig_gpus = instances.table(model.to_dict(g) for g in node.gpus if g.mig_mode_current or g.mig_instances)
-        if self._packages is None:
-            self._packages = hostinfo.nvidia_packages_with_origins()
-        packages, origins, reason = self._packages
-        node.packages, node.package_origins = dict(packages), dict(origins)
-        if reason:
-            node.unavailable["packages"] = reason
         return node
+
+    def release(self) -> None:
+        """Let go of the GPUs for a reset or a driver reload (``NodeService.quiesce``): the
+        handles dropped (the events loop frees its set when ``reinits`` moves) and NVML shut
+        down as often as this process initialised it, so no device file stays open. The next
+        ``light`` or ``full`` initialises it again."""
+        self._drop()
+        self._events_quiet(2.5)
+        N = self.N
+        for _ in range(64):  # nvmlInit is counted; one shutdown per init this process made
+            try:
+                N.nvmlShutdown()
+            except N.NVMLError:
+                break  # Uninitialized: the count is at zero
+            except Exception:  # noqa: BLE001 - a binding without NVML loaded: nothing held
+                break
+
+    def _events_quiet(self, timeout: float) -> None:
+        """Wait (bounded) until the events loop holds no event set: NVML must not be shut down
+        under a wait in progress."""
+        quiet = getattr(self, "events_quiet", None)
+        if quiet is not None:
+            quiet.wait(timeout)
 
     def boot_epoch(self) -> float | None:
         try:
@@ -274,7 +303,12 @@ class NvmlBackend:
         N = self.N
         kind = getattr(N, "nvmlEventTypeXidCriticalError", 8)
         while not stop.is_set():
+            if not self.initialised:  # quiesced or re-initialising: no set until NVML is back
+                self.events_quiet.set()
+                stop.wait(0.5)
+                continue
             try:
+                self.events_quiet.clear()
                 es = N.nvmlEventSetCreate()
                 for _uuid, _bus, h in list(self.handles):
                     try:
@@ -282,6 +316,7 @@ class NvmlBackend:
                     except N.NVMLError:
                         continue
             except N.NVMLError:
+                self.events_quiet.set()
                 stop.wait(5.0)
                 continue
             generation = self.reinits
@@ -303,6 +338,7 @@ class NvmlBackend:
                 N.nvmlEventSetFree(es)
             except N.NVMLError:
                 pass
+            self.events_quiet.set()
 
 
 def _text(value: Any) -> str:

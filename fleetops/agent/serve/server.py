@@ -1,6 +1,15 @@
-"""The node's unix socket: line requests ``snapshot``, ``history UUID FIELD SECONDS``, ``watch``.
+"""The node's unix socket: line requests ``snapshot``, ``history UUID FIELD SECONDS``, ``watch``,
+``resample`` and ``quiesce SECONDS [WHO]``.
 
-Root-only: the socket is 0600 in a 0700 directory. Nothing that changes state is reachable.
+Root-only: the socket is 0600 in a 0700 directory. Nothing that changes the GPUs is reachable:
+``quiesce`` only makes the daemon let go of them (NVML shut down) for a reset or a driver
+reload, and ``resample`` makes it sample now.
+
+``quiesce`` lasts as long as the connection that asked: the daemon answers one line once it
+holds nothing, then waits; a ``resume`` line, the connection's close (the asking process ended,
+however it ended: the kernel closes its socket) or the lease running out gives the daemon its
+GPUs back, and it samples them at once. A reset flow killed half-way therefore never leaves
+the node unmonitored for longer than it takes the kernel to close its socket.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleetops.agent.serve.node import NodeService
@@ -97,6 +106,16 @@ def _client(svc: NodeService, conn: socket.socket) -> None:
                 fh.write(_history(svc, words[1], words[2], words[3]).encode() + b"\n")
             elif words == ["watch"]:
                 _watch(svc, conn, fh)
+            elif words == ["resample"]:
+                ok = svc.resample()
+                if ok:
+                    fh.write(svc.snapshot_json().encode() + b"\n")
+                else:
+                    fh.write(json.dumps({"error": "cannot sample now (quiesced, or a backend call is hung)",
+                                         "kind": "busy"}).encode() + b"\n")
+            elif words and words[0] == "quiesce":
+                _quiesce(svc, conn, fh, words[1:])
+                return
             else:
                 fh.write(json.dumps({"error": f"unknown request {line!r}", "kind": "usage"}).encode() + b"\n")
             fh.flush()
@@ -144,3 +163,53 @@ def _watch(svc: NodeService, conn: socket.socket, fh: object) -> None:
         last = doc
         if diff:
             conn.sendall(json.dumps({"change": diff, "at": time.time()}, separators=(",", ":")).encode() + b"\n")
+
+
+def _quiesce(svc: NodeService, conn: socket.socket, fh: Any, args: list[str]) -> None:
+    """``quiesce SECONDS [WHO]``: release the backend, answer, and hold the quiesce while the
+    connection stays open (up to SECONDS); see the module's docstring."""
+    try:
+        lease = float(args[0])
+        if not 0 < lease <= 3600:
+            raise ValueError
+    except (IndexError, ValueError):
+        fh.write(json.dumps({"error": "quiesce needs a lease of 1-3600 seconds: quiesce SECONDS [WHO]",
+                             "kind": "usage"}).encode() + b"\n")
+        fh.flush()
+        return
+    who = " ".join(args[1:]) or "unnamed client"
+    try:
+        held = svc.quiesce(who, lease)
+    except RuntimeError as exc:
+        fh.write(json.dumps({"error": str(exc), "kind": "busy"}).encode() + b"\n")
+        fh.flush()
+        return
+    why = "the asking connection closed"
+    try:
+        fh.write(json.dumps({"quiesced": True, "pid": os.getpid(), "backend": svc.backend.name, **held}).encode() + b"\n")
+        fh.flush()
+        while True:
+            left = held["until"] - time.time()
+            if left <= 0:
+                why = "the quiesce's lease ran out"
+                break
+            conn.settimeout(left)
+            try:
+                line = fh.readline()
+            except TimeoutError:
+                why = "the quiesce's lease ran out"
+                break
+            if not line:
+                break
+            if line.strip() == b"resume":
+                why = f"resumed by {who}"
+                break
+    except OSError:
+        pass
+    finally:
+        svc.resume(why)
+    try:
+        fh.write(json.dumps({"resumed": True, "why": why}).encode() + b"\n")
+        fh.flush()
+    except OSError:
+        pass
