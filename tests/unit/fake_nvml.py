@@ -35,6 +35,11 @@ def calls() -> dict[str, int]:
 
 
 def reset_calls() -> None:
+    """Count calls from zero again; NVML stays as initialised as it was."""
+    CALLS.clear()
+
+
+def fresh() -> None:
     """A fresh fake for the next test in this process: no calls counted, NVML not initialised
     and its device file closed (a test must not inherit the last one's nvmlInit)."""
     global _INITS, _DEVICE

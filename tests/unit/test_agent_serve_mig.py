@@ -199,6 +199,7 @@ def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, m
     monkeypatch.setenv("FAKE_NVML_CONTROL", str(control))
     monkeypatch.setenv("FLEETOPS_AGENT_NVML_MODULE", "fake_nvml")
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # put back after the test
+    fake_nvml.fresh()  # NVML not initialised in this process yet, whatever ran before
     monkeypatch.setattr(hostinfo, "nvidia_packages_with_origins", lambda: ({}, {}, None))
     backend = NvmlBackend()
     mig_calls = ("nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",

@@ -29,7 +29,7 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps({"mode": "ok", "temp": 40}))
     monkeypatch.setenv("FAKE_NVML_CONTROL", str(path))
-    fake_nvml.reset_calls()
+    fake_nvml.fresh()
     return path
 
 

@@ -45,7 +45,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any,
     saved = sys.modules.get("pynvml")
     try:
         module = nvml_backend.load_module()
-        module.reset_calls()
+        module.fresh()
         yield module, control
     finally:
         if saved is not None:
