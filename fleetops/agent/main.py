@@ -165,6 +165,9 @@ def build_parser() -> Any:
                    help="judge the results against the floors alone (no fleet to compare with, as in a "
                    "rollout); exit 1 when a GPU is below its floor or has no steady figure")
     p.add_argument("--floors", help="with --judge: floor overrides as JSON, the baseline's validation.floors")
+    p.add_argument("--probe", action="store_true",
+                   help="measure nothing: say which backends work here and which --backend would run; exit 1 "
+                   "naming what to install when none would (the rollout asks this before it drains a node)")
     common(p, backend_help="torch|cupy|dcgm|sim|auto (default auto: sim with --state or $FLEETOPS_SIM_STATE, "
            "else the first that works here: torch with a CUDA device, then cupy, then dcgm (dcgmi on PATH); "
            "none works: refused, naming what to install)")
@@ -347,6 +350,14 @@ def main(argv: list[str] | None = None) -> int:
             except reset.ResetError as exc:
                 return _fail(exc.kind, str(exc), exc.exit_code)
             return _verdict(doc, code, args.pretty)
+        if args.command == "validate" and args.probe:
+            from fleetops.agent.validate.probe import probe
+
+            doc = probe(args.backend, args.state)
+            _emit(doc, args.pretty)
+            if doc["picked"] is None:
+                return _fail("backend", f"{doc['error']}; {doc['install']}", EXIT_FAIL)
+            return EXIT_OK
         if args.command == "validate":
             from fleetops.agent.validate.run import ValidateError, validate
             from fleetops.validation.gate import GateError, judge_node, parse_floors
