@@ -218,6 +218,16 @@ def run(args: Any) -> int:
     if textfile and not os.path.isdir(os.path.dirname(os.path.abspath(textfile))):
         sys.stderr.write(json.dumps({"error": f"--textfile {textfile}: no such directory", "kind": "usage"}) + "\n")
         return 2
+    from fleetops.agent.serve import claim
+
+    claimed: list[int] = []  # one daemon per node: its state locked, its socket answered by nobody else
+    for svc in services:
+        try:
+            claimed.append(claim.claim(svc.socket_path, svc.state_dir))
+        except claim.Taken as exc:
+            claim.release(claimed)
+            sys.stderr.write(json.dumps({"error": f"fleetops-agent serve refused: {exc}", "kind": "in-use"}) + "\n")
+            return 1
     stop = threading.Event()
 
     def _term(signum: int, frame: Any) -> None:
@@ -249,4 +259,5 @@ def run(args: Any) -> int:
             os.unlink(svc.socket_path)
         except OSError:
             pass
+    claim.release(claimed)
     return 0

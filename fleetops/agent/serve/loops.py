@@ -101,17 +101,18 @@ class Sampling:
 
 def watchdog(services: list[NodeService]) -> None:
     """Every node's ``check_hang`` at least every second (a quarter of the shortest hang
-    timeout when that is less); systemd's watchdog is pinged while a node is healthy."""
+    timeout when that is less); systemd's watchdog is pinged while a node has no backend call
+    hung past its ``hang_s``. Degraded and quiesced nodes keep it pinged (``check_hang``)."""
     from fleetops.agent.serve.node import notify
 
     pause = threading.Event()
     while _running(services):
         pause.wait(min(1.0, min(svc.hang_s for svc in services) / 4))
-        healthy = False
+        alive = False
         for svc in services:
             if not svc.stop.is_set():
-                healthy = svc.check_hang() or healthy
-        if healthy:
+                alive = svc.check_hang() or alive
+        if alive:
             notify("WATCHDOG=1")
 
 

@@ -485,17 +485,24 @@ class NodeService:
 
     def check_hang(self) -> bool:
         """The watchdog's look at this node (``loops`` calls it at least every second): a backend
-        call running past ``hang_s`` marks the node degraded, its return clears that. True when
-        the node is healthy, which is what the systemd watchdog's ping stands for."""
+        call running past ``hang_s`` marks the node degraded, its return clears that. True unless
+        such a call is hung, which is all the systemd watchdog's ping stands for: a restart
+        helps only a process stuck in a call. A degraded node (a failed sample, the driver
+        unloaded, a cursor not saved) and a quiesced one (a reset has the GPUs) answer True: a
+        restart would not mend them, and it would end the kernel-log follower that keeps
+        recording XIDs meanwhile; the snapshot and the metrics report them."""
         call = self.in_call
-        if call is not None and time.monotonic() - call[1] > self.hang_s:
+        hung = call is not None and time.monotonic() - call[1] > self.hang_s
+        if hung:
+            assert call is not None
             reason = f"hung: backend call {call[0]!r} has not returned within {self.hang_s:g} s"
             if self.degraded_reason != reason:
                 self.degraded_reason = reason
                 self._publish()
         elif call is None and self.degraded_reason and self.degraded_reason.startswith("hung:"):
             self.degraded_reason = None
-        return self.degraded_reason is None
+            self._publish()
+        return not hung
 
     def _on_xid(self, event: dict[str, Any]) -> None:
         self._publish()

@@ -14,6 +14,7 @@ the node unmonitored for longer than it takes the kernel to close its socket.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -27,11 +28,17 @@ if TYPE_CHECKING:
 
 
 def listen(svc: NodeService) -> socket.socket:
-    """The node's listening socket, bound at its path (a stale socket file replaced)."""
+    """The node's listening socket, bound at its path (a stale socket file replaced). A socket
+    another process answers on is never unlinked: ``OSError`` (EADDRINUSE) naming its pid."""
+    from fleetops.agent.serve import claim
+
     path = svc.socket_path
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
+    peer = claim.answering(path)
+    if peer is not None:
+        raise OSError(errno.EADDRINUSE, f"another fleetops-agent serve (pid {peer}) answers on it")
     try:
         os.unlink(path)
     except FileNotFoundError:
