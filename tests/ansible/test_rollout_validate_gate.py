@@ -4,8 +4,11 @@ The package steps of driver_rollout.yml refuse loopback simulated nodes (they sh
 controller's file system), so this drives the rollout's own tail, playbooks/tasks/
 driver_rollout_resume.yml (audit gate, validation gate, resume), inside the same drain / block /
 rescue and serial + max_fail_percentage shape as driver_rollout.yml, with one node's simulated
-GPU degraded. A structural test holds driver_rollout_node.yml to including that tail inside its
-block.
+GPU degraded. Before the block, as in driver_rollout_node.yml, the rollout's preflight
+(playbooks/tasks/driver_rollout_preflight.yml) asks each node's agent whether the gate could
+measure there at all, and refuses a node without a validation backend before draining it.
+A structural test holds driver_rollout_node.yml to including the preflight before its block and
+the tail inside it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def _playbook(tmp_path: Path, scontrol: str) -> Path:
             "fleetops_audit_command": os.path.join(BIN, "fleetops"), "fleetops_audit_history": False,
         },
         "tasks": [{
+            "name": "Check the node can pass the validation gate before draining it",
+            "ansible.builtin.include_tasks": str(REPO / "playbooks" / "tasks" / "driver_rollout_preflight.yml"),
+        }, {
             "name": "Upgrade one node",
             "block": [
                 {"name": "Drain the node in Slurm", "ansible.builtin.include_role": {"name": "slurm_drain"},
@@ -108,8 +114,55 @@ def test_a_degraded_node_stays_drained_is_named_and_stops_the_rollout(sim_fleet,
     assert "ROLLOUT FAILED on node001" not in out and "node003" not in out.split("PLAY RECAP")[0]
 
 
+@pytest.mark.root
+def test_a_node_without_a_validation_backend_is_refused_before_it_is_drained(sim_fleet, fake_slurm,
+                                                                            tmp_path: Path) -> None:
+    """node002's inventory gives its agent CuPy (fleetops_agent_validate_backend: cupy), which its
+    Python does not have: the preflight refuses it while it is still in service, saying what to
+    install; node001 (the simulator answers its auto backend) is upgraded first, and the rollout
+    stops at node002 (max_fail_percentage 0), so node003 is never touched."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the simulated node would have the backend")
+    fleet = sim_fleet
+    driver = str(sim.read_state(str(fleet.state_path("node001")))["node"]["driver_version"])
+    scontrol, db = fake_slurm({n: {"state": "MIXED"} for n in fleet.nodes})
+    book = _playbook(tmp_path, scontrol)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "node002.yml").write_text(yaml.safe_dump({"fleetops_agent_validate_backend": "cupy"}))
+    before = fleet.state_bytes()
+
+    check = _run(fleet, book, driver, check=True)  # the probe reads only: check mode refuses too
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "ROLLOUT REFUSED on node002 before draining" in check.stdout
+
+    real = _run(fleet, book, driver)
+    out = real.stdout + real.stderr
+    assert real.returncode == 2, out
+    refused = [line for line in out.splitlines() if "ROLLOUT REFUSED on node002 before draining" in line]
+    assert refused, out
+    assert "--backend cupy: cupy is not installed" in refused[0] and "CuPy" in refused[0]
+    assert "fleetops_agent_validate_backend" in refused[0] and "The node was not drained" in refused[0]
+    calls = Path(str(db) + ".log").read_text().splitlines()
+    assert not [c for c in calls if c.startswith("update") and "NodeName=node002" in c], calls
+    assert [c for c in calls if c.startswith("update") and "NodeName=node001" in c]  # drained and resumed
+    nodes = json.loads(db.read_text())
+    assert nodes == {n: {"state": "MIXED", "reason": None} if n == "node001" else {"state": "MIXED"}
+                     for n in fleet.nodes}, nodes
+    assert "ROLLOUT FAILED" not in out and "node003" not in out.split("PLAY RECAP")[0]
+    assert fleet.state_bytes() == before  # validation reads; nothing on any node changed
+
+
 def test_the_rollout_runs_the_gate_inside_its_block_before_resuming() -> None:
     node_tasks = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_node.yml").read_text())
+    names = [t.get("name") for t in node_tasks]
+    preflight = names.index("Check the node can pass the validation gate before draining it")
+    assert preflight < names.index("Upgrade a node that differs from the pins")
+    assert node_tasks[preflight]["ansible.builtin.include_tasks"] == "driver_rollout_preflight.yml"
+    [probe] = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_preflight.yml").read_text())
+    assert probe["block"][0]["ansible.builtin.include_role"] == {"name": "fleetops_audit",
+                                                                  "tasks_from": "validate_probe"}
     [upgrade] = [t for t in node_tasks if t.get("name") == "Upgrade a node that differs from the pins"]
     includes = [t.get("ansible.builtin.include_tasks") for t in upgrade["block"]]
     assert includes[-1] == "driver_rollout_resume.yml"
