@@ -91,6 +91,9 @@ def build_parser() -> Any:
     p.add_argument("--hang-timeout", type=float, default=10.0, help="a backend call longer than this is hung")
     p.add_argument("--socket", help="socket path (default /run/fleetops/agent.sock; sim: <state>.agent/agent.sock)")
     p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
+    p.add_argument("--web-config-file", metavar="PATH",
+                   help="TLS and basic auth for the endpoint: the web-config file Prometheus exporters share "
+                   "(tls_server_config, basic_auth_users as bcrypt hashes; JSON, or YAML with PyYAML)")
     p.add_argument("--textfile", help="also write the endpoint's page to this file (node_exporter's textfile "
                    "collector; atomic, each sample; one served node only)")
     p.add_argument("--config", help="JSON: interval_s, full_interval_s, hang_timeout_s, clear_after_samples (over the "

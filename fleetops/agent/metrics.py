@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import socketserver
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from fleetops import model
 from fleetops.catalog import throttle
+
+if TYPE_CHECKING:
+    from fleetops.agent import webconfig
 
 DEFAULT_PORT = 9401
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -374,86 +380,250 @@ _INDEX = (
 )
 
 
-_STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 _MAX_HEADER_LINES = 100
+_MAX_HEAD = 16384  # request line and headers together
 _MAX_BODY = 65536
 
+# How long a client may take, in all, to send its request (TLS handshake, request line, headers,
+# body), and then to take the answer. Counted from the accept, not per byte: a client trickling
+# one byte a second is dropped when its time is up, as Go's ReadHeaderTimeout drops it for
+# node_exporter. A scrape on a local network sends its request in milliseconds.
+READ_TIMEOUT_S = 5.0
+WRITE_TIMEOUT_S = 10.0
+# Connections served at once; past it, a new one is answered 503 (closed, under TLS) by the
+# accepting thread without a thread of its own, as node_exporter's --web.max-requests (40)
+# answers. Prometheus keeps one scrape per target in flight; an HA pair two.
+MAX_CONNECTIONS = 40
+# Accepted-but-not-yet-served connections the kernel queues (it caps this at net.core.somaxconn).
+LISTEN_BACKLOG = 1024
 
-class _Handler(socketserver.StreamRequestHandler):
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nServer: fleetops-agent\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Length: 24\r\nRetry-After: 1\r\nConnection: close\r\n\r\ntoo many connections now\n")
+
+
+class _Timeout(Exception):
+    """The client's time is up, or it went away before its request was whole: no answer."""
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _Timeout
+    return left
+
+
+def _read_head(sock: socket.socket, deadline: float) -> tuple[bytes, bytes] | None:
+    """The request head (up to the blank line) and what came after it, read before
+    ``deadline``; None when the head is too long."""
+    buf = b""
+    while True:
+        for end in (b"\r\n\r\n", b"\n\n"):
+            at = buf.find(end)
+            if at >= 0:
+                return buf[:at], buf[at + len(end):]
+        if len(buf) > _MAX_HEAD:
+            return None
+        sock.settimeout(_remaining(deadline))
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            raise _Timeout from None
+        if not chunk:  # closed (or half-closed) before the blank line
+            if b"\n" in buf.lstrip():
+                return buf, b""
+            raise _Timeout
+        buf += chunk
+
+
+def _read_body(sock: socket.socket, have: int, length: int, deadline: float) -> None:
+    """Read (and drop) what the client says it sends, so closing does not reset the answer away."""
+    left = min(length, _MAX_BODY) - have
+    while left > 0:
+        sock.settimeout(_remaining(deadline))
+        try:
+            chunk = sock.recv(min(left, 16384))
+        except TimeoutError:
+            raise _Timeout from None
+        if not chunk:
+            return
+        left -= len(chunk)
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        sock.settimeout(_remaining(deadline))
+        try:
+            sent = sock.send(view)
+        except TimeoutError:
+            raise _Timeout from None
+        view = view[sent:]
+
+
+class _Handler(socketserver.BaseRequestHandler):
     """Read-only by construction: GET of two paths, nothing else is routed anywhere. One request
     per connection (HTTP/1.0, ``Connection: close``), which is what a scraper needs."""
 
-    timeout = 10.0
-    get_text: Callable[[], str]
+    server: MetricsServer
 
-    def _send(self, status: int, body: str, content_type: str, extra: Mapping[str, str] | None = None) -> None:
+    def handle(self) -> None:
+        server = self.server
+        deadline = time.monotonic() + server.read_timeout_s
+        sock = self.request
+        guard = server.web.guard() if server.web is not None else None
+        try:
+            if guard is not None:
+                sock = guard.wrap(sock, deadline)
+            try:
+                self._handle(sock, guard, deadline)
+            finally:
+                if sock is not self.request:
+                    sock.close()
+        except (OSError, _Timeout):  # gone, too slow, or a failed handshake: nothing to answer
+            return
+
+    def _send(self, sock: socket.socket, status: int, body: str, content_type: str,
+              extra: Iterable[tuple[str, str]] = ()) -> None:
         data = body.encode("utf-8")
         head = [f"HTTP/1.0 {status} {_STATUS[status]}", "Server: fleetops-agent", f"Content-Type: {content_type}",
                 f"Content-Length: {len(data)}", "Connection: close"]
-        head += [f"{key}: {value}" for key, value in (extra or {}).items()]
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+        head += [f"{key}: {value}" for key, value in extra]
+        _send_all(sock, ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data,
+                  time.monotonic() + self.server.write_timeout_s)
 
-    def handle(self) -> None:
-        try:
-            self._handle()
-        except OSError:  # the scraper went away (or timed out): nothing to answer
+    def _handle(self, sock: socket.socket, guard: webconfig.Guard | None, deadline: float) -> None:
+        extra: list[tuple[str, str]] = list(guard.headers) if guard is not None else []
+        text_plain = "text/plain; charset=utf-8"
+        got = _read_head(sock, deadline)
+        if got is None:
+            self._send(sock, 431, "request head too long\n", text_plain, extra)
             return
-
-    def _handle(self) -> None:
-        words = self.rfile.readline(8192).decode("latin-1").split()
+        head, rest = got
+        lines = head.decode("latin-1").split("\n")
+        words = lines[0].split()
         if len(words) != 3 or not words[2].startswith("HTTP/"):
-            self._send(400, "bad request\n", "text/plain; charset=utf-8")
+            self._send(sock, 400, "bad request\n", text_plain, extra)
+            return
+        if len(lines) > _MAX_HEADER_LINES + 1:
+            self._send(sock, 431, "too many header lines\n", text_plain, extra)
             return
         method, target = words[0], words[1]
-        length = 0
-        for _ in range(_MAX_HEADER_LINES):
-            line = self.rfile.readline(8192)
-            if line in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length" and value.strip().isdigit():
-                length = int(value.strip())
-        else:
-            self._send(431, "too many header lines\n", "text/plain; charset=utf-8")
-            return
-        if length:  # read what was sent, so closing the socket does not reset the answer away
-            self.rfile.read(min(length, _MAX_BODY))
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers.setdefault(name.strip().lower(), value.strip())
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length):
+            _read_body(sock, len(rest), int(length), deadline)
+        if guard is not None:
+            verdict = guard.check(headers.get("authorization"), deadline)
+            if verdict == "busy":
+                self._send(sock, 503, "busy checking credentials\n", text_plain, [*extra, ("Retry-After", "1")])
+                return
+            if verdict != "ok":
+                self._send(sock, 401, "unauthorized\n", text_plain,
+                           [*extra, ("WWW-Authenticate", 'Basic realm="fleetops-agent", charset="UTF-8"')])
+                return
         if method != "GET":
-            self._send(405, "method not allowed: only GET\n", "text/plain; charset=utf-8", {"Allow": "GET"})
+            self._send(sock, 405, "method not allowed: only GET\n", text_plain, [*extra, ("Allow", "GET")])
             return
         path = target.split("?", 1)[0]
         if path == "/metrics":
             try:
-                text = type(self).get_text()
+                text = self.server.get_text()
             except Exception as exc:  # a failed render answers 500, the server stays up  # noqa: BLE001
-                self._send(500, f"render failed: {type(exc).__name__}\n", "text/plain; charset=utf-8")
+                self._send(sock, 500, f"render failed: {type(exc).__name__}\n", text_plain, extra)
                 return
-            self._send(200, text, CONTENT_TYPE)
+            self._send(sock, 200, text, CONTENT_TYPE, extra)
         elif path == "/":
-            self._send(200, _INDEX, "text/html; charset=utf-8")
+            self._send(sock, 200, _INDEX, "text/html; charset=utf-8", extra)
         else:
-            self._send(404, "not found: only /metrics\n", "text/plain; charset=utf-8")
+            self._send(sock, 404, "not found: only /metrics\n", text_plain, extra)
 
 
 class MetricsServer(socketserver.ThreadingTCPServer):
-    """``server_address``, ``shutdown()`` and ``server_close()`` as ``http.server``'s have them."""
+    """``server_address``, ``shutdown()`` and ``server_close()`` as ``http.server``'s have them.
+
+    A thread per connection, at most ``max_connections`` of them: the accepting thread answers
+    any connection past that with a 503 it sends without waiting (or just closes it, under TLS)
+    and goes back to accepting. Each connection has ``read_timeout_s`` in all for its request
+    and ``write_timeout_s`` for the answer, so a held connection frees its place in bounded
+    time. The sampler shares nothing with these threads but the immutable state they render."""
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], get_text: Callable[[], str]) -> None:
-        handler = type("Handler", (_Handler,), {"get_text": staticmethod(get_text)})
-        super().__init__(address, handler)
+    def __init__(self, address: tuple[str, int], get_text: Callable[[], str], *,
+                 web: webconfig.Source | None = None, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout_s: float = READ_TIMEOUT_S, write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
+        self.get_text = get_text
+        self.web = web
+        self.max_connections = max_connections
+        self.read_timeout_s = read_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.active = 0  # connections being served now
+        self.refused = 0  # connections answered 503 at the door since the start
+        self._count_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = self.active >= self.max_connections
+            if full:
+                self.refused += 1
+            else:
+                self.active += 1
+        if full:
+            self._turn_away(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its place is free again
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._count_lock:
+            self.active -= 1
+
+    def _turn_away(self, request: socket.socket) -> None:
+        try:
+            request.setblocking(False)
+            if self.web is None or self.web.current().tls_context is None:
+                request.send(_BUSY)  # a fresh socket's send buffer takes it whole, or it is dropped
+            try:
+                request.recv(65536)  # what already came, so the close is a FIN, not a reset
+            except OSError:
+                pass
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        sys.stderr.write(f"fleetops-agent serve: metrics connection from {client_address}: {type(exc).__name__}: {exc}\n")
 
 
-def start_server(address: str, port: int, get_text: Callable[[], str], poll_s: float = 0.5
+def start_server(address: str, port: int, get_text: Callable[[], str], poll_s: float = 0.5, *,
+                 web: webconfig.Source | None = None, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout_s: float = READ_TIMEOUT_S, write_timeout_s: float = WRITE_TIMEOUT_S,
                  ) -> tuple[threading.Thread, MetricsServer]:
     """Serves ``get_text()`` at ``GET /metrics`` from a daemon thread. ``port`` 0 takes a free
     one (``server.server_address[1]`` says which). Stop with ``server.shutdown()`` then
     ``server.server_close()``; ``shutdown`` waits up to ``poll_s``, which is also how often the
-    idle server wakes (a resident daemon that never shuts it down asks for seldom)."""
-    server = MetricsServer((address, port), get_text)
+    idle server wakes (a resident daemon that never shuts it down asks for seldom). ``web``
+    (``fleetops.agent.webconfig.Source``) adds TLS and basic authentication."""
+    server = MetricsServer((address, port), get_text, web=web, max_connections=max_connections,
+                           read_timeout_s=read_timeout_s, write_timeout_s=write_timeout_s)
     thread = threading.Thread(target=server.serve_forever, args=(poll_s,), name="fleetops-metrics", daemon=True)
     thread.start()
     return thread, server

@@ -32,13 +32,16 @@ DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
 BACKEND_HOOK_ENV = "FLEETOPS_AGENT_SERVE_BACKEND"
 
 
-def start_metrics(address: str, services: list[Any]) -> None:
-    """The Prometheus endpoint (``--metrics-address``): one read-only page per served node."""
+def start_metrics(address: str, services: list[Any], web: Any = None) -> None:
+    """The Prometheus endpoint (``--metrics-address``): one read-only page per served node;
+    ``web`` (``--web-config-file``, loaded by ``exposition.web_source``) adds TLS and basic auth."""
     from fleetops.agent.serve import exposition
 
-    servers = exposition.serve(address, services)
+    servers = exposition.serve(address, services, web)
     ports = ", ".join(str(srv.server_address[1]) for srv in servers)
-    sys.stderr.write(f"fleetops-agent serve: metrics on {address.rpartition(':')[0] or '127.0.0.1'} port(s) {ports}\n")
+    scheme = "https" if web is not None and web.guard().tls_context is not None else "http"
+    sys.stderr.write(f"fleetops-agent serve: metrics ({scheme}) on {address.rpartition(':')[0] or '127.0.0.1'} "
+                     f"port(s) {ports}\n")
 
 
 def start_textfile(path: str, service: Any) -> None:
@@ -135,6 +138,19 @@ def _reload(path: str | None, baseline_path: str | None, services: list[Any]) ->
         svc.reloaded_at = time.time()
 
 
+def _web_config(args: Any) -> Any:
+    """``--web-config-file``, read whole before anything starts; it protects the endpoint, so
+    it means nothing without ``--metrics-address``."""
+    path = getattr(args, "web_config_file", None)
+    if not path:
+        return None
+    if not args.metrics_address:
+        raise ValueError(f"--web-config-file {path}: needs --metrics-address (it protects that endpoint)")
+    from fleetops.agent.serve import exposition
+
+    return exposition.web_source(path)
+
+
 def run(args: Any) -> int:
     import json
     import signal
@@ -146,7 +162,8 @@ def run(args: Any) -> int:
     try:
         config = read_config(args.config)
         baseline = read_baseline(getattr(args, "baseline", None))
-    except (OSError, ValueError) as exc:
+        web = _web_config(args)
+    except (OSError, ValueError) as exc:  # a bad web-config (WebConfigError) refuses the start too
         sys.stderr.write(json.dumps({"error": str(exc), "kind": "usage"}) + "\n")
         return 2
     if args.clear_after < 1:
@@ -241,7 +258,7 @@ def run(args: Any) -> int:
 
     loops.start(services)
     if args.metrics_address:
-        start_metrics(args.metrics_address, services)
+        start_metrics(args.metrics_address, services, web)
     if textfile:
         start_textfile(textfile, services[0])
     notify("READY=1")

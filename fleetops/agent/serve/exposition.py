@@ -72,11 +72,24 @@ def page(service: Any) -> str:
     return metrics.render(metrics_input(doc, time.time()))
 
 
-def serve(address: str, services: list[Any]) -> list[Any]:
-    """Start one read-only endpoint per service; returns the servers (for shutdown)."""
+def web_source(path: str | None) -> Any:
+    """``--web-config-file``: TLS and basic authentication for every endpoint, checked whole now
+    (``fleetops.agent.webconfig.WebConfigError`` names the file and field), so a bad file stops
+    the start rather than serving the page unprotected. None without a file."""
+    if not path:
+        return None
+    from fleetops.agent import webconfig
+
+    return webconfig.Source(path)
+
+
+def serve(address: str, services: list[Any], web: Any = None) -> list[Any]:
+    """Start one read-only endpoint per service; returns the servers (for shutdown). ``web``
+    (from ``web_source``) is shared by all of them."""
     host, port = parse_address(address)
     servers = []
     for i, svc in enumerate(services):
-        _, server = metrics.start_server(host, port + i if port else 0, functools.partial(page, svc), poll_s=5.0)
+        _, server = metrics.start_server(host, port + i if port else 0, functools.partial(page, svc), poll_s=5.0,
+                                         web=web)
         servers.append(server)
     return servers
