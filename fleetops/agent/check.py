@@ -59,9 +59,12 @@ def add_parser(sub: Any) -> None:
                    help="baseline, JSON or YAML (JSON needs no PyYAML); '-' reads it from stdin; "
                    "absent: only the checks that need no baseline")  # fmt: skip
     p.add_argument(
-        "--backend", default="auto", help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)"
+        "--backend", default="auto",
+        help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver)",
     )
     p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
+    p.add_argument("--sim-on-gpu-node", action="store_true",
+                   help="allow --backend sim on a node with an NVIDIA driver (refused without it)")
     p.add_argument(
         "--json", action="store_true", help=f"print the report as JSON ({KIND}); default: text lines"
     )
@@ -152,6 +155,7 @@ def report(node: model.Node, source: str, baseline: Baseline | None, baseline_na
     doc: dict[str, Any] = {
         "kind": KIND,
         "node": node.hostname,
+        "backend": node.backend,  # which backend the judged snapshot came from (nvml, sim)
         "scope": SCOPE,
         "fleet_checks_not_run": fleet_scope_ids(),
         "baseline": None if baseline is None else {"source": baseline_name},

@@ -25,13 +25,14 @@ class CollectError(Exception):
 
 
 def choose_backend(requested: str) -> str:
-    if requested not in BACKENDS:
-        raise CollectError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-    if requested != "auto":
-        return requested
-    if os.environ.get(SIM_STATE_ENV):
-        return "sim"
-    return "nvml"
+    """``nvml`` or ``sim``, decided by ``backend_choice.choose`` (``auto`` is never the simulator
+    on a node with an NVIDIA driver; ``sim`` there needs ``--sim-on-gpu-node``)."""
+    from fleetops.agent import backend_choice
+
+    try:
+        return backend_choice.choose(requested)
+    except (ValueError, backend_choice.BackendRefused) as exc:
+        raise CollectError(str(exc)) from exc
 
 
 def _xid_events(

@@ -71,9 +71,12 @@ def build_parser() -> Any:
     parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def common(p: Any, backend_help: str = "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)") -> None:
+    def common(p: Any, backend_help: str = "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this "
+               "node has no NVIDIA driver)") -> None:
         p.add_argument("--backend", default="auto", help=backend_help)
         p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
+        p.add_argument("--sim-on-gpu-node", action="store_true",
+                       help="allow --backend sim on a node with an NVIDIA driver (/dev/nvidiactl); refused without it")
         p.add_argument("--pretty", action="store_true", help="indented JSON")
         p.add_argument("--json", action="store_true", help="JSON output (always on; accepted for scripts)")
 
@@ -212,6 +215,23 @@ def _verdict(doc: dict[str, Any], code: int, pretty: bool) -> int:
     return code
 
 
+def _backend_refusal(backend: str | None, sim_on_gpu_node: bool) -> str | None:
+    """Why ``--backend sim`` may not run here (a node with an NVIDIA driver, without
+    ``--sim-on-gpu-node``), or None. The flag's consent also reaches the processes this one
+    starts (``backend_choice.consent``)."""
+    from fleetops.agent import backend_choice
+
+    if sim_on_gpu_node:
+        backend_choice.consent()
+    if backend != "sim":
+        return None
+    try:
+        backend_choice.choose("sim")
+    except backend_choice.BackendRefused as exc:
+        return str(exc)
+    return None
+
+
 def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
     """``collect`` with its plain flags, parsed without argparse (it costs more than the
     whole simulator collection); anything else goes through the full parser."""
@@ -226,6 +246,8 @@ def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
             opts["pretty"] = opts["pretty"] or arg == "--pretty"
         elif arg == "--fresh":
             opts["fresh"] = True
+        elif arg == "--sim-on-gpu-node":
+            opts["sim_on_gpu_node"] = True
         elif arg in ("--backend", "--state", "--socket") and i + 1 < len(rest):
             opts[arg[2:]] = rest[i + 1]
             i += 1
@@ -248,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fast = _fast_collect_args(argv)
     if fast is not None:
+        refused = _backend_refusal(fast["backend"], bool(fast.get("sim_on_gpu_node")))
+        if refused is not None:
+            return _fail("usage", refused, EXIT_USAGE)
         if not fast["fresh"]:
             from fleetops.agent.serve import client
 
@@ -279,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return CHECK_USAGE  # check's codes are the audit's: 2 is crit there
         raise
+    refused = _backend_refusal(getattr(args, "backend", None), bool(getattr(args, "sim_on_gpu_node", False)))
+    if refused is not None:
+        from fleetops.ops.errors import EXIT_USAGE as CHECK_USAGE
+
+        return _fail("usage", refused, CHECK_USAGE if args.command == "check" else EXIT_USAGE)
     if args.command == "check":
         from fleetops.agent import check
 

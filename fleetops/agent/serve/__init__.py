@@ -174,9 +174,20 @@ def run(args: Any) -> int:
              "clear_after_samples": "clear_after"}
     for key, value in config.items():
         setattr(args, flags[key], value)
-    use_sim = args.backend == "sim" or (
-        args.backend == "auto" and bool(args.states or args.state or os.environ.get("FLEETOPS_SIM_STATE"))
-    )
+    from fleetops.agent import backend_choice
+
+    try:  # auto is never the simulator on a node with an NVIDIA driver; sim there needs consent
+        use_sim = backend_choice.choose(
+            args.backend, bool(args.states or args.state or os.environ.get(backend_choice.SIM_STATE_ENV))
+        ) == "sim"
+    except (ValueError, backend_choice.BackendRefused) as exc:
+        sys.stderr.write(json.dumps({"error": str(exc), "kind": "usage"}) + "\n")
+        return 2
+    if not use_sim and args.states and args.backend == "auto":
+        sys.stderr.write(json.dumps({"error": f"--states names simulator state files, but --backend {args.backend} "
+                                     "is NVML on this node (it has an NVIDIA driver); pass --backend sim "
+                                     f"{backend_choice.CONSENT_FLAG} to simulate here", "kind": "usage"}) + "\n")
+        return 2
     if use_sim:
         paths = list(args.states or []) or [args.state or os.environ.get("FLEETOPS_SIM_STATE", "")]
         expanded: list[str] = []

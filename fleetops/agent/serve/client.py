@@ -29,10 +29,22 @@ def socket_for(backend: str, state_path: str | None, explicit: str | None) -> st
     if explicit:
         return explicit
     state = state_path or os.environ.get("FLEETOPS_SIM_STATE")
-    if backend != "nvml" and state:
+    if state and _simulated(backend, state):
         base = state[:-5] if state.endswith(".json") else state
         return os.path.join(base + ".agent", "agent.sock")
     return DEFAULT_SOCKET
+
+
+def _simulated(backend: str, state: str) -> bool:
+    """Whether ``backend`` is the simulator here (``backend_choice.choose``: auto never is on a
+    node with an NVIDIA driver, so its snapshot comes from the real daemon's socket). Raises
+    ``backend_choice.BackendRefused`` for ``sim`` on such a node without consent."""
+    from fleetops.agent import backend_choice
+
+    try:
+        return backend_choice.choose(backend, bool(state)) == "sim"
+    except ValueError:  # an unknown name: the command says so when it picks its backend
+        return False
 
 
 def _connect(path: str, timeout: float) -> socket.socket | None:

@@ -90,8 +90,15 @@ def pick_backend(backend: str, state_path: str | None) -> str:
     to install."""
     if backend not in BACKENDS:
         raise ValidateError("usage", f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    if backend == "sim" or (backend == "auto" and (state_path or os.environ.get("FLEETOPS_SIM_STATE"))):
-        return "sim"
+    if backend in ("sim", "auto"):
+        from fleetops.agent import backend_choice
+
+        try:  # auto is never the simulator on a node with an NVIDIA driver
+            chosen = backend_choice.choose(backend, bool(state_path or os.environ.get(backend_choice.SIM_STATE_ENV)))
+        except backend_choice.BackendRefused as exc:
+            raise ValidateError("usage", str(exc)) from exc
+        if chosen == "sim":
+            return "sim"
     if backend != "auto":
         why = _why_not(backend)
         if why is not None:
