@@ -21,10 +21,13 @@ def test_book_dedups_across_sources_only_and_a_new_boot_starts_over(tmp_path: Pa
     assert book.add(dict(ev, seq=0))
     assert book.add(dict(ev, seq=1))  # a repeat in the kernel log is a real repeat
     assert not book.add(dict(ev, source="nvml", time=101.5))  # the same XID seen by NVML
-    assert book.add(dict(ev, source="nvml", time=110.0))  # later: a new one
+    # NVML's record of the kernel's second one, 10 s off: printk's clock drifts from wall time
+    assert not book.add(dict(ev, source="nvml", time=110.0))
+    assert book.add(dict(ev, source="nvml", time=112.0))  # a third XID: NVML saw it first
     book.seq = 1
     book.save()
     again = kmsg.XidBook(path, "boot-a")
     assert again.seq == 1 and again.counts == {"0000:18:00.0/79": 3}
+    assert not again.add(dict(ev, seq=2, time=112.5))  # the kernel's record of the third, after a restart
     fresh = kmsg.XidBook(path, "boot-b")
     assert fresh.seq == -1 and fresh.counts == {} and fresh.events == []

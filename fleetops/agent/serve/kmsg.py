@@ -9,15 +9,35 @@ A failed write (full disk) is reported and retried with the next batch.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import os
+import statistics
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 KEEP_EVENTS = 1000
-DEDUP_WINDOW_S = 2.0
+
+# Matching the two sources of one XID. The kernel's record is stamped with the boot time plus
+# the printk clock, which is not NTP-corrected and drifts from wall time by seconds a day (tens
+# of seconds after a month of uptime); the NVML event is stamped with wall time when it is read.
+# The same XID therefore arrives once from each source, on (GPU bus id, code), with stamps that
+# differ by the printk clock's offset. The offset is measured from the pairs found (the median of
+# the recent ones); until it is known, a pair may lie ``WIDE_WINDOW_S`` apart.
+WIDE_WINDOW_S = 300.0
+NARROW_WINDOW_S = 10.0  # around the measured offset, widened by its spread and by its age
+MAX_DRIFT_PER_S = 1e-4  # how fast the offset may move since it was last measured (100 ppm)
+OFFSET_PAIRS = 33  # pairs the offset's median is taken over
+MIN_PAIRS = 3  # pairs before the offset is trusted
+# An XID's record from the other source comes within this long or not at all: events still
+# waiting for their pair are compared for this long (by the other source's newest stamp), and
+# at most PENDING_MAX per (GPU, code) and source (a storm far beyond any seen).
+RETAIN_S = 3600.0
+PENDING_MAX = 5000
+SIDES = ("kernel", "nvml")
 
 
 def parse_record(raw: str) -> tuple[int, float, str] | None:
@@ -35,8 +55,114 @@ def parse_record(raw: str) -> tuple[int, float, str] | None:
         return None
 
 
+class Pairing:
+    """The XIDs of each source still waiting for the other source's record of them, by
+    (GPU bus id, code), and the measured offset between the two sources' clocks.
+
+    Each source reports its XIDs in order, so the k-th kernel record of a (GPU, code) is the
+    k-th NVML event of it: a new event pairs with the earliest waiting one of the other source
+    whose stamp, moved onto this source's clock by the offset, lies within the window (first the
+    narrow one around the measured offset, then the wide one). Two XIDs of one code on one GPU
+    are two records in each source and make two pairs; an XID that one source missed (NVML
+    released for a reset, the kernel's ring overwritten) stays unpaired and counts once, as
+    every XID does. ``offset`` is NVML's stamp minus the kernel's."""
+
+    def __init__(self) -> None:
+        # (bus id, code) -> source -> the stamps of its events still waiting, ascending
+        self.pending: dict[tuple[str | None, int], dict[str, list[float]]] = {}
+        self.deltas: deque[float] = deque(maxlen=OFFSET_PAIRS)
+        self.measured_at: float | None = None  # the NVML stamp of the last pair
+        self.newest: dict[str, float] = {}  # per source, the newest stamp seen
+        self.paired = 0
+
+    def offset(self) -> float | None:
+        """NVML's stamp minus the kernel's for one XID, as the recent pairs measured it."""
+        if len(self.deltas) < MIN_PAIRS:
+            return None
+        return float(statistics.median(self.deltas))
+
+    def _narrow(self, offset: float, nvml_time: float) -> float:
+        spread = statistics.median(abs(d - offset) for d in self.deltas)
+        age = abs(nvml_time - self.measured_at) if self.measured_at is not None else RETAIN_S
+        return float(min(WIDE_WINDOW_S, NARROW_WINDOW_S + 4.0 * spread + MAX_DRIFT_PER_S * age))
+
+    def match(self, source: str, bus_id: str | None, code: int, at: float) -> bool:
+        """Whether this event is the other source's record of an XID already counted. One that
+        is not waits for its own pair."""
+        other = SIDES[1] if source == SIDES[0] else SIDES[0]
+        self.newest[source] = max(at, self.newest.get(source, at))
+        sides = self.pending.setdefault((bus_id, code), {})
+        waiting = sides.setdefault(other, [])
+        offset = self.offset()
+        self._prune(waiting, source, offset or 0.0)
+        sign = 1.0 if source == "kernel" else -1.0  # onto the other source's clock
+        windows: list[tuple[float, float]] = []
+        if offset is not None:
+            windows.append((offset, self._narrow(offset, at if source == "nvml" else at + offset)))
+        windows.append((offset or 0.0, WIDE_WINDOW_S))
+        found = None
+        for off, window in windows if waiting else ():
+            expect = at + sign * off
+            i = bisect.bisect_left(waiting, expect - window)
+            if i < len(waiting) and waiting[i] <= expect + window:
+                found = i
+                break
+        if found is None:
+            mine = sides.setdefault(source, [])
+            bisect.insort(mine, at)
+            cut = len(mine) - PENDING_MAX
+            if other not in self.newest:  # that source never spoke (no NVML events): keep the window only
+                cut = max(cut, bisect.bisect_left(mine, self.newest[source] - RETAIN_S))
+            del mine[:max(cut, 0)]
+            return False
+        theirs = waiting.pop(found)
+        nvml_t, kernel_t = (at, theirs) if source == "nvml" else (theirs, at)
+        self.deltas.append(round(nvml_t - kernel_t, 3))
+        self.measured_at = nvml_t
+        self.paired += 1
+        return True
+
+    def _prune(self, waiting: list[float], source: str, offset: float) -> None:
+        """Drop the other source's events that ``source`` can no longer pair with: its records
+        come in order, so none will be stamped near one ``RETAIN_S`` older than its newest."""
+        newest = self.newest[source] + (offset if source == "kernel" else -offset)
+        cut = bisect.bisect_left(waiting, newest - RETAIN_S)
+        if cut:
+            del waiting[:cut]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pending": [[bus, code, sides.get("kernel", []), sides.get("nvml", [])]
+                        for (bus, code), sides in self.pending.items() if any(sides.values())],
+            "deltas": list(self.deltas),
+            "measured_at": self.measured_at,
+            "newest": dict(self.newest),
+            "paired": self.paired,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Pairing:
+        """The pairing as ``to_json`` saved it; an empty one for anything unreadable."""
+        out = cls()
+        if not isinstance(data, dict):
+            return out
+        try:
+            for bus, code, kernel, nvml in data.get("pending", []):
+                out.pending[(None if bus is None else str(bus), int(code))] = {
+                    "kernel": sorted(float(t) for t in kernel), "nvml": sorted(float(t) for t in nvml)}
+            out.deltas.extend(float(d) for d in data.get("deltas", []))
+            at = data.get("measured_at")
+            out.measured_at = float(at) if at is not None else None
+            out.newest = {str(k): float(v) for k, v in dict(data.get("newest", {})).items()}
+            out.paired = int(data.get("paired", 0))
+        except (TypeError, ValueError, AttributeError):
+            return cls()
+        return out
+
+
 class XidBook:
-    """Every XID seen this boot: counters per (GPU bus id, code), recent events, the cursor."""
+    """Every XID seen this boot: counters per (GPU bus id, code), recent events, the cursor, and
+    the pairing of the kernel's records with NVML's events, so each XID counts once."""
 
     def __init__(self, path: str, boot: str) -> None:
         self.path = path
@@ -45,6 +171,7 @@ class XidBook:
         self.seq = -1
         self.counts: dict[str, int] = {}
         self.events: list[dict[str, Any]] = []
+        self.pairing = Pairing()
         self.write_error: str | None = None
         self._load()
 
@@ -59,23 +186,16 @@ class XidBook:
         self.seq = int(data.get("seq", -1))
         self.counts = {str(k): int(v) for k, v in dict(data.get("counts", {})).items()}
         self.events = list(data.get("events", []))[-KEEP_EVENTS:]
+        self.pairing = Pairing.from_json(data.get("pairing"))
 
     def duplicate(self, source: str, bus_id: str | None, code: int, at: float | None) -> bool:
-        """The same XID already came from the other source (same GPU and code, close in time).
-        Repeats from one source are real repeats and are all counted."""
-        if at is None:
+        """The same XID already came from the other source (same GPU and code, its stamp within
+        the window around the clocks' offset); an event that is not waits for its pair. Repeats
+        from one source are real repeats and are all counted, and so is an event without a time.
+        Every waiting event of the retention window is compared, through an index by (GPU, code)."""
+        if at is None or source not in SIDES:
             return False
-        for ev in reversed(self.events[-64:]):
-            t = ev.get("time")
-            if (
-                ev.get("source") != source
-                and ev.get("bus_id") == bus_id
-                and ev.get("code") == code
-                and t is not None
-                and abs(t - at) <= DEDUP_WINDOW_S
-            ):
-                return True
-        return False
+        return self.pairing.match(source, bus_id, int(code), float(at))
 
     def add(self, event: dict[str, Any]) -> bool:
         if self.duplicate(str(event.get("source")), event.get("bus_id"), int(event["code"]), event.get("time")):
@@ -87,7 +207,8 @@ class XidBook:
         return True
 
     def save(self) -> None:
-        data = {"boot": self.boot, "seq": self.seq, "counts": self.counts, "events": self.events}
+        data = {"boot": self.boot, "seq": self.seq, "counts": self.counts, "events": self.events,
+                "pairing": self.pairing.to_json()}
         tmp = f"{self.path}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -101,7 +222,8 @@ class XidBook:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"seq": self.seq, "counts": dict(self.counts), "events": list(self.events), "write_error": self.write_error}
+            return {"seq": self.seq, "counts": dict(self.counts), "events": list(self.events), "write_error": self.write_error,
+                    "paired": self.pairing.paired, "printk_offset_s": self.pairing.offset()}
 
 
 class Follower(threading.Thread):
