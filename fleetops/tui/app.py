@@ -214,7 +214,7 @@ class FleetApp(App[None]):
 
     @work(thread=True, group="actions", exit_on_error=False)
     def _reaudit(self, name: str, after: str = "re-audited") -> None:
-        entry = self.source.collect(name)
+        entry = self.source.collect(name, after_action=True)  # the node now, not the daemon's last sample
         self.deliver(entry)
         self.from_worker(self._report_entry, entry, after)
 
@@ -231,7 +231,9 @@ class FleetApp(App[None]):
         sev: SeverityLevel = (
             "error" if entry.health == "crit" else "warning" if entry.health == "warn" else "information"
         )
-        self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail})", severity=sev, timeout=6)
+        snap = entry.snapshot
+        source = "daemon, sampled now" if snap is not None and isinstance(snap.daemon, dict) else "cold collect"
+        self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail}; {source})", severity=sev, timeout=6)
 
     def request_reset(self, name: str, uuid: str) -> None:
         """Ask first (the dialog names node, GPU and the processes a reset ends), then reset,
@@ -320,11 +322,12 @@ class FleetApp(App[None]):
             self.notify, result.message, severity="information" if result.ok else "error", timeout=10
         )
         self.last_action = result
-        if what == "reset" and result.ok and not self.exiting:
-            # what the reset left behind, now rather than at the next round
-            entry = self.source.collect(name)
+        if result.ok and not self.exiting:
+            # what the action left behind, from a snapshot taken after it (the daemon samples on
+            # request, else a cold collect), now rather than at the next round
+            entry = self.source.collect(name, after_action=True)
             self.deliver(entry)
-            self.from_worker(self._report_entry, entry, "after reset")
+            self.from_worker(self._report_entry, entry, f"after {what}")
 
     def action_help(self) -> None:
         from fleetops.tui.screens.help import HelpScreen

@@ -98,10 +98,13 @@ class SshSource:
 
     # --- collecting --------------------------------------------------------------------
 
-    def collect(self, name: str) -> data.NodeEntry:
-        """Collect one host now and return its new entry (never raises for host trouble)."""
+    def collect(self, name: str, after_action: bool = False) -> data.NodeEntry:
+        """Collect one host now and return its new entry (never raises for host trouble).
+        ``after_action``: the snapshot is taken now (the daemon samples on request, else a cold
+        collect), never one the daemon took before the action."""
+        command = [self.agent(name), "collect"] + (["--resample"] if after_action else [])
         with self._host_locks[name]:
-            result = self.pool.run_one(name, [self.agent(name), "collect"], idempotent=True)
+            result = self.pool.run_one(name, command, idempotent=True)
             return self._ingest(name, result)
 
     def gpu_history(self, name: str, uuid: str) -> dict[str, list[tuple[float, float | None]]]:
@@ -228,12 +231,15 @@ class SshSource:
 
         host = self.hosts[name]
         gpu = selectors.ResolvedGpu(selectors.parse(uuid), uuid, bus_id)
+        entry = self._entry(name)  # the snapshot the dialog was planned on names its backend
+        planned = entry.snapshot.backend if entry is not None and entry.snapshot is not None else None
         result = ops_reset.run(
             host,
             gpu,
             lambda argv, timeout: self.run_action(name, argv, timeout),
             kill_pids=list(pids or ()),
             timeout_s=ops_reset.command_timeout_s(),
+            planned_backend=planned,
         )
         report = result.detail.get("report")
         if report is not None:

@@ -36,13 +36,15 @@ class FakeSource:
         self.names = list(names)
         self.resets: list[tuple[str, str, str | None, tuple[int, ...]]] = []
         self.drains: list[str] = []
+        self.collects: list[tuple[str, bool]] = []  # (node, after an action)
         self.entries: dict[str, data.NodeEntry] = {}
 
     def run(self, should_stop: Callable[[], bool], deliver: Callable[[data.NodeEntry], None]) -> None:
         while not should_stop():
             time.sleep(0.02)
 
-    def collect(self, name: str) -> data.NodeEntry:
+    def collect(self, name: str, after_action: bool = False) -> data.NodeEntry:
+        self.collects.append((name, after_action))
         return self.entries.get(name) or data.pending_entry(name)
 
     def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None, pids: Any = ()) -> ActionResult:

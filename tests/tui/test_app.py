@@ -293,6 +293,9 @@ def test_reset_of_a_gpu_the_dialog_showed_idle_passes_no_pids() -> None:
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: app.last_action is not None, 30, "the reset")
         assert source.resets == [("node003", gpu3.uuid, gpu3.bus_id, ())]
+        # the verdict after it comes from a snapshot asked for after the action, not the last poll's
+        await wait_for(pilot, lambda: source.collects, 30, "the collect after the reset")
+        assert source.collects == [("node003", True)]
 
     drive(app, body, ENTRIES)
 

@@ -326,6 +326,11 @@ class _Attempt:
             doc["elapsed_s"] = round(time.time() - started, 3)
             if not self.opts.dry_run:
                 doc["log"] = journal.record(doc, self.log_path, self.opts.use_syslog, started)
+        if not self.opts.dry_run and doc["result"] in ("reset", "failed") and any(
+                a["action"] == "reset" for a in doc.get("actions") or []):
+            # after the journal line, which is the evidence that clears a reset's XIDs: the
+            # daemon's snapshot served from now on was taken after the reset and knows of it
+            doc["daemon"] = self._fresh_daemon()
         return doc, code
 
     def _evaluate_and_act(self) -> int:
@@ -558,7 +563,6 @@ class _Attempt:
         self.beat("verify")
         verification = _verify(opts, backend, gpu, t0)
         doc["verification"] = verification
-        doc["daemon"] = self._fresh_daemon()
         doc["verified"] = verification["ok"]
         restarted = all(a["ok"] for a in actions if a["action"] == "start_service")
         if verification["ok"] and restarted:
