@@ -112,6 +112,18 @@ DEMAND_EXPECTED = "expected"  # a health value every supported GPU reports: sile
 DEMAND_BASELINE = "baseline"  # the baseline asks for it: unknown whenever absent
 
 
+def _whole(value: int | float | None) -> int | None:
+    """A counter's value as an exact int: a whole float (a snapshot written by another tool)
+    is taken at its exact value, anything else (NaN, a fraction, a bool) is no count."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 class Context:
     def __init__(
         self,
@@ -176,11 +188,16 @@ class Context:
             return dt
         return None
 
-    def growth(self, current: int | None, previous: int | None) -> int | None:
-        """Counter growth, or None when unknown or the counter went back (reset/reload)."""
-        if current is None or previous is None or current < previous:
+    def growth(self, current: int | float | None, previous: int | float | None) -> int | None:
+        """A cumulative counter's growth from ``previous`` to ``current``, as an exact integer
+        difference; None when either is unknown or not a whole number. A counter that went
+        down (a GPU reset or driver reload zeroed it, or it wrapped at 2**32 or 2**64) is a
+        reset of the base: no growth is known for this pair, never a negative rate, and the
+        next pair starts from the new value."""
+        now, before = _whole(current), _whole(previous)
+        if now is None or before is None or now < before:
             return None
-        return current - previous
+        return now - before
 
     # findings ---------------------------------------------------------------------------
 

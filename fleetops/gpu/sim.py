@@ -18,7 +18,10 @@ NVLink traffic: every link's TX/RX data counters (KiB since the driver loaded) g
 GPU's load, the stored ``utilization_gpu_pct`` (0 by default: an idle GPU moves nothing over
 NVLink). ``set_load`` changes it; the counters are folded into ``nvlink_traffic`` (KiB at a
 time) at every change of the rate, so they only ever grow, as NVML's do (a GPU reset zeroes
-them). ``nvlink-idle`` is a job whose traffic misses one link: the GPU runs at least
+them). The counters start where a node that has run for months has them (``nvlink_start_kib``,
+1e12 to 1e13 KiB, a little more on each higher link; a scenario's ``gpu: {nvlink_start_kib: N}``
+sets another, past 2**53 as NVML's unsigned 64-bit counters may be), and they are kept in exact
+integers. ``nvlink-idle`` is a job whose traffic misses one link: the GPU runs at least
 ``IDLE_FAULT_LOAD_PCT`` while link 5 moves nothing; a link that is down (``nvlink-down``)
 moves nothing either.
 
@@ -172,6 +175,12 @@ STRAY_PID = 48213
 # 25 GB/s per direction, what an all-reduce reaches.
 NVLINK_KIB_PER_S_FULL = 20_000_000.0
 IDLE_FAULT_LOAD_PCT = 50
+# A simulated node has run for months (a scenario's ``uptime_s`` says otherwise), and its NVLink
+# data counters hold what those months moved: NVLINK_START_KIB_MIN to _MAX KiB per link and
+# direction (a real node that had run for weeks showed 8.7e12), link N NVLINK_START_STEP_KIB * N more.
+DEFAULT_UPTIME_S = 90 * 86400
+NVLINK_START_KIB_MIN, NVLINK_START_KIB_MAX = 1_000_000_000_000, 10_000_000_000_000
+NVLINK_START_STEP_KIB = 1_000_003
 # The link each link fault takes: fault -> link index (the last link on GPUs with fewer).
 LINK_FAULT_LINK = {"nvlink-down": 3, "nvlink-idle": 5}
 
@@ -200,7 +209,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
     node = copy.deepcopy(DEFAULT_NODE)
     node.update(copy.deepcopy(scenario.get("node") or {}))
     node["hostname"] = hostname
-    node["boot_time"] = time.time() - float(scenario.get("uptime_s", 3 * 86400))
+    node["boot_time"] = time.time() - float(scenario.get("uptime_s", DEFAULT_UPTIME_S))
     count = int(scenario.get("gpu_count", 8))
     gpu_overrides = scenario.get("gpu") or {}
     gpus = []
@@ -214,6 +223,8 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
         gpu["serial"] = str(1654024197000 + int(_digest("serial", hostname, index)[:6], 16) % 10**9)
         gpu["numa_node"] = 0 if index < count / 2 else 1
         gpu["cpu_affinity"] = "0-55,112-167" if index < count / 2 else "56-111,168-223"
+        if gpu.get("nvlink_start_kib") is None:
+            gpu["nvlink_start_kib"] = _months_of_traffic(gpu["uuid"])
         gpus.append(gpu)
     state: dict[str, Any] = {
         "version": STATE_VERSION,
@@ -637,6 +648,21 @@ def set_load(state: dict[str, Any], position: int, pct: float, now: float | None
     state["gpus"][position]["utilization_gpu_pct"] = int(round(pct))
 
 
+def _months_of_traffic(uuid: str) -> int:
+    """The KiB a GPU's first link moved per direction before the simulated state was built:
+    NVLINK_START_KIB_MIN to _MAX, fixed by the GPU's UUID."""
+    span = NVLINK_START_KIB_MAX - NVLINK_START_KIB_MIN
+    return NVLINK_START_KIB_MIN + int(_digest("nvlink-start", uuid)[:12], 16) % span
+
+
+def link_start_kib(gpu: dict[str, Any], link: int) -> tuple[int, int]:
+    """(TX, RX) KiB the link's counters held when the state was built (0 after a reset), exact."""
+    tx = int(gpu.get("nvlink_start_kib") or 0)
+    if tx:
+        tx += NVLINK_START_STEP_KIB * link
+    return tx, tx - tx // 50
+
+
 def _nvlinks(state: dict[str, Any], gpu: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
     count = int(gpu.get("nvlink_count", 0))
     if count <= 0:
@@ -654,6 +680,7 @@ def _nvlinks(state: dict[str, Any], gpu: dict[str, Any], now: float | None = Non
     for link in range(count):
         moved = frozen.get(link, total) - float(missed.get(str(link), 0.0))
         share = 1.0 - 0.01 * (link % 4)  # links do not carry exactly the same share
+        start_tx, start_rx = link_start_kib(gpu, link)
         links.append(
             {
                 "link": link,
@@ -663,8 +690,8 @@ def _nvlinks(state: dict[str, Any], gpu: dict[str, Any], now: float | None = Non
                 "crc_errors": 0,
                 "replay_errors": 0,
                 "recovery_errors": 0,
-                "tx_kib": int(max(0.0, moved) * share),
-                "rx_kib": int(max(0.0, moved) * share * 0.98),
+                "tx_kib": start_tx + int(max(0.0, moved) * share),
+                "rx_kib": start_rx + int(max(0.0, moved) * share * 0.98),
             }
         )
     return links
@@ -877,7 +904,7 @@ RESET_KEEPS = ("row-remap-failure", "pcie-downgrade", "nvlink-down", "nvlink-idl
 LOST_FAULTS = ("xid:79", "gpu-missing")
 CLOCK_FIELDS = ("clock_sm_mhz", "clock_mem_mhz", "clocks_event_mask")
 # Stored per GPU for the simulator's own bookkeeping; never part of a snapshot.
-PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib")
+PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib", "nvlink_start_kib")
 
 
 def lost_reason(state: dict[str, Any], position: int) -> str | None:
@@ -996,6 +1023,7 @@ def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) ->
     state["faults"] = faults
     # NVLink data counters start again from zero; a kept link fault's link stays at zero
     gpu["nvlink_traffic"] = {"kib": 0.0, "at": now}
+    gpu["nvlink_start_kib"] = 0
     gpu.pop("nvlink_missed_kib", None)
     for fault in faults:
         if fault.get("gpu") == position and fault["name"] in LINK_FAULT_LINK:

@@ -202,42 +202,63 @@ def _link_kib(state: dict, pos: int, now: float) -> list[tuple[int, int]]:
 def test_idle_gpus_move_nothing_and_traffic_grows_with_load() -> None:
     state = sim.build_state("n1")
     t0 = time.time()
-    assert set(_link_kib(state, 0, t0 + 600)) == {(0, 0)}
+    start0, start1 = _link_kib(state, 0, t0), _link_kib(state, 1, t0)
+    # months of traffic already counted, past float32's exact range, each link its own count
+    assert all(2**24 < sim.NVLINK_START_KIB_MIN <= tx <= sim.NVLINK_START_KIB_MAX + 18 * sim.NVLINK_START_STEP_KIB
+               for tx, _ in start0 + start1)
+    assert len({tx for tx, _ in start0}) == 18
+    assert _link_kib(state, 0, t0 + 600) == start0  # idle for ten minutes: not one KiB more
     sim.set_load(state, 0, 25, now=t0)
     sim.set_load(state, 1, 100, now=t0)
-    low = _link_kib(state, 0, t0 + 10)[0][0]
-    high = _link_kib(state, 1, t0 + 10)[0][0]
-    assert low == pytest.approx(10 * sim.NVLINK_KIB_PER_S_FULL * 0.25, rel=1e-6)
-    assert high == pytest.approx(4 * low, rel=1e-6)
+    low = _link_kib(state, 0, t0 + 10)[0][0] - start0[0][0]
+    high = _link_kib(state, 1, t0 + 10)[0][0] - start1[0][0]
+    assert low == 10 * sim.NVLINK_KIB_PER_S_FULL * 0.25 == 50_000_000  # the exact growth, on top of ~1e12
+    assert high == 4 * low
     sim.set_load(state, 0, 0, now=t0 + 10)  # the counters keep what they counted
-    assert _link_kib(state, 0, t0 + 50)[0][0] == low
+    assert _link_kib(state, 0, t0 + 50)[0][0] == start0[0][0] + low
     with pytest.raises(sim.SimError, match="0-100"):
         sim.set_load(state, 0, 150)
+
+
+def test_a_scenario_starts_the_counters_past_2_53_and_they_stay_exact() -> None:
+    start = 2**53 + 1  # not a float64: only integers hold it
+    state = sim.build_state("n1", {"gpu": {"nvlink_start_kib": start}})
+    t0 = time.time()
+    links = _link_kib(state, 0, t0)
+    assert links[0] == (start, start - start // 50)
+    assert links[17][0] == start + 17 * sim.NVLINK_START_STEP_KIB
+    assert _link_kib(state, 0, t0 + 3600) == links  # idle: exact, not rounded to a float64 step
+    sim.set_load(state, 0, 100, now=t0)
+    assert _link_kib(state, 0, t0 + 1)[0][0] - start == sim.NVLINK_KIB_PER_S_FULL == 20_000_000
+    assert "nvlink_start_kib" not in sim.snapshot(state, now=t0)["gpus"][0]  # the simulator's own bookkeeping
 
 
 def test_nvlink_idle_freezes_one_link_and_a_clear_resumes_it_without_a_jump() -> None:
     state = sim.build_state("n1")
     sim.inject_into(state, "nvlink-idle", 2)
     t0 = state["faults"][-1]["since"]
+    start = _link_kib(state, 2, t0)
     during = _link_kib(state, 2, t0 + 60)
-    assert during[5] == (0, 0) and all(tx > 0 for tx, _ in during[:5] + during[6:])
+    assert during[5] == start[5] and all(now[0] > then[0] for now, then in zip(during[:5] + during[6:],
+                                                                                 start[:5] + start[6:], strict=True))
     sim._clear(state, "nvlink-idle", 2)
     now = time.time()
     after = _link_kib(state, 2, now + 60)
-    assert after[5] == (0, 0)  # the load went with the job: nothing moves, nothing jumps
+    assert after[5] == start[5]  # the load went with the job: nothing moves, nothing jumps
     sim.set_load(state, 2, 100, now=now + 60)
     later = _link_kib(state, 2, now + 70)
-    assert later[5][0] == pytest.approx(10 * sim.NVLINK_KIB_PER_S_FULL * (1 - 0.01), rel=1e-3)
-    assert later[0][0] > later[5][0]  # link 0 kept what it carried during the fault
+    assert later[5][0] - start[5][0] == pytest.approx(10 * sim.NVLINK_KIB_PER_S_FULL * (1 - 0.01), rel=1e-3)
+    assert later[0][0] - start[0][0] > later[5][0] - start[5][0]  # link 0 kept what it carried during the fault
 
 
 def test_a_reset_zeroes_the_counters_and_keeps_nvlink_idle() -> None:
     assert "nvlink-idle" in sim.RESET_KEEPS and "nvlink-idle" not in sim.RESET_CLEARS
     state = sim.build_state("n1", {"faults": ["nvlink-idle@3"]})
     now = time.time()
+    assert all(tx >= sim.NVLINK_START_KIB_MIN for tx, _ in _link_kib(state, 3, now))  # months counted
     record = sim.reset_gpu(state, 3, now=now + 60)
     assert record["kept"] == ["nvlink-idle"]
     links = _link_kib(state, 3, now + 60)
-    assert set(links) == {(0, 0)}
+    assert set(links) == {(0, 0)}  # KiB since the driver loaded or the GPU was reset: from zero again
     links = _link_kib(state, 3, now + 120)
     assert links[5] == (0, 0) and links[0][0] > 0  # still idle while the others carry the job

@@ -332,7 +332,7 @@ def test_simulator_lines_match_the_gpus():
     assert by_code[79].message == sim.XID_TEXT[79]
     for ev in events:
         assert ev.source == "sim"
-        assert ev.uptime_s == pytest.approx(3 * 86400, abs=60)
+        assert ev.uptime_s == pytest.approx(sim.DEFAULT_UPTIME_S, abs=60)
 
 
 @pytest.mark.parametrize("code", sorted(sim.XID_TEXT))

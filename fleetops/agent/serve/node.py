@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from fleetops.agent.serve import instances, kmsg
-from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring
+from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring, Value
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
 
 HISTORY_S = 3600.0
@@ -58,7 +58,7 @@ class SimBackend:
         self._key: tuple[int, ...] | None = None  # the file's stat when ``_text`` may be trusted by it
         self._state: dict[str, Any] = {}
         self._steady = False
-        self._light: tuple[dict[str, dict[str, float | None]], dict[str, str]] | None = None
+        self._light: tuple[dict[str, dict[str, Value]], dict[str, str]] | None = None
         self._node: Any = None  # the full snapshot of a steady state, kept until the file changes
         # the simulated node's control device, held open while "NVML is initialised", as a real
         # daemon holds /dev/nvidiactl: a simulated reset or driver unload sees this process
@@ -103,7 +103,7 @@ class SimBackend:
         self.boot = float(self._state["node"].get("boot_time", 0.0)) or None
         return self._state
 
-    def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
+    def light(self) -> tuple[dict[str, dict[str, Value]], dict[str, str]]:
         """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
         from fleetops.gpu import sim
 
@@ -113,14 +113,14 @@ class SimBackend:
             return self._light
         data = sim.snapshot(state)
         self.mig = instances.table(data["gpus"])
-        values: dict[str, dict[str, float | None]] = {}
+        values: dict[str, dict[str, Value]] = {}
         for g in data["gpus"]:
-            row: dict[str, float | None] = {n: _num(g.get(n)) for n in GPU_FIELDS}
+            row: dict[str, Value] = {n: _num(g.get(n)) for n in GPU_FIELDS}
             for link in g.get("nvlinks") or []:
                 for n in LINK_FIELDS:
                     row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
             values[g["uuid"]] = row
-        result: tuple[dict[str, dict[str, float | None]], dict[str, str]] = (values, {})
+        result: tuple[dict[str, dict[str, Value]], dict[str, str]] = (values, {})
         if self._steady:
             self._light = result
         return result
@@ -148,19 +148,24 @@ class SimBackend:
         return self.boot
 
 
-def _count(value: float | None) -> int | None:
-    return None if value is None else int(value)
+def _count(value: Value) -> int | None:
+    """A counter's ring value as the snapshot's int (the ring keeps counters as exact ints)."""
+    if value is None or value != value:
+        return None
+    return value if isinstance(value, int) else int(value)
 
 
-def _num(value: Any) -> float | None:
+def _num(value: Any) -> Value:
+    """A snapshot value for the ring: an int stays an int (a counter at 8.7e12 KiB, or past
+    2**53, keeps every digit), a float stays a float, anything else is not a number."""
     if isinstance(value, bool):
-        return float(value)
+        return int(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        return value
     return None
 
 
-def _known(value: Any) -> float | None:
+def _known(value: Any) -> Value:
     """A sample's value, NaN (not read) as None so that an unread field never reads as a change."""
     v = _num(value)
     return v if v is not None and v == v else None
@@ -205,7 +210,7 @@ class NodeService:
         self.findings: list[dict[str, Any]] = []  # the last full snapshot's, then the held ones
         self._checked: list[Any] = []  # the last full snapshot's findings (model.Finding)
         self.holds: dict[str, Any] = {}  # uuid -> checks.thermal_power.ThrottleHold, fed every sample
-        self._trigger_values: dict[str, tuple[float | None, float | None]] = {}
+        self._trigger_values: dict[str, tuple[Value, Value]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
         # Held around every backend call (a tick, a resample, a release): a quiesce waits for the
@@ -368,7 +373,7 @@ class NodeService:
         self._hold_findings()
         self._publish()
 
-    def _changed_state(self, values: dict[str, dict[str, float | None]], lost: dict[str, str]) -> bool:
+    def _changed_state(self, values: dict[str, dict[str, Value]], lost: dict[str, str]) -> bool:
         """Whether this tick shows what a check judges on its value, not on a rate: a new
         uncorrectable ECC error, other clocks-event reasons, a GPU gone. Such a tick takes the
         full snapshot at once, so the finding reaches watchers within a tick (counters that move

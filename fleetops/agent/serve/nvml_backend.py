@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fleetops.agent.serve.ring import INTEGER_FIELDS, Value
+
 NVML_MODULE_ENV = "FLEETOPS_AGENT_NVML_MODULE"
 REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
 LIGHT_FIELDS = (
@@ -128,17 +130,17 @@ class NvmlBackend:
         self.link_counts = {}
         self.reinits += 1
 
-    def light(self) -> tuple[dict[str, dict[str, float | None]], dict[str, str]]:
+    def light(self) -> tuple[dict[str, dict[str, Value]], dict[str, str]]:
         try:
             self._init()
         except self.N.NVMLError as exc:
             self._drop()
             raise RuntimeError(f"nvmlInit: {_reason(self.N, exc)}") from exc
-        values: dict[str, dict[str, float | None]] = {}
+        values: dict[str, dict[str, Value]] = {}
         for uuid, _bus, h in self.handles:
             if uuid in self.lost:
                 continue
-            row: dict[str, float | None] = {}
+            row: dict[str, Value] = {}
             try:
                 self._read(h, row, self.link_counts.get(uuid, 0))
             except self.N.NVMLError as exc:
@@ -192,12 +194,12 @@ class NvmlBackend:
             self._mig_tables[uuid], _why = nvml.MigControl(self.N).profiles(h, name or "")
         return self._mig_tables[uuid]
 
-    def _read(self, h: Any, row: dict[str, float | None], links: int = 0) -> None:
+    def _read(self, h: Any, row: dict[str, Value], links: int = 0) -> None:
         N = self.N
 
         def one(name: str, fn: Callable[[], Any]) -> None:
             try:
-                row[name] = float(fn())
+                row[name] = _num(fn()) if name in INTEGER_FIELDS else float(fn())
             except N.NVMLError as exc:
                 if _reason(N, exc) in (*REINIT_REASONS, "GpuIsLost"):
                     raise
@@ -353,7 +355,8 @@ def _norm_bus(bus: str) -> str:
     return normalize_bus_id(bus)
 
 
-def _num(value: Any) -> float | None:
+def _num(value: Any) -> Value:
+    """A number NVML gave, as it gave it: an unsigned 64-bit counter stays an exact int."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return value
     return None

@@ -1,11 +1,20 @@
 """Per-GPU ring buffers: the last hour at the sampling interval, in ``array`` storage.
 
 A field is kept as runs (the sample it changed at, its new value) while it changes seldom, and
-as a dense ``array('f')`` (4 bytes a sample, NaN where the backend gave no value) once runs
-would cost more. Most of a GPU's fields are counters that hardly ever move (ECC, PCIe replays,
-three error counters on each of 18 NVLinks): as runs they cost nearly nothing, so 8 GPUs keep
-an hour at 2 s in well under a MiB where a dense column for every field took 5.9 MiB. A field
-that changes on every sample costs what a dense column costs (plus its runs until it switched).
+as a dense column once runs would cost more. Most of a GPU's fields are counters that hardly
+ever move (ECC, PCIe replays, three error counters on each of 18 NVLinks): as runs they cost
+nearly nothing, so 8 GPUs keep an hour at 2 s in well under a MiB (0.18 MiB for idle GPUs)
+where a dense column for every field took 5.9 MiB. A field that changes on every sample costs
+what a dense column costs (plus its runs until it switched).
+
+Integers stay integers. The counters (``COUNTER_FIELDS``, every NVLink field) and the
+clocks-event bitmask are NVML's unsigned 64-bit integers and are kept exactly, in ``array('Q')``
+(8 bytes a sample, ``NO_VALUE`` where the backend gave none) and read back as ``int``: a link at
+8.7e12 KiB reads the very value NVML gave, so the difference of two samples is the exact growth.
+A value that does not fit (negative, not whole, or ``NO_VALUE`` itself) turns that column into a
+list of Python numbers, exact still. Gauges (temperatures, power, clocks, utilisation, PCIe
+throughput) stay compact: ``array('f')``, 4 bytes a sample, NaN where not read; they are read
+back as ``float``, or None where not read.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
+from typing import Any
 
 # Scalar fields every GPU has; per-link NVLink fields are added as ``nvlink<N>_<name>``.
 GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came from
@@ -31,32 +41,87 @@ GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came
 )
 # Cumulative counters, as model.NvLink names them (tx_kib / rx_kib: KiB since the driver loaded).
 LINK_FIELDS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
+# The GPU fields kept as exact integers: cumulative counters, and a bitmask (its bits are names).
+COUNTER_FIELDS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter")
+INTEGER_FIELDS = frozenset((*COUNTER_FIELDS, "clocks_event_mask"))
 
-_RUN_BYTES = 16  # one run: an int64 sample number and a float64 value
+# "No value" in an integer column: the one unsigned 64-bit value it cannot hold (a counter that
+# reaches it makes its column a list instead, so nothing is lost).
+NO_VALUE = (1 << 64) - 1
+
+Value = float | int | None  # what a column gives back: int from an integer field, None: not read
+
+_RUN_BYTES = 16  # one run: an int64 sample number and an 8-byte value
 
 
-def _same(a: float, b: float) -> bool:
-    return a == b or (a != a and b != b)  # NaN repeats NaN
+def is_integer_field(name: str) -> bool:
+    """Whether the ring keeps ``name`` as exact integers: the counters, the clocks-event
+    bitmask and every per-link NVLink field (``nvlink<N>_<LINK_FIELDS>``)."""
+    if name in INTEGER_FIELDS:
+        return True
+    head, _, field = name.partition("_")
+    return head.startswith("nvlink") and head[6:].isdigit() and field in LINK_FIELDS
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a == b) or (a != a and b != b)  # NaN repeats NaN
 
 
 class Column:
-    """One field's values by sample number (the ring's running count), runs or dense."""
+    """One field's values by sample number (the ring's running count), runs or dense.
 
-    __slots__ = ("starts", "values", "dense")
+    ``kind`` is the storage: ``"f"`` a gauge (runs in float64, dense float32, NaN: not read),
+    ``"Q"`` exact unsigned 64-bit integers (``NO_VALUE``: not read), ``"o"`` Python numbers
+    (None: not read), what an integer column becomes when a value does not fit ``"Q"``."""
 
-    def __init__(self) -> None:
+    __slots__ = ("starts", "values", "dense", "kind")
+
+    def __init__(self, integer: bool = False) -> None:
+        self.kind = "Q" if integer else "f"
         self.starts = array("q")
-        self.values = array("d")
-        self.dense: array[float] | None = None
+        self.values: Any = array("Q") if integer else array("d")
+        self.dense: Any = None
 
-    def put(self, seq: int, value: float, capacity: int) -> None:
+    def _encode(self, value: Value) -> Any:
+        kind = self.kind
+        if kind == "f":
+            return math.nan if value is None else float(value)
+        if kind == "Q":
+            if value is None:
+                return NO_VALUE
+            if isinstance(value, int) and 0 <= value < NO_VALUE:
+                return int(value)  # a bool as 0 / 1
+            if isinstance(value, float) and value.is_integer() and 0 <= value < NO_VALUE:
+                return int(value)
+            self._widen()
+        return value
+
+    def _decode(self, item: Any) -> Value:
+        kind = self.kind
+        if kind == "f":
+            return None if item != item else float(item)
+        if kind == "Q":
+            return None if item == NO_VALUE else int(item)
+        return item  # type: ignore[no-any-return]
+
+    def _widen(self) -> None:
+        """An integer column that met a value ``array('Q')`` cannot hold: Python numbers from now."""
+        values = [self._decode(v) for v in self.values]
+        dense = [self._decode(v) for v in self.dense] if self.dense is not None else None
+        self.kind, self.values, self.dense = "o", values, dense
+
+    def _itemsize(self) -> int:
+        return 4 if self.kind == "f" else 8
+
+    def put(self, seq: int, value: Value, capacity: int) -> None:
+        item = self._encode(value)
         dense = self.dense
         if dense is not None:
-            dense[seq % capacity] = value
+            dense[seq % capacity] = item
             return
-        if not self.values or not _same(self.values[-1], value):
+        if not self.values or not _same(self.values[-1], item):
             self.starts.append(seq)
-            self.values.append(value)
+            self.values.append(item)
         oldest = seq + 1 - capacity  # the oldest sample the ring still holds after this one
         drop = 0
         while drop + 1 < len(self.starts) and self.starts[drop + 1] <= oldest:
@@ -64,24 +129,33 @@ class Column:
         if drop:
             del self.starts[:drop]
             del self.values[:drop]
-        if len(self.starts) * _RUN_BYTES > capacity * 4:  # runs now cost more than a dense column
-            dense = array("f", [math.nan]) * capacity
+        if len(self.starts) * _RUN_BYTES > capacity * self._itemsize():  # runs now cost more than dense
+            empty = self._encode(None)
+            if self.kind == "o":
+                dense = [empty] * capacity
+            else:
+                dense = array("f" if self.kind == "f" else "Q", [empty]) * capacity
             for s in range(max(0, oldest), seq + 1):
-                dense[s % capacity] = self.at(s, capacity)
+                dense[s % capacity] = self._item_at(s, capacity)
             self.dense = dense
             self.starts = array("q")
-            self.values = array("d")
+            self.values = [] if self.kind == "o" else array(self.values.typecode)
 
-    def at(self, seq: int, capacity: int) -> float:
+    def _item_at(self, seq: int, capacity: int) -> Any:
         if self.dense is not None:
             return self.dense[seq % capacity]
         i = bisect_right(self.starts, seq) - 1
-        return self.values[i] if i >= 0 else math.nan
+        return self.values[i] if i >= 0 else self._encode(None)
+
+    def at(self, seq: int, capacity: int) -> Value:
+        """The value of sample ``seq``: int for an integer field, float for a gauge, None
+        where the backend gave none."""
+        return self._decode(self._item_at(seq, capacity))
 
     def nbytes(self) -> int:
         if self.dense is not None:
-            return self.dense.itemsize * len(self.dense)
-        return self.starts.itemsize * len(self.starts) + self.values.itemsize * len(self.values)
+            return self._itemsize() * len(self.dense)
+        return self.starts.itemsize * len(self.starts) + 8 * len(self.values)
 
 
 class Ring:
@@ -92,28 +166,28 @@ class Ring:
         self.times = array("d", [math.nan]) * self.capacity
         self.columns: dict[str, Column] = {}
         for name in fields:
-            self.columns[name] = Column()
+            self.columns[name] = Column(is_integer_field(name))
         self.total = 0  # samples appended since the start: the next sample's number
         self.count = 0
         # The last sample's values, while every column is a single run: the same values again
         # change nothing but the time column (an idle GPU's sample, most of a fleet's).
-        self._settled: dict[str, float | None] | None = None
+        self._settled: dict[str, Value] | None = None
         self._steady_from = 0
 
     def add_field(self, name: str) -> None:
         """A field first seen now (a GPU's NVLinks): NaN in the samples before."""
         if name not in self.columns:
-            self.columns[name] = Column()
+            self.columns[name] = Column(is_integer_field(name))
             self._settled = None
 
-    def append(self, t: float, values: dict[str, float | None]) -> None:
+    def append(self, t: float, values: dict[str, Value]) -> None:
         seq, capacity = self.total, self.capacity
         self.times[seq % capacity] = t
         if self._settled is None or values != self._settled:
             single = True
             for name, column in self.columns.items():
                 value = values.get(name)
-                column.put(seq, math.nan if value is None else float(value), capacity)
+                column.put(seq, value, capacity)
                 single = single and column.dense is None and len(column.starts) == 1
             self._settled = dict(values) if single else None
             # from this sample on, every field holds the value it has now
@@ -124,29 +198,24 @@ class Ring:
     def _order(self) -> range:
         return range(self.total - self.count, self.total)
 
-    def samples(self, name: str, since: float) -> list[tuple[float, float | None]]:
+    def samples(self, name: str, since: float) -> list[tuple[float, Value]]:
         """(time, value) pairs newer than ``since``, oldest first; None where not read."""
         column = self.columns.get(name)
         if column is None:
             raise KeyError(name)
-        out: list[tuple[float, float | None]] = []
+        out: list[tuple[float, Value]] = []
         for seq in self._order():
             t = self.times[seq % self.capacity]
             if t >= since:
-                v = column.at(seq, self.capacity)
-                out.append((t, None if math.isnan(v) else v))
+                out.append((t, column.at(seq, self.capacity)))
         return out
 
-    def oldest_within(self, since: float) -> tuple[float, dict[str, float | None]] | None:
+    def oldest_within(self, since: float) -> tuple[float, dict[str, Value]] | None:
         """The oldest sample not older than ``since``: the base for rates over a window."""
         for seq in self._order():
             t = self.times[seq % self.capacity]
             if t >= since:
-                values: dict[str, float | None] = {}
-                for n, c in self.columns.items():
-                    v = c.at(seq, self.capacity)
-                    values[n] = None if math.isnan(v) else v
-                return t, values
+                return t, {n: c.at(seq, self.capacity) for n, c in self.columns.items()}
         return None
 
     def _at_or_before(self, t: float) -> int | None:
@@ -179,16 +248,12 @@ class Ring:
         seq = self._at_or_before(t)
         return seq is not None and seq >= self._steady_from and self.times[seq % self.capacity] == t
 
-    def sample_at(self, t: float) -> dict[str, float | None] | None:
+    def sample_at(self, t: float) -> dict[str, Value] | None:
         """Every field of the sample taken at exactly ``t``, or None when this ring has none."""
         seq = self._at_or_before(t)
         if seq is None or self.times[seq % self.capacity] != t:
             return None
-        out: dict[str, float | None] = {}
-        for n, c in self.columns.items():
-            v = c.at(seq, self.capacity)
-            out[n] = None if math.isnan(v) else v
-        return out
+        return {n: c.at(seq, self.capacity) for n, c in self.columns.items()}
 
     def nbytes(self) -> int:
         return self.times.itemsize * self.capacity + sum(c.nbytes() for c in self.columns.values())
