@@ -196,7 +196,9 @@ class Node:
     packages: dict[str, str] = field(default_factory=dict)  # installed NVIDIA packages -> version
     # driver packages -> who built them: dpkg's Maintainer, rpm's Vendor (the driver's flavour)
     package_origins: dict[str, str] = field(default_factory=dict)
-    gpu_count: int | None = None  # what the driver enumerates (a lost GPU is not counted)
+    # nvmlDeviceGetCount: every GPU the driver attached, a lost one included (it keeps its index
+    # until the driver reloads; see ``gpu_lost``)
+    gpu_count: int | None = None
     gpus: list[Gpu] = field(default_factory=list)
     topology: Topology | None = None
     xids: list[XidEvent] = field(default_factory=list)
@@ -260,6 +262,28 @@ class Finding:
 
 def gpu_ref(gpu: Gpu) -> dict[str, Any]:
     return {"index": gpu.index, "uuid": gpu.uuid, "bus_id": gpu.bus_id}
+
+
+# The reason NVML gives for every query of a GPU that fell off the bus (NVML_ERROR_GPU_IS_LOST).
+GPU_IS_LOST = "GpuIsLost"
+FAULT_SEVERITIES = ("warn", "crit")
+
+
+def gpu_lost(gpu: Gpu) -> bool:
+    """Whether NVML answered GpuIsLost for this GPU: it stays in ``Node.gpus`` at its index, with
+    what was read before the loss and every other value unavailable for that reason."""
+    return GPU_IS_LOST in gpu.unavailable.values()
+
+
+def gpu_tally(node: Node, findings: typing.Iterable[Finding]) -> tuple[int, int]:
+    """(GPUs fit for work, GPUs the driver attached): the "n/m GPUs" every front end shows, from
+    the snapshot and its findings alone, so the audit and the TUI agree. A lost GPU counts in m
+    and never in n; so does a GPU with a warn or crit finding, and one the driver counted that
+    could not be read at all (``gpu_count`` above the GPUs listed)."""
+    bad = {f.gpu.get("uuid") for f in findings if f.gpu and f.severity in FAULT_SEVERITIES and f.gpu.get("uuid")}
+    listed = len(node.gpus)
+    ok = sum(1 for g in node.gpus if not gpu_lost(g) and g.uuid not in bad)
+    return ok, max(listed, node.gpu_count or 0)
 
 
 def worst(severities: typing.Iterable[str]) -> str:

@@ -38,7 +38,6 @@ EXPECTED: dict[str, dict[str, str]] = {
     "xid:13": {"xid.recent": "warn"},
 }
 NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count"}
-# Checks that compare two snapshots (rates; which GPU went missing): an audit without history
-# has no previous snapshot for them.
-NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link",
-                  "config.gpu_missing"}
+# Checks that compare two snapshots (rates): an audit without history has no previous snapshot
+# for them. config.gpu_missing needs none for a lost GPU: it stays listed, answering GpuIsLost.
+NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link"}

@@ -96,6 +96,11 @@ def apply(
         raise SetError(str(exc)) from exc
     node = back.snapshot()
     targets = select(node, selector)
+    lost = [g for g in targets if model.gpu_lost(g)]
+    if lost:  # NVML answers GPU_IS_LOST to every setter on it: refused before anything changes
+        named = ", ".join(f"GPU {g.index} ({g.bus_id}{', ' + g.uuid if g.uuid else ''})" for g in lost)
+        raise SetError(f"{setting}: {named} is lost (NVML answers GpuIsLost; fallen off the bus): nothing "
+                       "changed; reboot the node, or name the other GPUs one at a time with --gpu")
     results = []
     for gpu in targets:
         before = getattr(gpu, field_name)

@@ -132,7 +132,7 @@ SPECS = (
     ),
     CheckSpec(
         "config.gpu_count", FAMILY, "GPU count",
-        reads="nvmlDeviceGetCount",
+        reads="nvmlDeviceGetCount, less the GPUs NVML answers GpuIsLost for",
         threshold="equal to gpu_count",
         severities=("warn", "crit"),
         action=LOST_GPU_ACTION,
@@ -140,9 +140,10 @@ SPECS = (
         applies=lambda n, b: b is not None and b.gpu_count is not None,
     ),
     CheckSpec(
-        "config.gpu_missing", FAMILY, "GPU gone since the previous snapshot",
-        reads="GPU UUIDs and bus ids in this and the previous snapshot",
-        threshold="every GPU of the previous snapshot still present",
+        "config.gpu_missing", FAMILY, "GPU lost, or gone since the previous snapshot",
+        reads="GPU UUIDs and bus ids in this and the previous snapshot; NVML's GpuIsLost",
+        threshold="no GPU lost (fallen off the bus: it keeps its index and answers GpuIsLost), and every "
+        "GPU of the previous snapshot still present",
         severities=("crit",),
         action=LOST_GPU_ACTION,
     ),
@@ -362,6 +363,8 @@ def _gpu_count(ctx: Context) -> None:
     if b.gpu_count is None:
         return
     count = ctx.get(FAMILY, ctx.node, "gpu_count", DEMAND_BASELINE)
+    if count is not None:  # a lost GPU is still counted by the driver, but it runs nothing
+        count -= sum(1 for g in ctx.node.gpus if model.gpu_lost(g))
     if count is None or count == b.gpu_count:
         return
     if count < b.gpu_count:
@@ -375,6 +378,12 @@ def _gpu_count(ctx: Context) -> None:
 
 
 def _gpu_missing(ctx: Context) -> None:
+    for gpu in ctx.node.gpus:
+        if model.gpu_lost(gpu):
+            ctx.add("config.gpu_missing", "crit",
+                    f"{gpu_label(gpu)} {gpu.uuid} is lost: NVML answers GpuIsLost (fallen off the bus); it keeps "
+                    "its index until the node reboots",
+                    gpu=gpu, observed=model.GPU_IS_LOST, expected="answering", action=LOST_GPU_ACTION)
     if ctx.previous is None:
         return
     present_uuids = {g.uuid for g in ctx.node.gpus}

@@ -80,12 +80,12 @@ class AuditResult:
         node_counts = {sev: 0 for sev in model.SEVERITIES}
         for sev in per_node.values():
             node_counts[sev] += 1
-        gpus_total = sum(len(n.snapshot.gpus) for n in self.nodes if n.snapshot)
-        bad_gpus = {
-            (f.node, f.gpu["uuid"])
-            for f in self.findings
-            if f.gpu and f.severity in ("warn", "crit") and f.gpu.get("uuid")
-        }
+        by_node: dict[str, list[model.Finding]] = {}
+        for f in self.findings:
+            by_node.setdefault(f.node, []).append(f)
+        # the table's and the TUI's "n/m GPUs", summed: one rule (model.gpu_tally) for all three
+        tallies = [model.gpu_tally(n.snapshot, by_node.get(n.name, [])) for n in self.nodes if n.snapshot]
+        gpus_total = sum(total for _, total in tallies)
         return {
             "nodes": len(self.nodes),
             "from_daemon": sum(1 for n in self.nodes if n.source == SOURCE_DAEMON),
@@ -93,7 +93,7 @@ class AuditResult:
             "reachable": sum(1 for n in self.nodes if n.reachable),
             "unreachable": sum(1 for n in self.nodes if not n.reachable),
             "gpus": gpus_total,
-            "gpus_with_faults": len(bad_gpus),
+            "gpus_with_faults": sum(total - ok for ok, total in tallies),
             "findings": counts,
             "nodes_by_severity": node_counts,
             "worst": model.worst(per_node.values()) if per_node else "ok",

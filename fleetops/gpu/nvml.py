@@ -299,7 +299,9 @@ def cuda_version(value: int) -> str:
 
 
 def _open_gpu(nv: _Nvml, node: model.Node, index: int) -> _GpuReader | None:
-    """Handle, bus id and UUID: without them a GPU cannot be named, so it goes to node.errors."""
+    """Handle, bus id and UUID. Without a handle or a bus id a GPU cannot be named, so it goes to
+    node.errors (``gpu_count`` still counts it, and the others keep their indices). A GPU whose
+    UUID answers GpuIsLost is named by its bus id and kept at its index, lost."""
     handle, reason = nv.call("nvmlDeviceGetHandleByIndex", index)
     if reason is not None:
         node.errors.append(f"GPU index {index}: nvmlDeviceGetHandleByIndex: {reason}")
@@ -315,6 +317,13 @@ def _open_gpu(nv: _Nvml, node: model.Node, index: int) -> _GpuReader | None:
         node.errors.append(f"GPU index {index}: PCI bus id unreadable: {reason}")
         return None
     uuid, reason = nv.call("nvmlDeviceGetUUID", handle)
+    if reason == LOST:
+        # fallen off the bus: it keeps its index and its bus id names it; its UUID stays empty,
+        # with the reason, and no more calls are made on it
+        gpu = model.Gpu(index=index, uuid="", bus_id=bus_id, unavailable={"uuid": LOST})
+        reader = _GpuReader(nv, gpu, handle)
+        reader.lost = True
+        return reader
     if reason is not None:
         node.errors.append(f"GPU index {index} ({bus_id}): UUID unreadable: {reason}")
         return None

@@ -643,6 +643,7 @@ def set_load(state: dict[str, Any], position: int, pct: float, now: float | None
         raise SimError(f"GPU position {position} does not exist on {state['hostname']}")
     if not 0 <= pct <= 100:
         raise SimError(f"load must be 0-100 %, not {pct}")
+    require_present(state, position, "run a workload")
     now = time.time() if now is None else now
     _fold_traffic(state, position, now)
     state["gpus"][position]["utilization_gpu_pct"] = int(round(pct))
@@ -711,10 +712,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         if fault.get("gpu") is not None:
             by_gpu.setdefault(fault["gpu"], []).append(fault)
 
-    lost = set()  # GPUs the driver no longer enumerates
-    for fault in faults:
-        if fault["name"] in ("gpu-missing", "xid:79") and fault.get("gpu") is not None:
-            lost.add(fault["gpu"])
+    lost = {f["gpu"] for f in faults if f["name"] in LOST_FAULTS and f.get("gpu") is not None}
 
     reset_at: dict[int, float] = {}  # the GPU's last reset, as the agent's reset journal records it
     for done in state.get("resets", []):
@@ -724,6 +722,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     for raw in state["gpus"]:
         index = raw["index"]
         if index in lost:
+            gpus.append(lost_gpu(raw, reset_at.get(index)))
             continue
         gpu = {k: v for k, v in raw.items() if k not in PRIVATE_GPU_KEYS}
         gpu["last_reset_at"] = reset_at.get(index)
@@ -752,14 +751,15 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
             if gpu.get(key) is None:
                 unavailable[key] = "NotSupported"  # Hopper remaps rows instead of retiring pages
         gpus.append(gpu)
-    gpus.sort(key=lambda g: g["bus_id"])
-    for new_index, gpu in enumerate(gpus):
-        gpu["index"] = new_index  # the driver renumbers what it still sees
+    # NVML's order, kept while the driver stays loaded: a GPU that falls off the bus keeps its
+    # index (its handle answers GPU_IS_LOST) and no other GPU moves
+    gpus.sort(key=lambda g: int(g["index"]))
 
     bus_ids = [g["bus_id"] for g in gpus]
     n = len(gpus)
     links_matrix: list[list[str | None]] = []
     counts: list[list[int | None]] = []
+    topo_unavailable: dict[str, str] = {}
     for i in range(n):
         row_l: list[str | None] = []
         row_c: list[int | None] = []
@@ -767,6 +767,11 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
             if i == j:
                 row_l.append("X")
                 row_c.append(0)
+            elif gpus[i]["nvlinks"] is None or gpus[j]["nvlinks"] is None:
+                # a lost GPU answers no topology query, as the NVML collector records it
+                row_l.append(None)
+                row_c.append(None)
+                topo_unavailable[f"{bus_ids[min(i, j)]}|{bus_ids[max(i, j)]}"] = GPU_IS_LOST
             else:
                 # NVSwitch systems: the links a GPU has, as topo -m reports them; a link that
                 # is down is nvlink.links_down's business, not a topology change
@@ -799,11 +804,38 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
             "links": links_matrix,
             "nvlink_counts": counts,
             "numa": {g["bus_id"]: g["numa_node"] for g in gpus},
+            "unavailable": topo_unavailable,
         },
         # a scenario's driver_branch: null is a driver without nvmlSystemGetDriverBranch
         "unavailable": {} if branch is not None else {"driver_branch": "FunctionNotFound"},
         "_kernel_log": list(kernel_log),
     }
+
+
+GPU_IS_LOST = "GpuIsLost"  # = model.GPU_IS_LOST, the reason NVML's collector records
+# What NVML still gives for a GPU that fell off the bus: its index (nvmlDeviceGetHandleByIndex
+# keeps the handle), and the PCI bus id and UUID the driver attached it with.
+LOST_GPU_KNOWN = ("index", "uuid", "bus_id")
+
+
+def lost_gpu(raw: dict[str, Any], last_reset_at: float | None) -> dict[str, Any]:
+    """A lost GPU as the snapshot lists it: at its index with its UUID and bus id, every value
+    NVML would be asked for unavailable with ``GpuIsLost`` (the reset journal's time is not
+    NVML's and stays)."""
+    from fleetops import model
+
+    gpu: dict[str, Any] = {k: raw[k] for k in LOST_GPU_KNOWN}
+    unavailable: dict[str, str] = {}
+    for name in model.Gpu.__dataclass_fields__:
+        if name in LOST_GPU_KNOWN or name == "unavailable":
+            continue
+        gpu[name] = None
+        unavailable[name] = GPU_IS_LOST
+    gpu["last_reset_at"] = last_reset_at
+    if last_reset_at is not None:
+        unavailable.pop("last_reset_at")
+    gpu["unavailable"] = unavailable
+    return gpu
 
 
 # The build branch NVML names for drivers seen on real GPUs (nvmlSystemGetDriverBranch on the
@@ -844,13 +876,9 @@ def steady(state: dict[str, Any], now: float | None = None) -> bool:
 
 
 def gpu_position(state: dict[str, Any], uuid_or_bus: str) -> int | None:
-    """Position in ``state["gpus"]`` of the GPU with this UUID or bus id, if the driver sees it."""
-    visible = {g["uuid"] for g in snapshot(state)["gpus"]}
-    key = uuid_or_bus.strip()
-    for pos, gpu in enumerate(state["gpus"]):
-        if gpu["uuid"] == key or (not key.upper().startswith("GPU-") and _same_bus(gpu["bus_id"], key)):
-            return pos if gpu["uuid"] in visible else None
-    return None
+    """Position in ``state["gpus"]`` of the GPU with this UUID or bus id, if it answers (not lost)."""
+    pos, lost = find_gpu(state, uuid_or_bus)
+    return pos if lost is None else None
 
 
 def _same_bus(a: str, b: str) -> bool:
@@ -908,11 +936,21 @@ PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib", "nvli
 
 
 def lost_reason(state: dict[str, Any], position: int) -> str | None:
-    """The fault that keeps the GPU at ``position`` from being enumerated, if any."""
+    """The fault that made the GPU at ``position`` lost (it answers nothing), if any."""
     for fault in state["faults"]:
         if fault.get("gpu") == position and fault["name"] in LOST_FAULTS:
             return str(fault["name"])
     return None
+
+
+def require_present(state: dict[str, Any], position: int, what: str) -> None:
+    """Refuse ``what`` on a lost GPU as NVML does: every call on its handle answers
+    NVML_ERROR_GPU_IS_LOST, a setter's and a MIG call's as much as a query's."""
+    lost = lost_reason(state, position)
+    if lost is not None:
+        gpu = state["gpus"][position]
+        raise SimError(f"GPU {gpu['uuid']} ({gpu['bus_id']}): {what}: GPU is lost ({lost}): NVML answers "
+                       "GPU_IS_LOST until the node is rebooted")
 
 
 def find_gpu(state: dict[str, Any], key: str) -> tuple[int | None, str | None]:
@@ -1100,6 +1138,7 @@ def _mig_uuid(gpu_uuid: str, generation: int, slot: int) -> str:
 def _mig_gpu(state: dict[str, Any], position: int) -> dict[str, Any]:
     if not 0 <= position < len(state["gpus"]):
         raise SimError(f"GPU position {position} does not exist on {state['hostname']}")
+    require_present(state, position, "MIG")
     gpu: dict[str, Any] = state["gpus"][position]
     if not gpu.get("mig_mode_current"):
         raise SimError(f"GPU {gpu['uuid']}: MIG mode is off; set it on first")
@@ -1168,6 +1207,7 @@ def destroy_gpu_instance(state: dict[str, Any], position: int, gpu_instance_id: 
 def set_mig_mode(state: dict[str, Any], position: int, enabled: bool) -> bool:
     """Request MIG mode; True when it is current at once, False when it waits for a GPU reset
     (``mig_mode_needs_reset`` on the node). Turning it off needs no instance left."""
+    require_present(state, position, "set MIG mode")
     gpu = state["gpus"][position]
     if not enabled and gpu.get("mig_mode_current") and gpu.get("mig_instances"):
         raise SimError(f"GPU {gpu['uuid']}: destroy its MIG instances before turning MIG mode off")
@@ -1205,6 +1245,7 @@ def set_mig_instances(state: dict[str, Any], position: int, profiles: list[str],
 def mig_reset(state: dict[str, Any], position: int, profiles: list[str] | None = None) -> dict[str, Any]:
     """Destroy the GPU's MIG instances and create them again (the same profiles, or
     ``profiles``); refuses, changing nothing, while any instance is in use."""
+    require_present(state, position, "MIG reset")
     gpu = state["gpus"][position]
     before = [dict(m) for m in gpu.get("mig_instances") or []]
     busy = [m for m in before if m.get("in_use")]

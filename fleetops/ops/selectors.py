@@ -63,8 +63,9 @@ def present(node: model.Node) -> str:
 class ResolvedGpu:
     """A selector resolved against a fresh snapshot: what the front end shows and the agent gets.
 
-    ``enumerated`` is False for a UUID or bus id the driver does not list now (fallen off the
-    bus): it is still sent, so the agent can say why and what to do, but never for an index."""
+    ``enumerated`` is False for a GPU that answers nothing: one NVML lists as lost (fallen off
+    the bus: it keeps its index and answers GpuIsLost), or a UUID or bus id the driver does not
+    list now (never for an index). It is still sent, so the agent can say why and what to do."""
 
     selector: Selector
     uuid: str | None
@@ -106,7 +107,7 @@ def resolve(sel: Selector | str, node: model.Node, host: str, *, allow_absent: b
     gpu = find(node, sel)
     if gpu is not None:
         procs = tuple(gpu.processes) if gpu.processes is not None else None
-        return ResolvedGpu(sel, gpu.uuid, gpu.bus_id, gpu.index, gpu.name, True, procs)
+        return ResolvedGpu(sel, gpu.uuid, gpu.bus_id, gpu.index, gpu.name, not model.gpu_lost(gpu), procs)
     if sel.form == INDEX or not allow_absent:
         what = {INDEX: "index", UUID: "UUID", BUS_ID: "bus id"}[sel.form]
         raise SelectorError(f"{host} has no GPU with {what} {sel.text} (present: {present(node)})")
@@ -124,6 +125,6 @@ def parse_identity(text: str, flag: str = "--gpu") -> Selector:
     if sel.form == INDEX:
         raise SelectorError(
             f"{flag} {sel.text!r}: the agent takes a UUID or a PCI bus id, never an index (indices change "
-            "when a GPU falls off the bus); `fleetops reset NODE INDEX` resolves an index to its UUID first"
+            "when the driver loads without a GPU that fell off the bus); `fleetops reset NODE INDEX` resolves an index to its UUID first"
         )
     return sel

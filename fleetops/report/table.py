@@ -36,8 +36,8 @@ def render(result: Any, exit_code: int, console: Any) -> None:
         if snap is None:
             gpus, driver, cuda = "-", "-", "-"
         else:
-            bad = {f.gpu["uuid"] for f in by_node.get(node.name, []) if f.gpu and f.severity in ("warn", "crit")}
-            gpus = f"{len(snap.gpus) - len(bad)}/{len(snap.gpus)}"
+            ok, total = model.gpu_tally(snap, by_node.get(node.name, []))
+            gpus = f"{ok}/{total}"
             driver, cuda = snap.driver_version or "?", snap.cuda_driver_version or "?"
         table.add_row(node.name, Text(s.upper(), style=STYLE[s]), gpus, driver, cuda, source_text(node), worst_text)
     console.print(table)

@@ -380,8 +380,20 @@ class NodeEntry:
         return self.status not in (STATUS_OK, STATUS_PENDING) or self.health in FAULT_SEVERITIES
 
     @cached_property
+    def gpu_tally(self) -> tuple[int, int]:
+        """(GPUs fit for work, GPUs the driver attached) by ``model.gpu_tally``, the audit
+        table's rule: a lost GPU counts in the second, never in the first."""
+        if self.snapshot is None:
+            return 0, 0
+        return model.gpu_tally(self.snapshot, self.findings)
+
+    @property
     def gpus_ok(self) -> int:
-        return sum(1 for g in self.gpus if not g.lost and g.health not in FAULT_SEVERITIES)
+        return self.gpu_tally[0]
+
+    @property
+    def gpus_total(self) -> int:
+        return self.gpu_tally[1]
 
     @cached_property
     def node_row_parts(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
@@ -398,7 +410,7 @@ class NodeEntry:
             worst_text, worst_style = fmt_finding(self.worst), self.worst.severity
         else:
             worst_text, worst_style = "", ""
-        n, ok = len(self.gpus), self.gpus_ok
+        ok, n = self.gpu_tally
         cells = (
             self.name,
             self.mark or health_label(health),
@@ -504,6 +516,12 @@ def summarize(
     for g in snapshot.gpus:
         present.add(g.uuid)
         fs = tuple(by_gpu.get(g.uuid, ()))
+        if model.gpu_lost(g):  # at its index, answering GpuIsLost: show what was read before the loss
+            known = previous.gpu(g.uuid) if previous else None
+            shown = known.gpu if known is not None and known.gpu is not None else g
+            sev = model.worst([*(f.severity for f in fs), "crit"])
+            gpus.append(GpuView(g.uuid, g.index, g.bus_id, sev, shown, fs, lost=True))
+            continue
         gpus.append(GpuView(g.uuid, g.index, g.bus_id, model.worst(f.severity for f in fs), g, fs))
     for old in previous.gpus if previous else ():
         if old.uuid not in present:
@@ -848,7 +866,7 @@ class FleetState:
                 setattr(t, h, getattr(t, h) + 1)
             else:
                 t.ok += 1
-            t.gpus += len(e.gpus)
+            t.gpus += e.gpus_total
             t.gpus_ok += e.gpus_ok
             t.xids_1h += e.xids_since(now - XID_WINDOW_S)
         return t

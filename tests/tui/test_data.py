@@ -144,15 +144,19 @@ def test_a_node_never_reached_is_unreachable_without_data() -> None:
     assert cells[1] == "UNREACH" and cells[2] == "-" and cells[5] == "-"
 
 
-def test_a_gpu_that_vanished_is_shown_lost_not_dropped() -> None:
+def test_a_gpu_that_fell_off_the_bus_keeps_its_index_and_uuid_and_nobody_shifts() -> None:
     before = simfeed.entry("node001")
     after = simfeed.entry("node001", ["xid:79@5"], previous=before)
     lost = [g for g in after.gpus if g.lost]
-    assert len(lost) == 1 and lost[0].uuid == before.gpus[5].uuid
-    assert after.gpus_ok == 7 and len(after.gpus) == 8
-    # rows stay in bus order: the lost GPU keeps its slot although the driver renumbered the rest
-    assert [g.uuid for g in after.gpus] == [g.uuid for g in before.gpus]
-    assert [g.index for g in after.gpus] == [0, 1, 2, 3, 4, 5, 5, 6]
+    assert len(lost) == 1 and (lost[0].uuid, lost[0].index) == (before.gpus[5].uuid, 5)
+    assert after.gpus_ok == 7 and after.gpus_total == 8 and len(after.gpus) == 8
+    # one LOST GPU 5, no second GPU 5 with another UUID: every GPU keeps its index (as NVML)
+    assert [(g.index, g.uuid) for g in after.gpus] == [(g.index, g.uuid) for g in before.gpus]
+    assert lost[0].gpu is before.gpus[5].gpu  # its last known values, read before the loss
+    assert after.node_row_parts[0][2] == "7/8"
+    # without an earlier snapshot too: the lost GPU is in the snapshot itself
+    alone = simfeed.entry("node001", ["xid:79@5"])
+    assert [g.index for g in alone.gpus if g.lost] == [5] and alone.node_row_parts[0][2] == "7/8"
 
 
 def test_totals_count_nodes_by_health_and_gpus(fleet: data.FleetState) -> None:

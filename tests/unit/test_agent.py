@@ -33,13 +33,14 @@ def test_collect_prints_one_snapshot_with_xids_attributed_to_gpus(state):
     assert proc.returncode == 0, proc.stderr
     node = model.node_from_json(proc.stdout)
     assert node.hostname == "node007" and node.backend == "sim"
-    assert node.gpu_count == 7
+    assert node.gpu_count == 8  # nvmlDeviceGetCount still counts the GPU that fell off the bus
     dbe = [g for g in node.gpus if g.ecc_uncorrected_volatile]
     assert [g.bus_id for g in dbe] == ["0000:5d:00.0"]
     codes = {(x.code, x.bus_id) for x in node.xids}
     assert (79, "0000:ab:00.0") in codes and (48, "0000:5d:00.0") in codes
     lost = next(x for x in node.xids if x.code == 79)
-    assert lost.gpu_uuid is None  # the GPU fell off the bus: no longer enumerated
+    # the GPU fell off the bus: it keeps its index and UUID, answering GpuIsLost
+    assert (lost.gpu_uuid, lost.gpu_index) == (node.gpus[5].uuid, 5) and model.gpu_lost(node.gpus[5])
     dbe_event = next(x for x in node.xids if x.code == 48)
     assert dbe_event.gpu_uuid == dbe[0].uuid
     assert node.collect_ms is not None and node.collected_at > 0
@@ -68,7 +69,19 @@ def test_missing_state_file_is_named(tmp_path):
     assert "nope.json" in json.loads(proc.stderr)["error"]
 
 
+def test_set_on_a_node_with_a_lost_gpu_is_refused_naming_it_and_changes_nothing(state):
+    before = state.read_bytes()
+    for args in (["set", "power", "700"], ["set", "power", "700", "--dry-run"]):
+        proc = run_agent(args, state)
+        assert proc.returncode == 1 and "GPU 5 (0000:ab:00.0" in json.loads(proc.stderr)["error"]
+        assert "GpuIsLost" in json.loads(proc.stderr)["error"]
+    assert state.read_bytes() == before
+    uuid = sim.read_state(str(state))["gpus"][4]["uuid"]  # the others can still be named one by one
+    assert json.loads(run_agent(["set", "power", "650", "--gpu", uuid], state).stdout)["changed"] is True
+
+
 def test_set_power_is_idempotent_and_dry_run_changes_nothing(state):
+    sim.clear(str(state), "xid:79", 5)  # every GPU answers (a lost one refuses every setter)
     sim.inject(str(state), "power-cap-drift", 2)
     before = state.read_bytes()
     dry = json.loads(run_agent(["set", "power", "700", "--dry-run"], state).stdout)
@@ -107,7 +120,8 @@ def test_set_power_from_a_baseline_caps_each_gpu_at_its_own_models_limit(tmp_pat
 
 def test_set_refuses_out_of_range_power_and_unknown_gpu(state):
     before = state.read_bytes()
-    proc = run_agent(["set", "power", "900"], state)
+    first = sim.read_state(str(state))["gpus"][0]["uuid"]  # "all" would be refused for the lost GPU 5
+    proc = run_agent(["set", "power", "900", "--gpu", first], state)
     assert proc.returncode == 1 and "outside" in json.loads(proc.stderr)["error"]
     proc = run_agent(["set", "persistence", "off", "--gpu", "GPU-00000000-dead-beef-0000-000000000000"], state)
     assert proc.returncode == 1 and "no such GPU" in json.loads(proc.stderr)["error"]
@@ -121,8 +135,9 @@ def test_topology_check_against_expected_file(state, tmp_path):
     good.write_text(json.dumps({"gpu_count": 8, "link": "NV18"}))
     proc = run_agent(["topology", "--expected", str(good)], state)
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 1  # xid:79 took a GPU away
+    assert proc.returncode == 1  # xid:79 took a GPU away: still counted by the driver, but lost
     assert doc["ok"] is False and any("gpu_count: 7" in m for m in doc["mismatches"])
+    assert doc["topology"]["gpus"][5] == "0000:ab:00.0" and doc["topology"]["links"][5][0] is None
     sim.clear(str(state), "xid:79", 5)
     proc = run_agent(["topology", "--expected", str(good)], state)
     assert proc.returncode == 0, proc.stdout

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from fleetops import model
+from fleetops.agent.collect import collect
 from fleetops.gpu import sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
@@ -144,8 +146,17 @@ def test_lost_gpu_is_marked_lost_and_the_rest_still_sampled(node: Path, daemon: 
     sim.inject(str(node), "gpu-missing", 3)
     doc = _until("GPU 3 lost", lambda: (lambda d: d if gpus[3]["uuid"] in d["daemon"]["lost"] else None)(
         _ask(node, "snapshot")))
-    assert gpus[3]["uuid"] not in {g["uuid"] for g in doc["gpus"]}
-    assert len(doc["gpus"]) == len(gpus) - 1
+    # as NVML: the lost GPU stays at its index with its UUID and bus id, answering GpuIsLost, and
+    # no other GPU moves (a cold collect lists the same)
+    assert [(g["index"], g["uuid"], g["bus_id"]) for g in doc["gpus"]] == [
+        (g["index"], g["uuid"], g["bus_id"]) for g in gpus]
+    assert doc["gpu_count"] == len(gpus) and doc["daemon"]["lost"][gpus[3]["uuid"]] == "GpuIsLost"
+    assert doc["gpus"][3]["unavailable"]["temp_gpu_c"] == "GpuIsLost" and doc["gpus"][3]["temp_gpu_c"] is None
+    cold = model.to_dict(collect("sim", str(node)))
+    assert [(g["index"], g["uuid"], g["unavailable"].get("name")) for g in cold["gpus"]] == [
+        (g["index"], g["uuid"], g["unavailable"].get("name")) for g in doc["gpus"]]
+    assert model.gpu_tally(model.node_from_dict({k: v for k, v in doc.items() if k not in ("daemon", "mig")}),
+                           [model.Finding.from_dict(f) for f in doc["daemon"]["findings"]]) == (7, 8)
     # the others keep being sampled: GPU 0's history grows
     first = (_ask(node, f"history {gpus[0]['uuid']} temp_gpu_c 3600") or {})["samples"]
     _until("newer samples of GPU 0", lambda: len((_ask(node, f"history {gpus[0]['uuid']} temp_gpu_c 3600") or {})

@@ -59,21 +59,29 @@ def test_fault_on_another_gpu_moves_the_finding_with_it(sim_baseline, sim_node) 
     assert [f.gpu["uuid"] for f in dbe] == [state["gpus"][6]["uuid"]]
 
 
-def test_lost_gpu_is_named_by_uuid_although_the_driver_renumbered_the_rest(sim_baseline, sim_node) -> None:
-    findings, node, target = _audit("gpu-missing", sim_baseline, sim_node)
-    # GPU 4 is now index 3: an index-based check would blame the wrong GPU.
-    assert node.gpus[TARGET].uuid != target["uuid"]
+@pytest.mark.parametrize("fault", ["gpu-missing", "xid:79"])
+def test_lost_gpu_keeps_its_index_and_is_named_by_uuid_and_the_rest_do_not_shift(
+        fault, sim_baseline, sim_node) -> None:
+    findings, node, target = _audit(fault, sim_baseline, sim_node)
+    healthy = sim.build_state("n1")
+    assert [(g.index, g.uuid) for g in node.gpus] == [(g["index"], g["uuid"]) for g in healthy["gpus"]]
+    assert model.gpu_lost(node.gpus[TARGET]) and node.gpu_count == 8
     missing = [f for f in findings if f.check == "config.gpu_missing"]
-    assert missing[0].gpu == {"index": TARGET, "uuid": target["uuid"], "bus_id": target["bus_id"]}
+    assert [f.gpu for f in missing] == [{"index": TARGET, "uuid": target["uuid"], "bus_id": target["bus_id"]}]
+    count = next(f for f in findings if f.check == "config.gpu_count")
+    assert (count.severity, count.observed, count.expected) == ("crit", 7, 8)
+    assert model.gpu_tally(node, findings) == (7, 8)
 
 
-def test_xid79_without_previous_snapshot_is_node_level_and_names_the_bus_id(sim_baseline, sim_node) -> None:
+def test_xid79_without_previous_snapshot_names_the_lost_gpu_at_its_index(sim_baseline, sim_node) -> None:
     state = sim.build_state("n1", {"faults": [f"xid:79@{TARGET}"]})
     findings = run_node_checks(sim_node(state=state), sim_baseline, None)
+    ref = {"index": TARGET, "uuid": state["gpus"][TARGET]["uuid"], "bus_id": state["gpus"][TARGET]["bus_id"]}
     xid = [f for f in findings if f.check == "xid.recent"]
-    assert len(xid) == 1 and xid[0].gpu is None and xid[0].severity == "crit"
+    assert len(xid) == 1 and xid[0].gpu == ref and xid[0].severity == "crit"
     assert state["gpus"][TARGET]["bus_id"] in xid[0].message
     assert "reboot" in xid[0].action.lower()
+    assert [f.gpu for f in findings if f.check == "config.gpu_missing"] == [ref]
 
 
 def test_reset_actions_name_the_node_and_gpu_uuid(sim_baseline, sim_node) -> None:

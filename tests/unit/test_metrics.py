@@ -309,7 +309,8 @@ def test_a_gpu_that_fell_off_the_bus_keeps_its_finding_and_its_xid(
     before = sim_node()
     lost = before.gpus[3]
     node = sim_node(faults=["xid:79@3"])
-    assert node.gpu_by_uuid(lost.uuid) is None, "the simulator still lists the lost GPU"
+    # NVML keeps the lost GPU at its index, answering GpuIsLost
+    assert model.gpu_lost(node.gpus[3]) and node.gpus[3].uuid == lost.uuid, "the lost GPU left its index"
     findings = checks.run_node_checks(node, sim_baseline, previous=before)
     text = metrics.render(metrics.MetricsInput(
         node=node, agent=metrics.AgentInfo(time.time(), 2.0), findings=tuple(findings),
@@ -318,7 +319,8 @@ def test_a_gpu_that_fell_off_the_bus_keeps_its_finding_and_its_xid(
     assert value(text, "fleetops_gpu_finding", check="config.gpu_missing", severity="crit", uuid=lost.uuid,
                  bus_id=lost.bus_id, gpu=3) == 1
     assert value(text, "fleetops_node_health") == 3
-    assert not [s for s in samples(text) if s[0] == "fleetops_gpu_health" and s[1]["uuid"] == lost.uuid]
-    # counted under the bus id the kernel line named, as FleetopsGpuXidFatal's second branch expects
-    assert value(text, "fleetops_gpu_xid_total", bus_id=lost.bus_id, uuid="", code=79) == 1
-    assert value(text, "fleetops_node_gpus") == 7
+    assert value(text, "fleetops_gpu_health", uuid=lost.uuid, gpu=3) == 3
+    assert not [s for s in samples(text) if s[0] == "fleetops_gpu_temperature_celsius" and s[1]["uuid"] == lost.uuid]
+    # counted on the lost GPU's own series (its index, UUID and the bus id the kernel line named)
+    assert value(text, "fleetops_gpu_xid_total", bus_id=lost.bus_id, uuid=lost.uuid, gpu=3, code=79) == 1
+    assert value(text, "fleetops_node_gpus") == 7  # FleetopsGpuMissing: the lost GPU answers nothing

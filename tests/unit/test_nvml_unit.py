@@ -692,13 +692,28 @@ def test_gpu_lost_in_field_values(monkeypatch):
     assert fake.count("nvmlDeviceGetRemappedRows") == 0
 
 
-def test_gpu_unnamable_goes_to_errors(monkeypatch):
+def test_gpu_lost_before_its_uuid_keeps_its_index_named_by_its_bus_id(monkeypatch):
     gpu = h200()
     gpu["errors"]["nvmlDeviceGetUUID"] = LOST
-    FakeNvml([h200(0, "00000000:18:00.0"), gpu | {"bus": "00000000:2a:00.0"}], monkeypatch)
+    fake = FakeNvml([gpu | {"bus": "00000000:2a:00.0"}, h200(1, "00000000:3a:00.0")], monkeypatch)
+    node = collect(fake)
+    assert node.gpu_count == 2 and node.errors == []
+    lost, ok = node.gpus
+    assert (lost.index, lost.bus_id, lost.uuid) == (0, "0000:2a:00.0", "")
+    assert model.gpu_lost(lost) and lost.unavailable["uuid"] == "GpuIsLost" and lost.name is None
+    assert fake.count("nvmlDeviceGetName", 0) == 0  # no call after the loss
+    assert (ok.index, ok.bus_id, ok.clock_sm_mhz) == (1, "0000:3a:00.0", 345) and not model.gpu_lost(ok)
+    assert model.node_from_dict(model.to_dict(node)) == node
+
+
+def test_gpu_without_a_bus_id_goes_to_errors_and_the_others_keep_their_indices(monkeypatch):
+    gpu = h200()
+    gpu["errors"]["nvmlDeviceGetPciInfo_v3"] = LOST
+    FakeNvml([gpu, h200(1, "00000000:3a:00.0")], monkeypatch)
     node = collect(None)
-    assert node.gpu_count == 2 and [g.bus_id for g in node.gpus] == ["0000:18:00.0"]
-    assert node.errors == ["GPU index 1 (0000:2a:00.0): UUID unreadable: GpuIsLost"]
+    assert node.gpu_count == 2 and [(g.index, g.bus_id) for g in node.gpus] == [(1, "0000:3a:00.0")]
+    assert node.errors == ["GPU index 0: PCI bus id unreadable: GpuIsLost"]
+    assert model.gpu_tally(node, []) == (1, 2)
 
 
 def test_other_reasons_are_named(monkeypatch):

@@ -62,22 +62,26 @@ def test_a_bus_id_in_any_spelling_resolves_to_the_same_gpu(node) -> None:
 
 def test_an_index_that_names_no_gpu_is_an_error_naming_the_host_and_the_gpus(node) -> None:
     snap, state = node
-    # GPU 6 fell off the bus: the driver lists 7 and renumbers, so index 6 is now GPU 7
-    assert selectors.resolve("6", snap, "node007").uuid == state["gpus"][7]["uuid"]
+    # GPU 6 fell off the bus: NVML keeps its index (GpuIsLost) and nobody shifts, so index 7 is
+    # still GPU 7 and index 6 the lost GPU, never another one
+    assert selectors.resolve("7", snap, "node007").uuid == state["gpus"][7]["uuid"]
+    six = selectors.resolve("6", snap, "node007")
+    assert (six.uuid, six.enumerated) == (state["gpus"][6]["uuid"], False)
     with pytest.raises(selectors.SelectorError) as info:
-        selectors.resolve("7", snap, "node007")
+        selectors.resolve("8", snap, "node007")
     text = info.value.message
-    assert "node007 has no GPU with index 7" in text
+    assert "node007 has no GPU with index 8" in text
     assert f"0={state['gpus'][0]['uuid']}@{state['gpus'][0]['bus_id']}" in text
 
 
-def test_a_lost_gpus_uuid_passes_through_unenumerated_so_the_agent_can_say_why(node) -> None:
+def test_a_lost_gpu_resolves_at_its_index_marked_unenumerated_so_the_agent_can_say_why(node) -> None:
     snap, state = node
     lost = state["gpus"][6]["uuid"]
     gpu = selectors.resolve(lost, snap, "node007")
-    assert (gpu.uuid, gpu.enumerated, gpu.index) == (lost, False, None)
+    assert (gpu.uuid, gpu.bus_id, gpu.enumerated, gpu.index) == (lost, state["gpus"][6]["bus_id"], False, 6)
+    assert selectors.resolve(lost, snap, "node007", allow_absent=False).enumerated is False
     with pytest.raises(selectors.SelectorError, match="node007 has no GPU with UUID"):
-        selectors.resolve(lost, snap, "node007", allow_absent=False)
+        selectors.resolve("GPU-00000000-0000-0000-0000-000000000000", snap, "node007", allow_absent=False)
 
 
 def test_the_selector_module_imports_nothing_heavy() -> None:

@@ -101,11 +101,39 @@ def test_mig_drift_turns_mig_on_and_nvlinks_report_down_on_that_gpu_only():
 
 
 @pytest.mark.parametrize("fault", ["gpu-missing@5", "xid:79@5"])
-def test_lost_gpu_disappears_from_the_count(fault):
+def test_lost_gpu_keeps_its_index_and_identity_and_nobody_shifts(fault):
+    """As NVML: nvmlDeviceGetCount still counts it, its handle answers GPU_IS_LOST, and the
+    other GPUs keep their indices until the driver reloads."""
+    healthy = snap([])
     data = snap([fault])
-    assert data["gpu_count"] == 7
-    assert uuid(5) not in {g["uuid"] for g in data["gpus"]}
-    assert [g["index"] for g in data["gpus"]] == list(range(7))
+    assert data["gpu_count"] == 8
+    assert [(g["index"], g["uuid"], g["bus_id"]) for g in data["gpus"]] == [
+        (g["index"], g["uuid"], g["bus_id"]) for g in healthy["gpus"]]
+    lost = data["gpus"][5]
+    assert lost["uuid"] == uuid(5) and lost["bus_id"] == "0000:ab:00.0"
+    assert lost["temp_gpu_c"] is None and lost["unavailable"]["temp_gpu_c"] == "GpuIsLost"
+    assert lost["nvlinks"] is None and lost["processes"] is None
+    gpu = model.node_from_dict({**data, "collected_at": T0}).gpus[5]
+    assert model.gpu_lost(gpu) and not any(model.gpu_lost(g) for g in model.node_from_dict(
+        {**data, "collected_at": T0}).gpus if g.index != 5)
+    topo = data["topology"]
+    assert topo["gpus"][5] == "0000:ab:00.0" and topo["links"][5][0] is None and topo["links"][0][1] == "NV18"
+    assert topo["unavailable"]["0000:18:00.0|0000:ab:00.0"] == "GpuIsLost"
+
+
+@pytest.mark.parametrize("fault", ["gpu-missing@5", "xid:79@5"])
+def test_a_lost_gpu_refuses_workloads_and_mig_as_nvml_does(fault):
+    state = sim.build_state("node001", {"faults": [fault]})
+    with pytest.raises(sim.SimError, match="GPU is lost"):
+        sim.set_load(state, 5, 50)
+    with pytest.raises(sim.SimError, match="GPU is lost"):
+        sim.set_mig_mode(state, 5, True)
+    with pytest.raises(sim.SimError, match="GPU is lost"):
+        sim.mig_reset(state, 5)
+    with pytest.raises(sim.SimError, match="not enumerated|lost"):
+        sim.reset_gpu(state, 5)
+    sim.set_load(state, 4, 50)  # the others work as before
+    assert sim.gpu_position(state, uuid(5)) is None and sim.gpu_position(state, uuid(4)) == 4
 
 
 def test_xid_fault_writes_a_kernel_log_line_for_that_gpu():

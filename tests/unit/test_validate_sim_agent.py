@@ -160,3 +160,30 @@ def test_fleet_of_32_flags_exactly_the_degraded(tmp_path: Path) -> None:
         # a noisy GPU never reached steady state: unknown, not failed
         status = {DEGRADED[(int(v.gpu[1:3]), int(v.gpu[4:]))]: v.status for v in verdicts if v.gpu in expected}
         assert status == {"slow-hbm": "warn", "slow-gemm": "warn", "slow-pcie": "crit", "noisy": "unknown"}, seed
+
+
+@pytest.mark.parametrize("fault", ["xid:79", "gpu-missing"])
+def test_validate_on_a_node_with_a_lost_gpu_does_not_pass_it(tmp_path: Path, fault: str) -> None:
+    """A GPU that fell off the bus runs no workload (CUDA cannot make a context on it): every
+    test of it errors, the node tests that need it too, and no verdict on it is ok."""
+    from fleetops.validation import gate
+    from fleetops.validation.judge import judge_nodes
+
+    path = tmp_path / "node005.json"
+    sim.init_state(str(path), "node005", {"faults": [f"{fault}@6"]})
+    proc = _agent("--backend", "sim", "--state", str(path), "--seed", "7")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    six = doc["gpus"][6]
+    assert six["index"] == 6 and six["uuid"] == sim.read_state(str(path))["gpus"][6]["uuid"]
+    assert all("is lost" in str(stat.get("error")) for stat in six["tests"].values()), six["tests"]
+    assert all("median" in stat for g in doc["gpus"] if g["index"] != 6 for stat in g["tests"].values())
+    [v6] = judge([{**six, "host": "node005"}])
+    assert v6.status != "ok" and all(v.status != "ok" for v in v6.verdicts)
+    gated = gate.judge_node(doc, None)["gate"]  # the rollout's gate: the node does not pass
+    assert gated["passed"] is False and [line.split()[:2] for line in gated["failed"]] == [["GPU", "6"]]
+    assert "is lost" in doc["node"]["p2p"]["error"] and "is lost" in doc["node"]["allreduce"]["error"]
+    [node] = judge_nodes([{**doc, "host": "node005"}])
+    assert node.status != "ok"
+    one = _agent("--backend", "sim", "--state", str(path), "--gpu", six["uuid"])
+    assert all("error" in stat for stat in json.loads(one.stdout)["gpus"][0]["tests"].values())

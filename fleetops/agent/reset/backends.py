@@ -414,6 +414,10 @@ class SimBackend(Backend):
         with sim.locked_state(self.path) as state:
             for uuid in uuids:
                 pos = next(i for i, g in enumerate(state["gpus"]) if g["uuid"] == uuid)
+                try:
+                    sim.require_present(state, pos, f"set {setting}")
+                except sim.SimError as exc:  # nothing is written: the state lock's body raised
+                    raise NodeChangeError(str(exc)) from exc
                 state["gpus"][pos][field_name] = value
                 if field_name == "mig_mode_current":
                     state["gpus"][pos]["mig_mode_pending"] = value

@@ -114,13 +114,17 @@ class SimBackend:
         data = sim.snapshot(state)
         self.mig = instances.table(data["gpus"])
         values: dict[str, dict[str, Value]] = {}
+        lost: dict[str, str] = {}
         for g in data["gpus"]:
+            if sim.GPU_IS_LOST in (g.get("unavailable") or {}).values():
+                lost[g["uuid"]] = sim.GPU_IS_LOST  # at its index, sampled no more: as the NVML backend
+                continue
             row: dict[str, Value] = {n: _num(g.get(n)) for n in GPU_FIELDS}
             for link in g.get("nvlinks") or []:
                 for n in LINK_FIELDS:
                     row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
             values[g["uuid"]] = row
-        result: tuple[dict[str, dict[str, Value]], dict[str, str]] = (values, {})
+        result: tuple[dict[str, dict[str, Value]], dict[str, str]] = (values, lost)
         if self._steady:
             self._light = result
         return result
@@ -401,7 +405,12 @@ class NodeService:
         previous = self._previous(node)
         self._checked = checks.run_node_checks(node, self.baseline, previous)
         self.rate_since = float(previous.collected_at) if previous is not None and previous.collected_at else None
-        present = {g.uuid for g in node.gpus}
+        from fleetops.model import gpu_lost
+
+        present = {g.uuid for g in node.gpus if not gpu_lost(g)}
+        for g in node.gpus:
+            if gpu_lost(g):  # listed at its index, answering GpuIsLost: lost, not gone
+                self.lost.setdefault(g.uuid, "GpuIsLost")
         for uuid in [u for u in self.lost if u in present]:  # back (a reset, a reboot)
             del self.lost[uuid]
         for old in self.node.gpus if self.node is not None else []:

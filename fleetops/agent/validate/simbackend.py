@@ -43,6 +43,19 @@ def _telemetry(tests: dict[str, Any]) -> dict[str, Any]:
     return {"during": during, "after": dict(reading)}
 
 
+def lost_error(state: dict[str, Any], index: int) -> str | None:
+    """What a workload on a lost GPU gets: the CUDA context cannot be made on a GPU that fell off
+    the bus, so every test errors (a result without a figure, never a pass)."""
+    from fleetops.gpu.sim import lost_reason
+
+    why = lost_reason(state, index)
+    if why is None:
+        return None
+    gpu = state["gpus"][index]
+    return (f"GPU {index} ({gpu['bus_id']}) is lost ({why}): CUDA cannot create a context on it "
+            "(cudaErrorDevicesUnavailable); reboot the node")
+
+
 def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) -> list[dict[str, Any]]:
     from fleetops.gpu.sim import VALIDATION_FAULTS, validation_faults
 
@@ -50,6 +63,12 @@ def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) 
     out = []
     for index in gpus:
         gpu = state["gpus"][index]
+        lost = lost_error(state, index)
+        if lost is not None:
+            failed = {metric: {"error": lost} for metric in HEALTHY}
+            out.append({"index": index, "uuid": gpu["uuid"], "bus_id": gpu["bus_id"], "name": gpu["name"],
+                        "samples": failed, "telemetry": {"during": {}, "after": {"error": lost}}})
+            continue
         faults = validation_faults(state, index)
         half = NOISY_HALF_WIDTH if "noisy" in faults else noise / 2
         tests: dict[str, Any] = {}
@@ -100,6 +119,9 @@ def run_node(state: dict[str, Any], noise: float, seed: int | None, level: str) 
     n = len(gpus)
     if n < 2:
         return {"p2p": {"not_applicable": f"{n} GPU"}, "allreduce": {"not_applicable": f"{n} GPU"}}
+    lost = [why for why in (lost_error(state, i) for i in range(n)) if why is not None]
+    if lost:  # every peer copy to it and the collective over all GPUs fail to start
+        return {"p2p": {"error": "; ".join(lost)}, "allreduce": {"error": "; ".join(lost)}}
     rng = random.Random(f"{seed}-node") if seed is not None else random.Random()
     slow_gpus, slow_links = _slow_links(state)
     noisy = {i for i in range(n) if "noisy" in validation_faults(state, i)}

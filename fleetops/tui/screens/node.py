@@ -57,7 +57,7 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         )
         t.append("\n ")
         t.append(
-            f"GPUs ok {entry.gpus_ok}/{len(entry.gpus)}  XIDs/1h {entry.xids_since(now - data.XID_WINDOW_S)}  "
+            f"GPUs ok {entry.gpus_ok}/{entry.gpus_total}  XIDs/1h {entry.xids_since(now - data.XID_WINDOW_S)}  "
         )
         services = "  ".join(
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
@@ -94,7 +94,8 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
     t = Text()
     t.append(f"GPU {gv.index}  {gv.uuid}  bus {gv.bus_id}", style="bold")
     if gv.lost:
-        t.append("  LOST: the driver no longer enumerates it (last known values below)", style=STYLES["crit"])
+        t.append("  LOST: NVML answers GpuIsLost (fallen off the bus); it keeps its index until a reboot "
+                 "(last known values below)", style=STYLES["crit"])
     g = gv.gpu
     if g is not None:
 
