@@ -577,21 +577,11 @@ class _Attempt:
 
 
 def _daemon_after(socket_path: str | None) -> dict[str, Any] | None:
-    """The daemon's snapshot taken after the reset (``resample``): what audits and the TUI are
-    served from now on, so they never read a verdict from before the reset."""
-    if not socket_path:
-        return None
-    import json
-
+    """The daemon's snapshot taken after the reset (``client.after_action``): what audits and
+    the TUI are served from now on, so they never read a verdict from before the reset."""
     from fleetops.agent.serve import client
 
-    line = client.resample(socket_path)
-    if line is None:
-        return {"socket": socket_path, "resampled": False}
-    doc = json.loads(line)
-    daemon = doc.get("daemon") or {}
-    return {"socket": socket_path, "resampled": True, "age_s": daemon.get("age_s"),
-            "findings": [f for f in daemon.get("findings") or [] if f.get("severity") in ("warn", "crit")]}
+    return client.after_action(socket_path)
 
 
 def _take_over(held: node_lock.Lock) -> node_lock.Lock:

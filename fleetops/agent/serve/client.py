@@ -259,3 +259,32 @@ def resample(path: str, timeout: float = 30.0) -> str | None:
         return None
     text = answer.decode("utf-8", "replace").strip()
     return text if served_age(text) is not None else None
+
+
+SOCKET_ENV = "FLEETOPS_AGENT_SOCKET"  # the daemon's socket where it is not the default (tests, a second daemon)
+
+
+def action_socket(backend: str, state_path: str | None) -> str:
+    """The socket of the daemon that serves the node an action just changed."""
+    return os.environ.get(SOCKET_ENV) or socket_for(backend, state_path, None)
+
+
+def after_action(path: str | None) -> dict[str, object] | None:
+    """Ask the node's daemon to sample now, after an action (a reset, a MIG change, a setting),
+    so that what it serves from then on was taken after the action, and say so in the action's
+    answer: ``resampled`` true with the new snapshot's warn and crit findings, false when no
+    daemon answers (nothing stale is served then: a collect runs cold) or it cannot sample now.
+    None without a socket path."""
+    if not path:
+        return None
+    import json
+
+    line = resample(path)
+    if line is None:
+        return {"socket": path, "resampled": False,
+                "detail": "no daemon answered or it could not sample now: collects of this node run cold"}
+    doc = json.loads(line)
+    daemon = doc.get("daemon") or {}
+    return {"socket": path, "resampled": True, "backend": daemon.get("backend"), "collected_at": doc.get("collected_at"),
+            "age_s": daemon.get("age_s"),
+            "findings": [f for f in daemon.get("findings") or [] if f.get("severity") in ("warn", "crit")]}
