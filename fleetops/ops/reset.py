@@ -13,7 +13,11 @@ Safety rules kept here rather than in each front end:
   agent refuse instead of being killed unseen;
 - the command timeout is the reset's own budget (``catalog.actions``), never the collect's;
 - a command that was sent but not answered is ``unknown``, with the command that tells what
-  happened, never "failed" (which invites a second reset).
+  happened, never "failed" (which invites a second reset);
+- the reset is planned on a snapshot, which names the backend that took it (``nvml``, ``sim``):
+  the command pins that backend, and an answer from another backend is not taken for the
+  planned GPU's (``backend_mismatch``): refused when the simulator answered a plan made on
+  NVML (no GPU was touched), unknown when NVML answered a plan made on anything else.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class Preview:
     node: str
     gpu: selectors.ResolvedGpu
     collected_at: float
+    backend: str | None = None  # the snapshot's backend: the one the reset must be answered by
 
     @property
     def processes(self) -> tuple[model.GpuProcess, ...] | None:
@@ -120,14 +125,21 @@ def preview(
     """Resolve ``selector`` on a fresh snapshot of ``host`` (an index to its UUID and bus id)."""
     sel = selectors.parse(selector)
     node = snapshot(host, runner, collect_timeout_s)
-    return Preview(host.name, selectors.resolve(sel, node, host.name), node.collected_at)
+    return Preview(host.name, selectors.resolve(sel, node, host.name), node.collected_at, node.backend)
 
 
 def command(
-    host: Any, gpu: selectors.ResolvedGpu, *, dry_run: bool = False, kill_pids: Sequence[int] | None = None
+    host: Any,
+    gpu: selectors.ResolvedGpu,
+    *,
+    dry_run: bool = False,
+    kill_pids: Sequence[int] | None = None,
+    backend: str | None = None,
 ) -> list[str]:
     """The agent's argv. ``kill_pids``: the processes the operator agreed to end; empty or None
-    means none, and then ``--kill-processes`` is not passed."""
+    means none, and then ``--kill-processes`` is not passed. ``backend``: the planning
+    snapshot's, passed as ``--backend`` unless the host's argv names one already (a simulated
+    node's), so the agent cannot pick another one for the action."""
     target = gpu.uuid or gpu.bus_id or gpu.selector.text
     argv = ["reset", "--gpu", target]
     if gpu.uuid and gpu.bus_id:
@@ -138,7 +150,26 @@ def command(
     pids = sorted({int(p) for p in kill_pids or ()})
     if pids:
         argv += ["--kill-processes", "--expect-pids", ",".join(str(p) for p in pids)]
-    return agent_argv(host, *argv)
+    full = agent_argv(host, *argv)
+    if backend in PINNED_BACKENDS and "--backend" not in full:
+        full += ["--backend", str(backend)]
+    return full
+
+
+PINNED_BACKENDS = ("nvml", "sim")
+
+
+def backend_mismatch(planned: str | None, doc: dict[str, Any]) -> str | None:
+    """Why an agent's answer ``doc`` cannot be taken for an action planned on a snapshot from
+    the ``planned`` backend, or None when it can (or no plan's backend is known)."""
+    if planned is None:
+        return None
+    answered = doc.get("backend")
+    if answered == planned:
+        return None
+    named = f"the {answered} backend" if answered else "no backend (an agent that does not name it)"
+    return (f"the answer came from {named}, but the action was planned on a snapshot from the {planned} "
+            f"backend: it is not about the GPU that was planned")
 
 
 def check_command(host: Any, gpu: selectors.ResolvedGpu) -> str:
@@ -155,15 +186,25 @@ def run(
     dry_run: bool = False,
     kill_pids: Sequence[int] | None = None,
     timeout_s: float | None = None,
+    planned_backend: str | None = None,
 ) -> results.ActionResult:
-    """Send the reset once and say what came of it."""
-    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids)
+    """Send the reset once and say what came of it. ``planned_backend``: the backend of the
+    snapshot the reset was planned on (``Preview.backend``, the TUI's snapshot): pinned in the
+    command, and an answer from another backend is not taken (see the module's docstring)."""
+    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend)
     wait = float(timeout_s) if timeout_s is not None else command_timeout_s()
     result = runner(argv, wait)
-    return outcome(host, gpu, argv, result, wait)
+    return outcome(host, gpu, argv, result, wait, planned_backend)
 
 
-def outcome(host: Any, gpu: selectors.ResolvedGpu, argv: list[str], result: Any, timeout_s: float) -> results.ActionResult:
+def outcome(
+    host: Any,
+    gpu: selectors.ResolvedGpu,
+    argv: list[str],
+    result: Any,
+    timeout_s: float,
+    planned_backend: str | None = None,
+) -> results.ActionResult:
     answer = answers.read(result)
     name = str(host.name)
     detail: dict[str, Any] = {"argv": argv, "timeout_s": timeout_s, "answer": answer.what}
@@ -171,6 +212,18 @@ def outcome(host: Any, gpu: selectors.ResolvedGpu, argv: list[str], result: Any,
     if answer.is_report and answer.action == "reset" and answer.doc is not None:
         doc = answer.doc
         detail["report"] = doc
+        mismatch = backend_mismatch(planned_backend, doc)
+        if mismatch is not None:
+            detail["backend_mismatch"] = {"planned": planned_backend, "answered": doc.get("backend")}
+            real = doc.get("backend") == "nvml"  # NVML answered a plan made elsewhere: a GPU may have changed
+            return results.ActionResult(
+                name, "reset", results.UNKNOWN if real else results.REFUSED,
+                f"{name}: reset of {label} not taken: {mismatch}"
+                + ("; a real GPU may have been reset: check the node" if real
+                   else "; no GPU was touched: check which backend fleetops-agent picks on the node "
+                        "($FLEETOPS_SIM_STATE, --backend) and plan again"),
+                check_command(host, gpu) if real else None, detail,
+            )
         verdict = str(doc.get("result"))
         out = RESULT_OUTCOME.get(verdict, results.FAILED)
         if out == results.DONE and not result.ok:  # said reset but exited non-zero: not a success

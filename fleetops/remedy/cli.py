@@ -153,7 +153,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not answer:
             sys.stderr.write("not confirmed: nothing done\n")
             return EXIT_WARN
-    result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=_action_timeout(args))
+    result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=_action_timeout(args),
+                           planned_backend=view.backend)
+    if result.detail.get("backend_mismatch"):  # the report is not the planned GPU's: say so, not it
+        sys.stderr.write(f"fleetops: {result.message}\n")
+        if result.check:
+            sys.stderr.write(f"fleetops: check with: {result.check}\n")
+        return EXIT_WARN
     _print_result(result, args.json)
     return EXIT_OK if result.ok else EXIT_WARN
 
@@ -215,10 +221,14 @@ def _reset_one(args: argparse.Namespace, host: Any, item: plan_mod.Item, dry_run
         return out
     kill = list(view.pids) if args.kill_processes else []
     out["processes"] = [{"pid": p.pid, "name": p.name} for p in view.processes or ()]
-    res = ops_reset.run(host, gpu, runner, dry_run=dry_run, kill_pids=kill, timeout_s=_action_timeout(args))
+    res = ops_reset.run(host, gpu, runner, dry_run=dry_run, kill_pids=kill, timeout_s=_action_timeout(args),
+                        planned_backend=view.backend)
     doc = res.detail.get("report")
     out.update(outcome=res.outcome, check=res.check)
-    if doc is None:
+    if res.detail.get("backend_mismatch"):  # the agent's report is not about the planned GPU
+        out.update(result="refused" if res.outcome == results.REFUSED else "unknown", message=res.message,
+                   remedy=None, backend_mismatch=res.detail["backend_mismatch"])
+    elif doc is None:
         out.update(result="unknown" if res.outcome == results.UNKNOWN else "error", message=res.message, remedy=None)
     else:
         out.update(result=doc.get("result"), message=doc.get("message"), remedy=doc.get("remedy"),

@@ -68,6 +68,19 @@ def backend_args(module):
     return args
 
 
+def backend_mismatch(planned, answer, action):
+    """Why the agent's ``answer`` cannot be taken for ``action`` planned on ``planned`` (the
+    agent's earlier document: the plan's snapshot or dry run), or None: both must name the same
+    backend (nvml, sim). An answer from the simulator is not about the GPUs a plan made on NVML
+    saw, and the other way round a real GPU may have changed on a simulated plan."""
+    want, got = planned.get("backend"), answer.get("backend")
+    if want == got:
+        return None
+    return ("%s: the answer came from the %s backend, but the action was planned on the %s backend: "
+            "not taken (check which backend fleetops-agent picks on this node: FLEETOPS_SIM_STATE, backend)"
+            % (action, got or "an unnamed", want or "an unnamed"))
+
+
 def run_agent(module, argv):
     """Run the agent with ``argv`` (after the command prefix) and return its JSON answer."""
     cmd = agent_command(module) + list(argv)

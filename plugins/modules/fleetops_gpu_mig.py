@@ -108,6 +108,7 @@ from ansible_collections.fleetops.gpu.plugins.module_utils.agent import (
     AgentError,
     agent_command,
     backend_args,
+    backend_mismatch,
     error_line,
     fail_from,
     gpu_label,
@@ -262,6 +263,11 @@ def main():
                     for i, p in enumerate(plans)]
     except AgentError as exc:
         fail_from(module, exc)
+    # each change is taken only from the backend its dry run (the plan) was answered by
+    mismatches = [m for m in (backend_mismatch(p, docs[i], "mig apply") for i, p in enumerate(plans)) if m]
+    if mismatches:
+        module.fail_json(msg="; ".join(mismatches), kind="backend-mismatch", changed=True,
+                         backend=[d.get("backend") for d in docs], planned_backend=[p.get("backend") for p in plans])
 
     gpus = [g for d in docs for g in d.get("gpus") or []]
     if module.check_mode:

@@ -108,6 +108,7 @@ from ansible_collections.fleetops.gpu.plugins.module_utils.agent import (
     AgentError,
     agent_command,
     backend_args,
+    backend_mismatch,
     fail_from,
     gpu_label,
     run_agent,
@@ -250,6 +251,10 @@ def main():
             snapshot = run_agent(module, ["collect", "--fresh", "--json"] + backend_args(module))
         except AgentError as exc:
             fail_from(module, exc, **result)
+        mismatch = backend_mismatch(doc, snapshot, "set %s (verified by a fresh collect)" % setting)
+        if mismatch:
+            result["msg"] = mismatch
+            module.fail_json(kind="backend-mismatch", **result)
         enforced_field = VERIFY_FIELD[setting][1]
         by_uuid = {g.get("uuid"): g for g in snapshot.get("gpus") or []}
         wrong = []

@@ -180,8 +180,9 @@ def test_confirmed_reset_passes_uuid_bus_id_and_exactly_the_listed_pids(two_node
     assert f"pid {sim.STRAY_PID}" in err and "python3 train.py" in err  # listed before the question
     assert f"and end 1 process(es) (pid {sim.STRAY_PID})? [y/N]" in err
     assert [c[1] for c in agent.calls] == ["collect", "reset"]
+    # the backend the preview's snapshot came from is pinned: the agent cannot answer from another
     assert agent.calls[-1][1:] == ["reset", "--gpu", uuid, "--bus-id", "0000:5d:00.0", "--json",
-                                   "--kill-processes", "--expect-pids", str(sim.STRAY_PID)]
+                                   "--kill-processes", "--expect-pids", str(sim.STRAY_PID), "--backend", "sim"]
 
 
 def test_without_kill_processes_a_busy_gpu_is_sent_without_it_and_refused(two_nodes, capsys):
