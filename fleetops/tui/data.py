@@ -483,6 +483,10 @@ def share_links(node: model.Node) -> None:
                 link.crc_errors,
                 link.replay_errors,
                 link.recovery_errors,
+                # the data counters too: a link is shared only with one that counted exactly the
+                # same, or a rate base made of shared links would difference another link's KiB
+                link.tx_kib,
+                link.rx_kib,
                 tuple(sorted(link.unavailable.items())),
             )
             one = _LINKS.get(key)

@@ -255,3 +255,29 @@ def test_the_daemon_takes_a_gpu_reset_as_a_reset_of_the_base(
     after = [v for _, v in svc.rings[uuid].samples("nvlink0_tx_kib", clock.now - 100)]
     assert all(isinstance(v, int) and 0 <= v < 2**40 for v in after)
     assert all(b > a for a, b in zip(after, after[1:], strict=False))  # growing again from zero
+
+
+def test_the_tui_shares_a_link_record_only_with_one_that_counted_exactly_the_same() -> None:
+    """The TUI makes equal link records one object and keeps the snapshot as its rate base: a
+    link merged with another GPU's would carry that link's KiB into the next rate."""
+    from fleetops.tui import data
+
+    def node(tx: list[int]) -> model.Node:
+        gpus = [model.Gpu(index=i, uuid=f"GPU-{i}", bus_id=f"0000:{0x18 + i:02x}:00.0",
+                          nvlinks=[_link(0, kib)]) for i, kib in enumerate(tx)]
+        return model.Node(hostname="n1", backend="sim", collected_at=T0, gpus=gpus)
+
+    a = node([IDLE_KIB, IDLE_KIB + 1, PAST_2_53])
+    data.share_links(a)
+    assert [g.nvlinks[0].tx_kib for g in a.gpus if g.nvlinks] == [IDLE_KIB, IDLE_KIB + 1, PAST_2_53]
+    b = node([IDLE_KIB + 1])
+    data.share_links(b)
+    assert b.gpus[0].nvlinks is not None and a.gpus[1].nvlinks is not None
+    assert b.gpus[0].nvlinks[0] is a.gpus[1].nvlinks[0]  # the very same record: still shared
+
+
+def test_history_hands_a_counters_samples_on_as_exact_ints() -> None:
+    from fleetops.agent.serve import history_cli
+
+    assert history_cli._value(PAST_2_53) == PAST_2_53 and type(history_cli._value(PAST_2_53)) is int
+    assert history_cli._value(36.5) == 36.5 and history_cli._value(float("nan")) is None

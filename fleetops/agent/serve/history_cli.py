@@ -45,8 +45,12 @@ def _ask(path: str, request: str) -> dict[str, Any]:
 
 
 def _value(v: Any) -> float | None:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    """A sample's value as the daemon sent it: a counter's int stays an exact int (JSON keeps
+    every digit of 8.7e12 KiB, or of a value past 2**53), a gauge a float, NaN None."""
+    if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isnan(v)):
         return None
+    if isinstance(v, int):
+        return v
     return float(v)
 
 
