@@ -158,21 +158,22 @@ def test_previous_takes_its_time_and_counters_from_one_ring_sample(tmp_path: Pat
     for g in now.gpus:
         ring = svc.rings[g.uuid] = Ring(360, GPU_FIELDS)
         for i, t in enumerate((1040.0, 1050.0, 1065.0, 1120.0)):
-            row: dict[str, float | None] = {"pcie_replay_counter": 100.0 * i, "ecc_corrected_volatile": 7.0 * i}
+            # counters at the magnitudes of a node that has run for months, past 2**53 for the KiB
+            row: dict[str, float | None] = {"pcie_replay_counter": 3 + 100 * i, "ecc_corrected_volatile": 7 * i}
             for link in g.nvlinks or []:
-                row[f"nvlink{link.link}_crc_errors"] = float(i)
-                row[f"nvlink{link.link}_tx_kib"] = 1000.0 * i
+                row[f"nvlink{link.link}_crc_errors"] = i
+                row[f"nvlink{link.link}_tx_kib"] = 2**53 + 1 + 1000 * i
                 ring.add_field(f"nvlink{link.link}_crc_errors")
                 ring.add_field(f"nvlink{link.link}_tx_kib")
             ring.append(t, row)
     prev = svc._previous(now)
     assert prev is not None and prev.collected_at == 1050.0
-    assert {g.pcie_replay_counter for g in prev.gpus} == {100}
+    assert {g.pcie_replay_counter for g in prev.gpus} == {103}
     assert {g.ecc_corrected_volatile for g in prev.gpus} == {7}
     links = [lk for g in prev.gpus for lk in g.nvlinks or []]
-    assert links and {lk.crc_errors for lk in links} == {1} and {lk.tx_kib for lk in links} == {1000}
+    assert links and {lk.crc_errors for lk in links} == {1} and {lk.tx_kib for lk in links} == {2**53 + 1001}
     assert old.collected_at == 1000.0 and old.gpus[0].pcie_replay_counter == 0  # the retained snapshot is untouched
     # a GPU the ring has no sample of at that time: no counters, so no rate from mixed times
     del svc.rings[now.gpus[0].uuid]
     prev = svc._previous(now)
-    assert prev is not None and prev.gpus[0].pcie_replay_counter is None and prev.gpus[1].pcie_replay_counter == 100
+    assert prev is not None and prev.gpus[0].pcie_replay_counter is None and prev.gpus[1].pcie_replay_counter == 103

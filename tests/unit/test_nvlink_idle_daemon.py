@@ -65,14 +65,17 @@ def _tick_calls(module: Any) -> tuple[dict[str, int], dict[str, dict[str, float 
 
 def test_light_read_samples_18_links_in_the_same_one_field_call_per_gpu(fake: tuple[Any, Path]) -> None:
     module, control = fake
-    kib = {f"{g}/{n}": [1000 * g + n, 2000 * g + n] for g in range(2) for n in range(18)}
+    # counters of a node that has run for months: TX past float32's 2**24, RX past float64's 2**53
+    tx0, rx0 = 8_700_000_000_000, 2**53 + 1
+    kib = {f"{g}/{n}": [tx0 + 1000 * g + n, rx0 + 2000 * g + n] for g in range(2) for n in range(18)}
     control.write_text(json.dumps({"mode": "ok", "temp": 40, "nvlinks": 18, "link_kib": kib}))
     calls, values = _tick_calls(module)
     assert calls == {name: 2 * n for name, n in PER_GPU_TICK.items()}  # 2 GPUs
     row = values["GPU-fake-1"]
     assert {k for k in row if k.startswith("nvlink")} == {f"nvlink{n}_{f}" for n in range(18) for f in LINK_FIELDS}
-    assert (row["nvlink17_tx_kib"], row["nvlink17_rx_kib"]) == (1017.0, 2017.0)
-    assert row["nvlink3_crc_errors"] == 0.0 and row["temp_memory_c"] == 40.0
+    tx, rx = row["nvlink17_tx_kib"], row["nvlink17_rx_kib"]
+    assert (tx, rx) == (tx0 + 1017, rx0 + 2017) and type(tx) is int and type(rx) is int  # NVML's exact value
+    assert row["nvlink3_crc_errors"] == 0 and type(row["nvlink3_crc_errors"]) is int and row["temp_memory_c"] == 40.0
 
 
 def test_light_read_without_nvlink_costs_the_same_calls_and_asks_for_no_link(fake: tuple[Any, Path]) -> None:
