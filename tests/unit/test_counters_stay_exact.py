@@ -77,6 +77,11 @@ def test_a_value_no_unsigned_64_bit_column_holds_keeps_the_column_exact() -> Non
         ring.append(float(i), {"nvlink0_crc_errors": v})
     assert [v for _, v in ring.samples("nvlink0_crc_errors", 0.0)] == values[1:]
     assert ring.columns["nvlink0_crc_errors"].kind == "o"
+    ring.append(9.0, {"nvlink0_crc_errors": float("nan")})  # NaN is "not read" here too
+    assert ring.samples("nvlink0_crc_errors", 9.0) == [(9.0, None)]
+    plain = Ring(4, ["pcie_replay_counter"])
+    plain.append(0.0, {"pcie_replay_counter": float("nan")})
+    assert plain.samples("pcie_replay_counter", 0.0) == [(0.0, None)] and plain.columns["pcie_replay_counter"].kind == "Q"
 
 
 def test_an_hour_of_eight_idle_gpus_stays_well_under_a_mib() -> None:

@@ -86,6 +86,8 @@ class Column:
         kind = self.kind
         if kind == "f":
             return math.nan if value is None else float(value)
+        if value is not None and value != value:
+            value = None  # NaN: not read, in an integer column as in a gauge
         if kind == "Q":
             if value is None:
                 return NO_VALUE
