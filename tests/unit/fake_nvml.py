@@ -3,7 +3,8 @@ driven by a JSON control file (``$FAKE_NVML_CONTROL``): ``mode`` ok | unloaded |
 and optionally ``nvlinks`` (links per GPU, default none), ``link_kib`` (``"GPU/LINK"`` ->
 ``[tx, rx]`` KiB counters) and ``driver_branch`` (see ``nvmlSystemGetDriverBranch``). Every NVML
 function counts its calls in ``CALLS`` (``calls()``, ``reset_calls()``), so a test can say how
-many NVML calls a daemon tick costs."""
+many NVML calls a daemon tick costs. XID events (``xid``, ``fall_off_bus``) and lost GPUs: see
+the events section at the end."""
 
 from __future__ import annotations
 
@@ -578,3 +579,167 @@ def nvmlDeviceGetUUID(h: int) -> str:  # type: ignore[no-redef]  # MIG devices h
         gpu, _, gi = _split(h)
         return mig_uuid(gpu, gi)
     return _plain_uuid(h)
+
+
+# --- XID events and lost GPUs ----------------------------------------------------------------
+# NVML's event API as strict as NVML: nothing before nvmlInit (Uninitialized), a set or device
+# it does not know is InvalidArgument, an event type other than XIDs is NotSupported, a wait
+# that sees no event within its timeout raises Timeout, and the sets end with the last
+# nvmlShutdown. The XIDs are the control file's ``xids`` list ([{"gpu", "code"}], in the order
+# they happened; ``xid`` appends one), so every process that holds a set sees them: a set
+# delivers, once and in order, each XID appended after its GPU was registered on it.
+# ``lost`` lists the GPUs that fell off the bus: their handles stay (NVML keeps them), and every
+# query on one answers GpuIsLost; its XID 79 is still delivered. ``register_error`` ({"GPU":
+# "Unknown"}) makes registering that GPU fail with that NVML error while it is there.
+
+nvmlEventTypeXidCriticalError = 8
+NVML_ERROR_TIMEOUT = 10
+NVML_VALUE_NOT_AVAILABLE_uint = 0xFFFFFFFF
+
+
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+
+class NVMLError_Unknown(NVMLError):
+    pass
+
+
+_ERRORS = {"Unknown": (NVMLError_Unknown, 999), "NotSupported": (NVMLError_NotSupported, 3),
+           "GpuIsLost": (NVMLError_GpuIsLost, 15), "InvalidArgument": (NVMLError_InvalidArgument, 2)}
+_SETS: dict[int, dict[str, Any]] = {}  # set handle -> {"cursor": next XID to look at, "gpus": {GPU: from}}
+_SET_IDS = [0x5E7000]
+
+
+def xid(control_path: str, gpu: int, code: int) -> None:
+    """An XID on ``gpu``, as the driver raises it: delivered to every set it is registered on."""
+    _edit(control_path, lambda c: c.setdefault("xids", []).append({"gpu": int(gpu), "code": int(code)}))
+
+
+def fall_off_bus(control_path: str, gpu: int) -> None:
+    """``gpu`` falls off the bus: its XID 79 is raised, then every query on it answers GpuIsLost."""
+    def lose(c: dict[str, Any]) -> None:
+        c.setdefault("xids", []).append({"gpu": int(gpu), "code": 79})
+        c["lost"] = sorted({*c.get("lost", []), int(gpu)})
+    _edit(control_path, lose)
+
+
+def _edit(control_path: str, change: Any) -> None:
+    with open(control_path, encoding="utf-8") as fh:
+        c = json.load(fh)
+    change(c)
+    with open(control_path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(c, fh)
+    os.replace(control_path + ".tmp", control_path)
+
+
+def _gpu_of(h: Any) -> int:
+    """The GPU a device handle is (a MIG device's handle: its parent's); InvalidArgument for
+    anything that is not a handle of this fake."""
+    if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+        raise NVMLError_InvalidArgument(2)
+    gpu = h // 1000 if h >= 1000 else h
+    if gpu >= 2:
+        raise NVMLError_InvalidArgument(2)
+    return gpu
+
+
+def nvmlEventSetCreate() -> int:
+    c = _gate("nvmlEventSetCreate")
+    _SET_IDS[0] += 1
+    _SETS[_SET_IDS[0]] = {"cursor": len(c.get("xids", [])), "gpus": {}}
+    return _SET_IDS[0]
+
+
+def _event_set(es: Any) -> dict[str, Any]:
+    found = _SETS.get(es) if isinstance(es, int) else None
+    if found is None:
+        raise NVMLError_InvalidArgument(2)  # freed, never made, or gone with the last shutdown
+    return found
+
+
+def nvmlDeviceRegisterEvents(h: Any, types: int, es: Any) -> None:
+    c = _gate("nvmlDeviceRegisterEvents")
+    event_set = _event_set(es)
+    gpu = _gpu_of(h)
+    if gpu in c.get("lost", []):
+        raise NVMLError_GpuIsLost(15)
+    if int(types) & ~nvmlEventTypeXidCriticalError or not int(types):
+        raise NVMLError_NotSupported(3)  # this fake raises XID events only
+    failure = (c.get("register_error") or {}).get(str(gpu))
+    if failure:
+        cls, value = _ERRORS[failure]
+        raise cls(value)
+    event_set["gpus"].setdefault(gpu, len(c.get("xids", [])))
+
+
+def nvmlEventSetWait_v2(es: Any, timeout_ms: int) -> Any:
+    """The next XID for a GPU registered on ``es``, waiting up to ``timeout_ms``; Timeout when none
+    comes. The set's GPUs' XIDs are delivered whether or not the GPU is lost."""
+    end = time.monotonic() + max(0, int(timeout_ms)) / 1000.0
+    while True:
+        c = _gate("nvmlEventSetWait")
+        event_set = _event_set(es)
+        xids = c.get("xids", [])
+        while event_set["cursor"] < len(xids):
+            at = event_set["cursor"]
+            event_set["cursor"] += 1
+            ev = xids[at]
+            since = event_set["gpus"].get(int(ev["gpu"]))
+            if since is not None and at >= since:
+                return SimpleNamespace(device=int(ev["gpu"]), eventType=nvmlEventTypeXidCriticalError,
+                                       eventData=int(ev["code"]), gpuInstanceId=NVML_VALUE_NOT_AVAILABLE_uint,
+                                       computeInstanceId=NVML_VALUE_NOT_AVAILABLE_uint)
+        if time.monotonic() >= end:
+            raise NVMLError_Timeout(NVML_ERROR_TIMEOUT)
+        time.sleep(0.02)
+
+
+nvmlEventSetWait = nvmlEventSetWait_v2
+
+
+def nvmlEventSetFree(es: Any) -> None:
+    _gate("nvmlEventSetFree")
+    _event_set(es)
+    del _SETS[es]
+
+
+def _sets_end_with_nvml(fn: Any) -> Any:
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        finally:
+            if _INITS == 0:
+                _SETS.clear()
+    call.__name__ = fn.__name__
+    return call
+
+
+nvmlShutdown = _sets_end_with_nvml(nvmlShutdown)  # type: ignore[no-redef]
+fresh = _sets_end_with_nvml(fresh)  # type: ignore[no-redef]
+
+# A lost GPU answers GpuIsLost to every query on its handle (a MIG device's: its parent's); the
+# look-ups that give handles and the event API (above) are not queries on a handle.
+_NOT_ON_A_HANDLE = {"nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
+                    "nvmlDeviceGetHandleByPciBusId", "nvmlDeviceRegisterEvents"}
+
+
+def _fails_when_lost(name: str, fn: Any) -> Any:
+    def call(h: Any, *args: Any) -> Any:
+        if _INITS and isinstance(h, int) and not isinstance(h, bool) and 0 <= h:
+            gpu = h // 1000 if h >= 1000 else h
+            if gpu in _control().get("lost", []):
+                _count(name)
+                raise NVMLError_GpuIsLost(15)
+        return fn(h, *args)
+    call.__name__ = name
+    return call
+
+
+for _name, _fn in list(globals().items()):
+    if _name.startswith("nvmlDevice") and callable(_fn) and _name not in _NOT_ON_A_HANDLE:
+        globals()[_name] = _fails_when_lost(_name, _fn)

@@ -562,7 +562,10 @@ class NodeService:
         )
         doc["mig"] = self.mig
         book = self.book.snapshot()
-        degraded = self.degraded_reason or self.follower.error or book["write_error"]
+        status = getattr(self.backend, "events_status", None)
+        events = status() if status is not None else None  # NVML's XID events path
+        degraded = (self.degraded_reason or self.follower.error or (events or {}).get("error")
+                    or book["write_error"])
         doc["daemon"] = {
             "collected_at": node.collected_at if node is not None else None,
             "interval_s": self.interval_s,
@@ -586,6 +589,11 @@ class NodeService:
             "xid_counts": book["counts"],
             "xid_events": book["events"][-100:],
             "xid_cursor": book["seq"],
+            # XIDs both sources reported, counted once, and the printk clock's measured offset
+            # from wall time (NVML's stamp minus the kernel's; None until pairs measured it)
+            "xid_paired": book["paired"],
+            "printk_offset_s": book["printk_offset_s"],
+            "nvml_events": events,
         }
         return doc
 

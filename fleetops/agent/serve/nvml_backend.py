@@ -15,6 +15,13 @@ MIG call, and one whose MIG mode is turned on is picked up at the next full snap
 ``Uninitialized``/``DriverNotLoaded`` (the driver unloaded) drops the handles and re-runs
 ``nvmlInit`` on the next tick, so a reloaded driver is picked up without a restart.
 
+The events loop (``events``) holds one event set registered for every GPU's XIDs while NVML is
+initialised and holds none otherwise (quiesced, re-initialising). Any error in it, NVML's or
+not, ends that set; the loop registers again after a backoff, also on the GPUs a partial
+registration missed, and on a new set of handles after a re-init. Failing repeatedly is reported
+(``events_status``), never silent. Each event's GPU is the bus id its handle was registered
+with, so a GPU that fell off the bus (every query answers ``GpuIsLost``) keeps its bus id.
+
 Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml`` (it is also
 put in ``sys.modules['pynvml']`` so the full snapshot's ``fleetops.gpu.nvml`` uses it).
 """
@@ -34,6 +41,9 @@ from fleetops.agent.serve.ring import INTEGER_FIELDS, Value
 
 NVML_MODULE_ENV = "FLEETOPS_AGENT_NVML_MODULE"
 REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
+EVENTS_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # before each new registration after a failure
+EVENTS_REPORT_AFTER = 3  # failed registrations in a row before the events path is reported down
+EVENTS_WAIT_MS = 500  # one event wait: how soon a re-init or a release is noticed
 LIGHT_FIELDS = (
     ("temp_memory_c", "NVML_FI_DEV_MEMORY_TEMP"),
     ("ecc_corrected_volatile", "NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
@@ -89,6 +99,10 @@ class NvmlBackend:
         self._mig_tables: dict[str, Any] = {}  # uuid -> its MIG profile table (None: unreadable), read once
         self.events_quiet = threading.Event()  # set while the events loop holds no event set
         self.events_quiet.set()
+        # the events loop's state (``events_status``): GPUs registered, failures in a row, the
+        # error reported once they are repeated, sets made since the start
+        self._events: dict[str, Any] = {"registered": 0, "gpus": 0, "failures": 0, "error": None, "sets": 0,
+                                        "last_failure": None}
 
     # NVML lifecycle ----------------------------------------------------------------------
 
@@ -98,6 +112,7 @@ class NvmlBackend:
         self.N.nvmlInit()
         self.initialised = True
         self.handles = []
+        handles = []  # published whole: the events loop registers on a complete list, never half of one
         count = self.N.nvmlDeviceGetCount()
         for index in range(count):
             try:
@@ -106,8 +121,9 @@ class NvmlBackend:
                 bus = _text(self.N.nvmlDeviceGetPciInfo(h).busId)
             except self.N.NVMLError:
                 continue
-            self.handles.append((uuid, _norm_bus(bus), h))
+            handles.append((uuid, _norm_bus(bus), h))
             self.link_counts[uuid] = self._link_count(h)
+        self.handles = handles
 
     def _link_count(self, h: Any) -> int:
         """NVML_FI_DEV_NVLINK_LINK_COUNT, once per GPU at init: 0 where NVLink is not
@@ -301,46 +317,126 @@ class NvmlBackend:
     # events ------------------------------------------------------------------------------
 
     def events(self, on_xid: Callable[[str | None, int], None], stop: threading.Event) -> None:
-        """Critical-XID events until ``stop``; a set is rebuilt after a driver reload."""
-        N = self.N
-        kind = getattr(N, "nvmlEventTypeXidCriticalError", 8)
+        """XID events until ``stop``: one event set while NVML is initialised, none while it is
+        not (``release`` waits on ``events_quiet`` for that). Never ends on an error: whatever
+        raises (NVML, or ``on_xid``) ends the set, and a new one is registered after a backoff."""
         while not stop.is_set():
-            if not self.initialised:  # quiesced or re-initialising: no set until NVML is back
+            generation = self.reinits
+            self.events_quiet.clear()  # before looking: a release from here on waits for the set's end
+            handles = self.handles
+            if not self.initialised or generation != self.reinits or not handles:
                 self.events_quiet.set()
+                self._events.update(registered=0, gpus=0, error=None)  # quiesced or re-initialising: no fault
                 stop.wait(0.5)
                 continue
             try:
-                self.events_quiet.clear()
-                es = N.nvmlEventSetCreate()
-                for _uuid, _bus, h in list(self.handles):
-                    try:
-                        N.nvmlDeviceRegisterEvents(h, kind, es)
-                    except N.NVMLError:
-                        continue
-            except N.NVMLError:
+                self._event_set(handles, generation, on_xid, stop)
+            except Exception as exc:  # noqa: BLE001 - any error ends this set, never the loop
+                if not self.initialised or generation != self.reinits:
+                    continue  # NVML released or dropped under the set: not the events path's fault
+                self._event_failure(_reason(self.N, exc))
+                stop.wait(self._backoff())
+            finally:
                 self.events_quiet.set()
-                stop.wait(5.0)
-                continue
-            generation = self.reinits
-            while not stop.is_set() and generation == self.reinits:
+
+    def _event_set(self, handles: list[tuple[str, str, Any]], generation: int,
+                   on_xid: Callable[[str | None, int], None], stop: threading.Event) -> None:
+        """One event set for ``handles`` until NVML is released or re-initialised (the handles
+        replaced); the GPUs a registration missed are tried again on the same set after a
+        backoff. Raises what NVML (or ``on_xid``) raised; frees the set in every case."""
+        N = self.N
+        kind = getattr(N, "nvmlEventTypeXidCriticalError", 8)
+        wait = getattr(N, "nvmlEventSetWait_v2", None) or N.nvmlEventSetWait
+        es = N.nvmlEventSetCreate()
+        self._events["sets"] += 1
+        try:
+            # the bus id of every handle as registered: an event's device is looked up here, so
+            # a GPU that fell off the bus (its PCI query answers GpuIsLost) keeps its bus id
+            bus_of = {_handle_key(h): bus for _uuid, bus, h in handles}
+            missing = [(uuid, bus, h) for uuid, bus, h in handles if uuid not in self.lost]
+            retry_at = 0.0
+            while not stop.is_set() and generation == self.reinits and self.handles is handles:
+                if missing and time.monotonic() >= retry_at:
+                    missing = self._register(es, kind, missing, len(handles))
+                    retry_at = time.monotonic() + self._backoff()
                 try:
-                    data = N.nvmlEventSetWait_v2(es, 1000)
+                    data = wait(es, EVENTS_WAIT_MS)
                 except N.NVMLError as exc:
                     if _reason(N, exc) == "Timeout":
                         continue
-                    stop.wait(1.0)
-                    break
-                bus = None
-                try:
-                    bus = _norm_bus(_text(N.nvmlDeviceGetPciInfo(data.device).busId))
-                except N.NVMLError:
-                    pass
+                    raise
+                if not int(getattr(data, "eventType", kind)) & kind:
+                    continue
+                bus = bus_of.get(_handle_key(data.device))
+                if bus is None:  # a device registered by no handle of this list: ask NVML
+                    try:
+                        bus = _norm_bus(_text(N.nvmlDeviceGetPciInfo(data.device).busId))
+                    except N.NVMLError:
+                        bus = None
                 on_xid(bus, int(data.eventData))
+        finally:
+            self._events["registered"] = 0
             try:
                 N.nvmlEventSetFree(es)
-            except N.NVMLError:
+            except Exception:  # noqa: BLE001 - NVML shut down or the driver gone: the set went with it
                 pass
-            self.events_quiet.set()
+
+    def _register(self, es: Any, kind: int, todo: list[tuple[str, str, Any]], total: int) -> list[tuple[str, str, Any]]:
+        """Register ``todo``'s GPUs on ``es``; returns those that failed for a reason worth
+        another try (a GPU that is lost is not tried again until it is enumerated again)."""
+        N = self.N
+        failed: list[tuple[str, str, Any]] = []
+        why: list[str] = []
+        for uuid, bus, h in todo:
+            try:
+                N.nvmlDeviceRegisterEvents(h, kind, es)
+            except N.NVMLError as exc:
+                reason = _reason(N, exc)
+                if reason in REINIT_REASONS:
+                    raise
+                if reason == "GpuIsLost":
+                    self.lost.setdefault(uuid, reason)
+                    continue
+                failed.append((uuid, bus, h))
+                why.append(f"{bus}: {reason}")
+                continue
+            self._events["registered"] += 1
+        self._events["gpus"] = total
+        if failed:
+            self._event_failure("XID events not registered on " + ", ".join(why))
+        else:
+            self._events.update(failures=0, error=None)
+        return failed
+
+    def _event_failure(self, why: str) -> None:
+        ev = self._events
+        ev["failures"] += 1
+        ev["last_failure"] = why
+        if ev["failures"] >= EVENTS_REPORT_AFTER:
+            ev["error"] = (f"NVML XID events down ({ev['failures']} failures in a row, retrying; the kernel log "
+                           f"still reports XIDs): {why}")
+
+    def _backoff(self) -> float:
+        failures = int(self._events["failures"])
+        return EVENTS_BACKOFF_S[min(max(failures - 1, 0), len(EVENTS_BACKOFF_S) - 1)]
+
+    def events_status(self) -> dict[str, Any]:
+        """The events path as the daemon's snapshot shows it: GPUs registered of those NVML
+        enumerated, failures in a row, and ``error`` once they repeat (None while quiesced)."""
+        return dict(self._events)
+
+
+def _handle_key(h: Any) -> Any:
+    """A device handle as a dict key: the fake's handles are ints; nvidia-ml-py's are ctypes
+    pointers, a new object for each event, so their address is the key."""
+    if isinstance(h, int):
+        return h
+    import ctypes
+
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(h)
 
 
 def _text(value: Any) -> str:
