@@ -119,7 +119,7 @@ def _per_host(hosts: list[Any], extra: list[str], args: argparse.Namespace, tran
 
     groups: dict[tuple[str, ...], list[Any]] = {}
     for h in hosts:
-        groups.setdefault(tuple(agent_argv(h, *extra)), []).append(h)
+        groups.setdefault(tuple(agent_argv(h, *extra) + chosen_backend(h)), []).append(h)
     out: dict[str, Any] = {}
     for argv, members in groups.items():
         out.update(transport.run_all(
@@ -128,6 +128,63 @@ def _per_host(hosts: list[Any], extra: list[str], args: argparse.Namespace, tran
             accept_new_hostkeys=args.accept_new_hostkeys, idempotent=True,
         ))
     return out
+
+
+# The fleetops_agent role's fleetops_agent_validate_backend -> the agent's validate --backend, as
+# the rollout's gate (fleetops_audit_validate_backend) maps it; none: the agent's auto.
+ROLE_BACKENDS = {"system-torch": "torch", "cupy": "cupy", "dcgm": "dcgm"}
+
+
+def chosen_backend(host: Any) -> list[str]:
+    """``--backend`` for the backend the inventory gave ``host``'s agent (placed last: it wins
+    over the simulator's ``--backend sim``, as in the Ansible module), else nothing."""
+    chosen = ROLE_BACKENDS.get(str(host.vars.get("fleetops_agent_validate_backend", "none")))
+    return ["--backend", chosen] if chosen else []
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """``fleetops validate --probe``: each node's ``fleetops-agent validate --probe``. Nothing is
+    measured; a node that has no backend is named with what to install, before anything drains it."""
+    from fleetops.fleet import inventory, transport
+    from fleetops.ops import answers
+
+    try:
+        hosts = inventory.load(args.inventory, args.limit)
+        if not hosts:
+            raise UsageError(f"{args.inventory}: no hosts match --limit {args.limit!r}")
+    except FleetopsError as exc:
+        sys.stderr.write(f"fleetops: error: {exc.message}\n")
+        return exc.exit_code
+    results = _per_host(hosts, ["validate", "--probe"], args, transport)
+    reports: dict[str, dict[str, Any]] = {}
+    unreachable: dict[str, str] = {}
+    for host in hosts:
+        res = results[host.name]
+        try:
+            doc = json.loads(res.stdout or "")
+        except json.JSONDecodeError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("kind") == "validate-probe":
+            reports[host.name] = doc
+        else:
+            unreachable[host.name] = answers.read(res).describe()
+    missing = sorted(h for h, d in reports.items() if not d.get("picked"))
+    code = EXIT_CRIT if missing else EXIT_UNKNOWN if unreachable else EXIT_OK
+    if args.format == "json":
+        sys.stdout.write(json.dumps({"nodes": reports, "missing": missing, "unreachable": unreachable}, indent=2) + "\n")
+        return code
+    lines = [f"{'HOST':<16} {'BACKEND':<8} WHAT TO INSTALL"]
+    for name, doc in reports.items():
+        if doc.get("picked"):
+            lines.append(f"{name:<16} {doc['picked']:<8} -")
+        else:
+            lines.append(f"{name:<16} {'none':<8} {doc.get('error')}; {doc.get('install')}")
+    for name, why in unreachable.items():
+        lines.append(f"{name:<16} {'?':<8} no answer: {why}")
+    lines.append(f"{len(reports) - len(missing)} node(s) can be validated; {len(missing)} without a backend; "
+                 f"{len(unreachable)} without an answer")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return code
 
 
 def _validate_doc(stdout: str | None) -> dict[str, Any] | None:
@@ -143,6 +200,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from fleetops.ops.baseline import resolve_baselines
 
+    if args.probe:
+        return cmd_probe(args)
     started = time.time()
     try:
         hosts, gpus, problems, nodes = _collect(args)
@@ -242,4 +301,8 @@ def register(sub: Any) -> None:
     p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
     p.add_argument("--no-history", action="store_true", help="do not record this run's results")
     p.add_argument("--keep", default="30d", help="history retention, as fleetops audit --keep (default 30d)")
+    p.add_argument("--probe", action="store_true",
+                   help="measure nothing: ask each node which validation backend it has (fleetops-agent validate "
+                   "--probe) and name what to install where it has none; exit 0 every node has one, 2 one has "
+                   "none, 3 one did not answer")
     p.set_defaults(func=cmd_validate)

@@ -173,3 +173,33 @@ def test_the_rollout_runs_the_gate_inside_its_block_before_resuming() -> None:
     gate = tail[1]["ansible.builtin.include_role"]
     assert gate == {"name": "fleetops_audit", "tasks_from": "validate"}
     assert "when" not in tail[1]  # it runs in check mode too, to say it would validate
+
+
+@pytest.mark.root
+def test_fleetops_validate_probe_names_the_node_without_a_backend_and_what_to_install(sim_fleet,
+                                                                                    tmp_path: Path) -> None:
+    """`fleetops validate --probe`: the same question from the controller, over SSH; the
+    inventory's fleetops_agent_validate_backend is the backend asked for, as in the gate."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the simulated node would have the backend")
+    inv = tmp_path / "inventory"
+    (inv / "host_vars").mkdir(parents=True)
+    shutil.copy(sim_fleet.inventory, inv / "inventory.yml")
+    (inv / "host_vars" / "node002.yml").write_text(yaml.safe_dump({"fleetops_agent_validate_backend": "cupy"}))
+    fleetops = os.path.join(BIN, "fleetops")
+    done = subprocess.run([fleetops, "validate", "-i", str(inv), "--probe"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()[1:-1]}
+    assert rows["node001"].split()[1] == "sim" and rows["node003"].split()[1] == "sim"
+    assert rows["node002"].split()[1] == "none"
+    assert "--backend cupy: cupy is not installed" in rows["node002"] and "CuPy" in rows["node002"]
+    assert done.stdout.splitlines()[-1] == "2 node(s) can be validated; 1 without a backend; 0 without an answer"
+    as_json = subprocess.run([fleetops, "validate", "-i", str(inv), "--probe", "--format", "json"],
+                             capture_output=True, text=True, timeout=120, check=False)
+    doc = json.loads(as_json.stdout)
+    assert doc["missing"] == ["node002"] and doc["unreachable"] == {}
+    assert doc["nodes"]["node001"]["picked"] == "sim" and doc["nodes"]["node002"]["asked"] == "cupy"
