@@ -265,8 +265,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
             port=args.port,
             install=args.install,
             daemon=args.daemon,
+            metrics_port=args.metrics_port,
         )
         print(f"started {len(info['nodes'])} simulated nodes in {args.dir}")
+        if args.daemon:
+            print(f"metrics:     each node's address, port {info['metrics_port']} "
+                  f"(fleetops prometheus targets -i {os.path.join(args.dir, 'inventory.yml')})")
         print(f"inventory:   {os.path.join(args.dir, 'inventory.yml')}")
         print(f"known_hosts: {os.path.join(args.dir, 'known_hosts')}")
         print(f"try:         fleetops audit -i {os.path.join(args.dir, 'inventory.yml')}")
@@ -472,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--first-address", default="127.0.10.1", help="first loopback address (default 127.0.10.1)")
     q.add_argument("--port", type=int, default=2222, help="sshd port on every address (default 2222)")
     q.add_argument("--daemon", action="store_true", help="also run one fleetops-agent serve for every node")
+    q.add_argument("--metrics-port", type=int, default=9401,
+                   help="with --daemon: each node's metrics endpoint port on its address (default 9401)")
     q = ssub.add_parser("down", help="stop every sshd the fleet started")
     q.add_argument("--dir", required=True)
     for name in ("inject", "clear"):

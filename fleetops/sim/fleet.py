@@ -53,6 +53,8 @@ FLEET_FILE = "fleet.json"
 FLEET_VERSION = 1
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 START_TIMEOUT_S = 30.0
+# The agent's metrics port on every node unless ``up`` is given another (= prom_targets.DEFAULT_PORT)
+METRICS_PORT = 9401
 STOP_TIMEOUT_S = 5.0
 SSHD_SEARCH = "/usr/sbin:/usr/local/sbin:/sbin"
 INSTALL_HINT = "sshd not found: apt-get install -y openssh-server"
@@ -350,11 +352,23 @@ def _spawn(sshd: str, node: dict[str, Any]) -> int:
     return proc.pid
 
 
+def metrics_addresses(fleet: dict[str, Any]) -> list[str]:
+    """Each node's metrics endpoint, ``ADDRESS:PORT`` on the node's own address and the port the
+    inventory names (``fleetops_agent_metrics_port``): where ``fleetops prometheus targets``
+    points. In the order the daemon serves the nodes: ``--states DIR`` takes the state files
+    sorted by name, ``<node>.json``."""
+    nodes = fleet["nodes"]
+    port = int(fleet.get("metrics_port") or METRICS_PORT)
+    return [f"{nodes[name]['address']}:{port}" for name in sorted(nodes, key=lambda n: f"{n}.json")]
+
+
 def _spawn_daemon(fleet: dict[str, Any]) -> dict[str, Any]:
-    """One resident agent for the whole simulated fleet (``sim up --daemon``)."""
+    """One resident agent for the whole simulated fleet (``sim up --daemon``), serving every
+    node's metrics endpoint on that node's address (``metrics_addresses``)."""
     states = os.path.join(fleet["directory"], "state")
     log = os.path.join(fleet["directory"], "log", "agent-serve.log")
-    cmd = [os.path.join(fleet["agent_bin"], "fleetops-agent"), "serve", "--backend", "sim", "--states", states]
+    cmd = [os.path.join(fleet["agent_bin"], "fleetops-agent"), "serve", "--backend", "sim", "--states", states,
+           "--metrics-address", ",".join(metrics_addresses(fleet))]
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, close_fds=True, start_new_session=True, cwd="/"
@@ -416,6 +430,24 @@ def _wait_listening(nodes: dict[str, dict[str, Any]], timeout: float) -> None:
                 f"{len(names)} sshd did not listen within {timeout:.0f}s: {', '.join(names[:5])}"
             )
         time.sleep(0.02)
+
+
+def _wait_metrics(fleet: dict[str, Any], timeout: float) -> None:
+    """Wait until the daemon listens on every node's metrics address; raise naming the first
+    that does not, with the daemon's log, when it exits or the time runs out."""
+    pending = set(metrics_addresses(fleet))
+    entry = fleet["daemon"]
+    deadline = time.monotonic() + timeout
+    while pending:
+        listening = _listening()
+        pending = {a for a in pending if (a.rpartition(":")[0], int(a.rpartition(":")[2])) not in listening}
+        if not pending:
+            return
+        if not _alive(entry["pid"]) or time.monotonic() > deadline:
+            why = "exited" if not _alive(entry["pid"]) else f"did not listen within {timeout:.0f}s"
+            raise SimFleetError(f"the fleet's agent daemon {why}: metrics endpoint {sorted(pending)[0]} "
+                                f"(and {len(pending) - 1} more) not served: {_log_tail(entry['log'])}")
+        time.sleep(0.05)
 
 
 # --- fleet record --------------------------------------------------------------------------
@@ -550,6 +582,7 @@ def _inventory_yaml(fleet: dict[str, Any]) -> str:
             "ansible_python_interpreter": sys.executable,
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={fleet['known_hosts']}",
             "fleetops_sim_state": node["state"],
+            "fleetops_agent_metrics_port": int(fleet.get("metrics_port") or METRICS_PORT),
         }
     header = f"# simulated fleet in {fleet['directory']}; written by fleetops.sim.fleet.up\n"
     return header + yaml.safe_dump({"all": {"children": {"sim": {"hosts": hosts}}}}, sort_keys=False)
@@ -566,15 +599,19 @@ def up(
     port: int = 2222,
     install: bool = False,
     daemon: bool = False,
+    metrics_port: int = METRICS_PORT,
 ) -> dict[str, Any]:
     """Start ``nodes`` simulated nodes in ``directory``; returns the fleet record (see fleet.json).
     With ``daemon``, one ``fleetops-agent serve --backend sim`` serves every node (each with its
-    own socket, ``state/<node>.agent/agent.sock``); ``down`` stops it."""
+    own socket, ``state/<node>.agent/agent.sock``, and its own metrics endpoint on the node's
+    address and ``metrics_port``, which the inventory records); ``down`` stops it."""
     started = time.perf_counter()
     if not isinstance(nodes, int) or nodes < 1:
         raise SimFleetError(f"nodes must be a positive number, not {nodes!r}")
     if not 1 <= int(port) <= 65535:
         raise SimFleetError(f"port {port} is not a TCP port")
+    if not 1 <= int(metrics_port) <= 65535 or int(metrics_port) == int(port):
+        raise SimFleetError(f"metrics port {metrics_port} is not a TCP port other than the SSH port {port}")
     if os.geteuid() != 0:
         raise SimFleetError(
             "the simulated fleet needs root (sshd must run as root to log in as root): run as root"
@@ -618,6 +655,11 @@ def up(
             raise SimFleetError(
                 f"{where}:{port} is already in use (another fleet?): stop it, or pick first_address/port"
             )
+        if daemon and os.path.exists("/proc/net/tcp"):
+            metrics_busy = sorted(set(addrs + ["0.0.0.0"]) & {a for a, p in _listening() if p == metrics_port})
+            if metrics_busy:
+                raise SimFleetError(f"{metrics_busy[0]}:{metrics_port} is already in use (another agent?): the "
+                                    "daemon serves each node's metrics there; stop it, or pick first_address/metrics_port")
 
         for sub in ("state", "home", "sshd", "log"):
             os.makedirs(os.path.join(directory, sub), exist_ok=True)
@@ -628,6 +670,7 @@ def up(
             "sshd": sshd,
             "agent_bin": agent_bin,
             "port": port,
+            "metrics_port": int(metrics_port),
             "host_key": os.path.join(directory, "ssh_host_ed25519_key"),
             "client_key": os.path.join(directory, "id_ed25519"),
             "authorized_keys": os.path.join(directory, "authorized_keys"),
@@ -676,6 +719,8 @@ def up(
                 fleet["daemon"] = _spawn_daemon(fleet)
             _write_fleet(directory, fleet)  # recorded before waiting, so down() finds them if we fail
             _wait_listening(fleet["nodes"], START_TIMEOUT_S)
+            if daemon:
+                _wait_metrics(fleet, START_TIMEOUT_S)
         except BaseException:
             _stop_daemon(fleet)
             _kill_trees([n["pid"] for n in fleet["nodes"].values() if n["pid"]])

@@ -93,7 +93,9 @@ def storm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     scenario = os.path.join(d, "scenario.yml")
     with open(scenario, "w", encoding="utf-8") as fh:
         fh.write("nodes:\n" + "".join(f'  {n}: {{faults: ["{f}@{g}"]}}\n' for n, (f, g) in FROM_START.items()))
-    fleet.up(NODES, d, scenario, first_address=FIRST_ADDRESS, port=free_port(FIRST_ADDRESS), daemon=True)
+    # the daemon serves each node's metrics on its address: a free port, so parallel runs do not collide
+    fleet.up(NODES, d, scenario, first_address=FIRST_ADDRESS, port=free_port(FIRST_ADDRESS), daemon=True,
+             metrics_port=free_port(FIRST_ADDRESS))
     try:
         nodes = [f"node{i:03d}" for i in range(1, NODES + 1)]
         wait_daemon_after(d, nodes, 0.0)

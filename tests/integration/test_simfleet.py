@@ -333,7 +333,8 @@ def test_up_daemon_serves_every_node_and_down_stops_it(root_sshd, tmp_path):
     import time
 
     d = str(tmp_path / "fleet")
-    info = fleet.up(2, d, first_address=block(6), port=free_port(block(6)), daemon=True)
+    info = fleet.up(2, d, first_address=block(6), port=free_port(block(6)), daemon=True,
+                    metrics_port=free_port(block(6)))
     pid = info["daemon"]["pid"]
     try:
         fleet.inject(d, "node002", "xid:31", 1)

@@ -121,7 +121,10 @@ def _start(directory: str, nodes: int, address: str, daemon: bool) -> None:
     with socket.socket() as sock:  # a port nobody listens on, so parallel runs do not collide
         sock.bind((address, 0))
         port = sock.getsockname()[1]
-    fleet.up(nodes, directory, first_address=address, port=port, daemon=daemon)
+    with socket.socket() as sock:  # the daemon's metrics endpoints, on every node's address
+        sock.bind((address, 0))
+        metrics_port = sock.getsockname()[1]
+    fleet.up(nodes, directory, first_address=address, port=port, daemon=daemon, metrics_port=metrics_port)
 
 
 @pytest.fixture(scope="module")

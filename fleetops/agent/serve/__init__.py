@@ -38,10 +38,10 @@ def start_metrics(address: str, services: list[Any], web: Any = None) -> None:
     from fleetops.agent.serve import exposition
 
     servers = exposition.serve(address, services, web)
-    ports = ", ".join(str(srv.server_address[1]) for srv in servers)
     scheme = "https" if web is not None and web.guard().tls_context is not None else "http"
-    sys.stderr.write(f"fleetops-agent serve: metrics ({scheme}) on {address.rpartition(':')[0] or '127.0.0.1'} "
-                     f"port(s) {ports}\n")
+    where = [f"{srv.server_address[0]}:{srv.server_address[1]}" for srv in servers]
+    more = f" (and {len(where) - 3} more)" if len(where) > 3 else ""
+    sys.stderr.write(f"fleetops-agent serve: metrics ({scheme}) on {', '.join(where[:3])}{more}\n")
 
 
 def start_textfile(path: str, service: Any) -> None:

@@ -1,8 +1,10 @@
 """The daemon's Prometheus endpoint: each node service's immutable state, rendered by
 ``fleetops.agent.metrics`` when scraped (nothing is kept in global metric objects).
 
-One endpoint per served node: ``HOST:PORT`` for the first, ``PORT+1``... for the next, so a
-simulator process serving many nodes gives each its own target (as each real node has).
+One endpoint per served node: ``HOST:PORT`` for the first, ``PORT+1``... for the next, or one
+``HOST:PORT`` per node in a comma-separated list (``serve/endpoints.py``: the simulated fleet puts
+each node's on its own address), so a simulator process serving many nodes gives each its own
+target (as each real node has).
 A scrape renders the service's current state document (immutable, replaced whole on each
 change), so it never waits on the sampler."""
 
@@ -86,10 +88,20 @@ def web_source(path: str | None) -> Any:
 def serve(address: str, services: list[Any], web: Any = None) -> list[Any]:
     """Start one read-only endpoint per service; returns the servers (for shutdown). ``web``
     (from ``web_source``) is shared by all of them."""
-    host, port = parse_address(address)
-    servers = []
-    for i, svc in enumerate(services):
-        _, server = metrics.start_server(host, port + i if port else 0, functools.partial(page, svc), poll_s=5.0,
-                                         web=web)
-        servers.append(server)
-    return servers
+    from fleetops.agent.serve import endpoints
+
+    where = endpoints.parse(address, len(services), parse_address)
+    if len(services) == 1:
+        host, port = where[0]
+        _, server = metrics.start_server(host, port, functools.partial(page, services[0]), poll_s=5.0, web=web)
+        return [server]
+    # many nodes in one process (the simulated fleet): one accepting thread for all of them
+    servers: list[Any] = []
+    try:
+        for (host, port), svc in zip(where, services, strict=True):
+            servers.append(metrics.MetricsServer((host, port), functools.partial(page, svc), web=web))
+    except BaseException:
+        for made in servers:
+            made.server_close()
+        raise
+    return list(endpoints.serve_all(servers, poll_s=5.0))
