@@ -437,8 +437,7 @@ def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
     bus = gpu["bus_id"]  # 0000:18:00.0 -> PCI:0000:18:00 as the driver prints it
     pci = "PCI:" + bus.rsplit(".", 1)[0]
     text = XID_TEXT.get(code, "Unspecified error")
-    boot = float(state["node"].get("boot_time", time.time()))
-    stamp = time.time() - boot
+    stamp = printk_uptime(state["node"], time.time())
     if code in (13, 31, 43, 45, 94):
         line = f"[{stamp:12.6f}] NVRM: Xid ({pci}): {code}, pid=31337, name=python3, {text}"
     else:
@@ -454,8 +453,18 @@ def inject(path: str, name: str, gpu: int | None = None, peer: int | None = None
         before = len(state.get("kernel_log", []))
         done = inject_into(state, name, gpu, peer)
         for entry in state.get("kernel_log", [])[before:]:
-            append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)))
+            append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)),
+                        float(state["node"].get("printk_drift_ppm", 0.0)))
         return done
+
+
+def printk_uptime(node: dict[str, Any], now: float) -> float:
+    """The simulated printk clock at wall time ``now``: seconds since boot as the kernel log
+    stamps them. A real printk clock is never NTP-corrected and drifts from wall time; the node's
+    ``printk_drift_ppm`` (a scenario's ``node: {printk_drift_ppm: 12}``; positive runs ahead)
+    makes the simulated one drift alike: 12 ppm is about 30 s after a month of uptime."""
+    up = now - float(node.get("boot_time", now))
+    return up * (1.0 + float(node.get("printk_drift_ppm", 0.0)) / 1e6)
 
 
 def device_prefix(state_path: str) -> str:
@@ -494,10 +503,11 @@ def kmsg_path(state_path: str) -> str:
     return base + ".kmsg"
 
 
-def append_kmsg(path: str, line: str, boot_time: float) -> int:
+def append_kmsg(path: str, line: str, boot_time: float, drift_ppm: float = 0.0) -> int:
     """Append one kernel-log line as a ``/dev/kmsg`` record (``prio,seq,usec,flags;message``,
     seq counting from 0 in the file) so simulated XIDs reach the daemon's kernel-log follower as
-    real ones do; returns the record's seq. The caller holds the state lock (one writer)."""
+    real ones do; returns the record's seq. The stamp is the printk clock's (``printk_uptime``,
+    ``drift_ppm`` off wall time). The caller holds the state lock (one writer)."""
     message = line
     if message.startswith("["):
         message = message.split("]", 1)[1].lstrip()
@@ -506,7 +516,10 @@ def append_kmsg(path: str, line: str, boot_time: float) -> int:
             seq = sum(1 for _ in fh)
     except FileNotFoundError:
         seq = 0
-    usec = max(0, int((time.time() - boot_time) * 1e6)) if boot_time else int(time.monotonic() * 1e6)
+    if boot_time:
+        usec = max(0, int(printk_uptime({"boot_time": boot_time, "printk_drift_ppm": drift_ppm}, time.time()) * 1e6))
+    else:
+        usec = int(time.monotonic() * 1e6)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(f"3,{seq},{usec},-;{message}\n")
     return seq
