@@ -16,7 +16,7 @@ from typing import Any
 import fake_nvml
 import pytest
 
-from fleetops.agent.serve import client, nvml_backend
+from fleetops.agent.serve import client, exposition, nvml_backend
 from fleetops.agent.serve.nvml_backend import NvmlBackend
 
 BUS = ["0000:18:00.0", "0000:19:00.0"]  # the fake's two GPUs
@@ -178,6 +178,7 @@ def test_a_registration_that_keeps_failing_is_reported_then_registered_again(con
         assert status["registered"] == 1 and status["gpus"] == 2
         assert status["error"].startswith("NVML XID events down (3 failures in a row")
         assert status["error"].endswith(f"XID events not registered on {BUS[1]}: Unknown")
+        assert exposition._reason_token(status["error"]) == "xid_events_down"  # the metrics' reason label
         fake_nvml.xid(str(control), 0, 31)  # GPU 0 is registered meanwhile
         _until("GPU 0's XID", lambda: loop.got == [(BUS[0], 31)])
         _edit(control, register_error=None)

@@ -60,7 +60,8 @@ def metrics_input(doc: dict[str, Any], now: float) -> metrics.MetricsInput:
 def _reason_token(reason: str) -> str:
     """The daemon's degraded reason as a short label value (its full text is on the socket)."""
     text = str(reason).lower()
-    for needle, token in (("hung", "backend_hung"), ("cursor", "cursor_not_saved"), ("driver", "driver_unloaded")):
+    for needle, token in (("hung", "backend_hung"), ("cursor", "cursor_not_saved"), ("xid events", "xid_events_down"),
+                          ("driver", "driver_unloaded")):
         if needle in text:
             return token
     return "other"
