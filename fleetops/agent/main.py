@@ -152,7 +152,8 @@ def build_parser() -> Any:
     p.add_argument(
         "--clients",
         help="comma-separated systemd units stopped before and restarted after the reset "
-        "(default: $FLEETOPS_RESET_CLIENTS or nvidia-persistenced,nvidia-dcgm,dcgm-exporter; '' for none)",
+        "(default: $FLEETOPS_RESET_CLIENTS or nvidia-persistenced,nvidia-dcgm,dcgm-exporter; '' for none); "
+        "the resident fleetops-agent is not one: it is paused through its socket, not stopped",
     )
     p.add_argument("--log", help="audit log, JSON lines (default /var/log/fleetops/reset.jsonl; sim: by the state)")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# The GPU clients a reset stops (systemd units) and starts again. The resident agent
+# (fleetops-agent serve, unit fleetops-agent) is a GPU client too, holding the device files
+# while NVML is open, but it is not listed: the reset pauses it through its socket (quiesce:
+# NVML released, kernel-log follower and endpoint kept; back on resume, on the reset's close or
+# at its lease), so XIDs keep being counted through the reset. A driver reload, which has no
+# NVML to come back to, stops its unit instead (roles/nvidia_driver, tasks/reload.yml).
 DEFAULT_CLIENTS: tuple[str, ...] = ("nvidia-persistenced", "nvidia-dcgm", "dcgm-exporter")
 DEFAULT_GRACE_S = 10.0  # SIGTERM to SIGKILL, per process
 KILL_WAIT_S = 5.0  # after SIGKILL, for the process to leave the GPU
