@@ -280,11 +280,11 @@ def render(state: MetricsInput) -> str:
              (), agent.sample_age_s)
     page.add("fleetops_node_collected_timestamp_seconds", "gauge", "When the snapshot was taken (epoch seconds).",
              (), node.collected_at)
-    # a lost GPU stays listed at its index (NVML counts it) but answers nothing: not counted here,
-    # so FleetopsGpuMissing sees the drop
-    lost = sum(1 for g in node.gpus if model.gpu_lost(g))
+    # the GPUs that answer: a lost GPU stays listed at its index (NVML counts it) and one NVML
+    # could not name is counted but not listed; neither is counted here, so FleetopsGpuMissing
+    # sees the drop
     page.add("fleetops_node_gpus", "gauge", "GPUs the driver enumerates.", (),
-             (node.gpu_count if node.gpu_count is not None else len(node.gpus)) - lost)
+             sum(1 for g in node.gpus if not model.gpu_lost(g)))
 
     gpu_sev: dict[str, list[str]] = {g.uuid: [] for g in node.gpus}
     node_findings: set[tuple[str, str]] = set()

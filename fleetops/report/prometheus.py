@@ -74,7 +74,9 @@ def render(result: Any, exit_code: int) -> str:
         "# HELP fleetops_node_gpus GPUs the driver enumerates on the node.",
         "# TYPE fleetops_node_gpus gauge",
     ]
-    out += [f"fleetops_node_gpus{_labels(node=n.name)} {len(n.snapshot.gpus)}" for n in result.nodes if n.snapshot]
+    # as the agent's page counts them: a lost GPU (listed at its index, answering GpuIsLost) is out
+    out += [f"fleetops_node_gpus{_labels(node=n.name)} {sum(1 for g in n.snapshot.gpus if not model.gpu_lost(g))}"
+            for n in result.nodes if n.snapshot]
     aged = [n for n in result.nodes if n.snapshot is not None and n.source is not None and n.age_s is not None]
     if aged:
         out += [

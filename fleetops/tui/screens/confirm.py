@@ -37,7 +37,7 @@ def reset_question(entry: data.NodeEntry, uuid: str, now: float) -> Question:
         f"Node:     {entry.name}",
         f"GPU:      {uuid}",
         f"          index {gv.index}, bus {gv.bus_id}"
-        + ("  (LOST: not enumerated by the driver)" if gv.lost else ""),
+        + ("  (LOST: NVML answers GpuIsLost; fallen off the bus)" if gv.lost else ""),
     ]
     procs = (gv.gpu.processes or []) if gv.gpu is not None and not gv.lost else None
     if procs is None:
