@@ -326,18 +326,22 @@ class NvmlBackend:
             handles = self.handles
             if not self.initialised or generation != self.reinits or not handles:
                 self.events_quiet.set()
-                self._events.update(registered=0, gpus=0, error=None)  # quiesced or re-initialising: no fault
+                # quiesced or re-initialising: nothing to hold and no fault; the next NVML starts afresh
+                self._events.update(registered=0, gpus=0, error=None, failures=0)
                 stop.wait(0.5)
                 continue
+            failed = False
             try:
                 self._event_set(handles, generation, on_xid, stop)
             except Exception as exc:  # noqa: BLE001 - any error ends this set, never the loop
-                if not self.initialised or generation != self.reinits:
-                    continue  # NVML released or dropped under the set: not the events path's fault
-                self._event_failure(_reason(self.N, exc))
-                stop.wait(self._backoff())
+                # NVML released or dropped under the set is not the events path's fault
+                if self.initialised and generation == self.reinits:
+                    self._event_failure(_reason(self.N, exc))
+                    failed = True
             finally:
-                self.events_quiet.set()
+                self.events_quiet.set()  # the set is freed: a release need not wait out the backoff
+            if failed:
+                stop.wait(self._backoff())
 
     def _event_set(self, handles: list[tuple[str, str, Any]], generation: int,
                    on_xid: Callable[[str | None, int], None], stop: threading.Event) -> None:
