@@ -13,6 +13,9 @@ Two kinds of fault:
 - *conditions* (ECC, remaps, PCIe, NVLink, XIDs, thermal, power brake, a missing GPU, a stray
   process) are overlaid on the stored values each time a snapshot is taken; counters that
   should grow (SBE storm, PCIe replays, NVLink CRC) grow with the time since injection.
+  A lost GPU (``xid:79``, ``gpu-missing``) is what NVML makes of one: it keeps its index, UUID
+  and bus id, every value reads as unavailable (``GpuIsLost``), no other GPU moves, and every
+  workload, setter, MIG call and reset on it is refused.
 
 NVLink traffic: every link's TX/RX data counters (KiB since the driver loaded) grow with the
 GPU's load, the stored ``utilization_gpu_pct`` (0 by default: an idle GPU moves nothing over
@@ -912,8 +915,9 @@ def _same_bus(a: str, b: str) -> bool:
 # a failed row remap (no spare rows: drain and inspect), a downtrained PCIe link or a link that
 # is down for a physical reason, and the thermal slowdown / power brake (the reset restores the
 # clocks, but the slowdown returns at once while the cooling or power condition persists, so
-# the fault stays and the next snapshot shows it). A GPU that fell off the bus (xid:79) or is
-# not enumerated (gpu-missing) cannot be reached by a reset at all: only a reboot brings it back.
+# the fault stays and the next snapshot shows it). A GPU that fell off the bus (xid:79) or
+# stopped answering without an XID (gpu-missing) is lost: it keeps its index, answers GPU_IS_LOST
+# to everything, and a reset cannot reach it: only a reboot brings it back.
 # Settings (power cap, persistence, MIG mode, VBIOS, driver) are not the reset's business.
 
 # How long a simulated ``nvidia-smi -r`` keeps the GPU away: the node's ``reset_duration_s``
@@ -1039,7 +1043,8 @@ def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) ->
     lost = lost_reason(state, position)
     if lost:
         raise SimError(
-            f"GPU {gpu['uuid']} ({gpu['bus_id']}) is not enumerated ({lost}): a reset cannot reach it; reboot the node"
+            f"GPU {gpu['uuid']} ({gpu['bus_id']}) is lost ({lost}): NVML answers GPU_IS_LOST and a reset cannot "
+            "reach it; reboot the node"
         )
     procs = gpu_processes(state, position)
     if procs:
