@@ -261,7 +261,8 @@ def test_validate_backend_help_names_its_own_backends_and_what_auto_picks() -> N
     named = text.split("--backend BACKEND ", 1)[1].split(" ", 1)[0].split("|")
     assert sorted(named) == sorted(BACKENDS)
     collect = _agent_help("collect")
-    assert "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set)" in collect and "cupy" not in collect
+    assert "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver)" in collect
+    assert "--sim-on-gpu-node" in collect and "cupy" not in collect
     page = (ROOT / "docs" / "reference" / "commands.md").read_text(encoding="utf-8")
     validate = page.split("### `fleetops-agent validate`\n", 1)[1].split("\n### ", 1)[0]
     assert "| `--backend` | `BACKEND` | `auto` | torch\\|cupy\\|dcgm\\|sim\\|auto (default auto:" in validate
