@@ -70,6 +70,51 @@ def test_an_idle_link_whose_column_went_dense_reads_its_exact_value_with_no_grow
     assert abs(array("f", [IDLE_KIB])[0] - IDLE_KIB) > 1024  # what float32 made of it: over the idle limit
 
 
+def test_busy_counters_read_back_exact_through_wrap_arounds_gaps_and_resets() -> None:
+    """Against a plain list of samples, checked after every sample: a growing counter (compact:
+    a base per block and 32-bit differences), one with unread samples, one that a reset sends
+    back to zero mid-block (the column goes plain, 8 bytes a sample) and one past 2**53."""
+    import random
+
+    rng = random.Random(11)
+    capacity = 50  # not a multiple of the block: blocks straddle the ring's end
+    names = ("nvlink0_tx_kib", "nvlink1_tx_kib", "nvlink2_tx_kib", "nvlink3_rx_kib")
+    ring = Ring(capacity, names)
+    kept: list[dict[str, Any]] = []
+    now = {"nvlink0_tx_kib": IDLE_KIB, "nvlink1_tx_kib": IDLE_KIB, "nvlink2_tx_kib": IDLE_KIB,
+           "nvlink3_rx_kib": PAST_2_53}
+    for i in range(700):
+        for name in now:
+            now[name] += rng.randint(0, 50_000_000)  # up to 25 GB/s over 2 s, in KiB
+        if i == 400:
+            now["nvlink2_tx_kib"] = 17  # a GPU reset: from zero again, in the middle of a block
+        row: dict[str, Any] = dict(now)
+        if rng.random() < 0.2:
+            row["nvlink1_tx_kib"] = None
+        ring.append(T0 + i, row)
+        kept = (kept + [row])[-capacity:]
+        for name in names:
+            assert [v for _, v in ring.samples(name, 0.0)] == [r[name] for r in kept], (i, name)
+        if i == 100:  # every column is dense by now, and compact
+            assert all(ring.columns[n].keys is not None and ring.columns[n].dense.itemsize == 4 for n in names)
+        if i == 420:  # the reset, mid-block, made its column plain
+            assert ring.columns["nvlink2_tx_kib"].keys is None and ring.columns["nvlink2_tx_kib"].dense.typecode == "Q"
+    # the reset aged out of the ring: at the next lap the column is compact again
+    assert all(ring.columns[n].keys is not None for n in names)
+    assert all(ring.columns[n].nbytes() == 4 * capacity + 8 * (capacity // 32 + 2) for n in names)
+
+
+def test_an_hour_of_eight_busy_gpus_costs_what_float32_cost() -> None:
+    """Every link's TX and RX moving on every sample: 4 bytes a sample, as float32 took, exact."""
+    names = [f"nvlink{n}_{f}" for n in range(18) for f in ("tx_kib", "rx_kib")]
+    ring = Ring(1800, names)
+    for i in range(1800):
+        ring.append(T0 + 2 * i, {name: IDLE_KIB + 40_000_000 * i + j for j, name in enumerate(names)})
+    assert ring.samples("nvlink17_rx_kib", 0.0)[-1][1] == IDLE_KIB + 40_000_000 * 1799 + 35
+    links = ring.nbytes() - ring.times.itemsize * ring.capacity
+    assert links == 36 * (4 * 1800 + 8 * (1800 // 32 + 2))  # 4 bytes a sample and a base per 32: 0.26 MiB a GPU
+
+
 def test_a_value_no_unsigned_64_bit_column_holds_keeps_the_column_exact() -> None:
     ring = Ring(8, ["nvlink0_crc_errors"])
     values: list[Any] = [5, 6, NO_VALUE, 2**64 + 3, -1, 7.0, 1.5, None, 9]
