@@ -278,19 +278,6 @@ class Guard:
     def auth_required(self) -> bool:
         return bool(self.config.users)
 
-    def wrap(self, sock: Any, deadline: float) -> Any:
-        """The TLS side of an accepted socket, its handshake done before ``deadline``."""
-        if self.tls_context is None:
-            return sock
-        tls_sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        try:
-            tls_sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            tls_sock.do_handshake()  # one timeout for the whole handshake (ssl counts it as a deadline)
-        except BaseException:
-            tls_sock.close()
-            raise
-        return tls_sock
-
     def check(self, authorization: str | None, deadline: float) -> str:
         """OK, DENIED, or BUSY when the check could not run before ``deadline``."""
         if not self.config.users:

@@ -146,38 +146,92 @@ def test_an_idle_connection_is_closed_unanswered_at_the_deadline(serve: Callable
     until("its place freed", lambda: served.server.active == 0)
 
 
-def test_connections_past_the_cap_are_turned_away_at_the_door_and_a_scrape_follows(serve: Callable[..., Served]) -> None:
-    served = serve(max_connections=3, read_timeout_s=6.0)  # held past the 40 connections below
+def _drain(s: socket.socket) -> bytes:
+    data = b""
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+def test_idle_clients_hold_no_thread_and_a_scrape_is_answered_meanwhile(serve: Callable[..., Served]) -> None:
+    served = serve(read_timeout_s=LATE_S)
+    assert _status(served.port) == 200  # the reader thread is started
+    threads_before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", served.port), timeout=LATE_S) for _ in range(150)]
+    try:
+        for s in idle[::2]:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n")  # half of them a request line, and never the rest
+        until("150 connections pending", lambda: served.server.pending == 150)
+        assert threading.active_count() <= threads_before + 1
+        status, _, body = get(served.port)
+        assert (status, body) == (200, PAGE.encode())
+        assert served.server.refused == 0
+    finally:
+        for s in idle:
+            s.close()
+    until("the closed ones forgotten", lambda: served.server.pending == 0)
+
+
+def test_connections_past_the_pending_cap_are_turned_away_at_the_door_and_a_scrape_follows(
+        serve: Callable[..., Served]) -> None:
+    served = serve(max_pending=3, read_timeout_s=6.0)  # held past the 40 connections below
     threads_before = threading.active_count()
     holders = [socket.create_connection(("127.0.0.1", served.port), timeout=LATE_S) for _ in range(3)]
     extra: list[socket.socket] = []
     try:
-        until("three connections held", lambda: served.server.active == 3)
-        answers = []
+        until("three connections pending", lambda: served.server.pending == 3)
         for _ in range(40):
             s = socket.create_connection(("127.0.0.1", served.port), timeout=LATE_S)
             extra.append(s)
             s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        for s in extra:
-            data = b""
-            try:
-                while chunk := s.recv(4096):
-                    data += chunk
-            except ConnectionResetError:
-                pass
-            answers.append(data)
-        # every extra one was answered 503 (or closed) without a thread of its own
+        answers = [_drain(s) for s in extra]
+        # every extra one was answered 503 (or closed) by the accepting thread
         assert all(a == b"" or a.startswith(b"HTTP/1.0 503 ") for a in answers), answers[:3]
         assert sum(a.startswith(b"HTTP/1.0 503 ") for a in answers) >= 30
         assert served.server.refused >= 40
-        assert served.server.active <= 3
-        assert threading.active_count() <= threads_before + 3 + 2
+        assert served.server.pending <= 3
+        assert threading.active_count() <= threads_before + 2
         # the held ones time out; then a scrape is answered
         until("a scrape answered once the held connections timed out", lambda: _status(served.port) == 200)
     finally:
         for s in holders + extra:
             s.close()
-    assert served.server.active == 0 or until("places freed", lambda: served.server.active == 0)
+
+
+def test_requests_past_the_answering_cap_get_503_and_the_next_one_is_served() -> None:
+    release = threading.Event()
+    entered: list[int] = []
+
+    def slow_page() -> str:
+        entered.append(1)
+        release.wait(LATE_S)
+        return PAGE
+
+    thread, server = metrics.start_server("127.0.0.1", 0, slow_page, poll_s=0.1, max_connections=2)
+    port = server.server_address[1]
+    results: list[int | None] = []
+    try:
+        held = [threading.Thread(target=lambda: results.append(_status(port))) for _ in range(2)]
+        for t in held:
+            t.start()
+        until("two answers in progress", lambda: len(entered) == 2 and server.active == 2)
+        threads_during = threading.active_count()
+        status, headers, _ = get(port)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert threading.active_count() <= threads_during + 1
+        release.set()
+        for t in held:
+            t.join(timeout=LATE_S)
+        assert results == [200, 200]
+        assert _status(port) == 200
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 def _status(port: int) -> int | None:
@@ -472,7 +526,7 @@ def test_the_daemon_keeps_sampling_while_its_endpoint_is_held_and_flooded(tmp_pa
     with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as daemon:
         try:
             until("the endpoint", lambda: _status(port) == 200, limit_s=60)
-            for _ in range(metrics.MAX_CONNECTIONS + 20):
+            for _ in range(metrics.MAX_PENDING + 20):
                 c = socket.create_connection(("127.0.0.1", port), timeout=LATE_S)
                 c.sendall(b"GET /metrics HTTP/1.0\r\n")  # and never the blank line
                 held.append(c)
