@@ -45,6 +45,16 @@ GPU_GAUGES = (
 )
 
 
+def _value(value: float | int | bool) -> str:
+    """A sample's value: a count as every digit of it (a counter past 2**53 included; ``:g``
+    kept six), a bool as 1 / 0, a measurement in the shortest form."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return f"{float(value):g}"
+
+
 def render(result: Any, exit_code: int) -> str:
     out: list[str] = []
     summary = result.summary()
@@ -104,7 +114,7 @@ def render(result: Any, exit_code: int) -> str:
                 value = getattr(g, attr)
                 if value is None:
                     continue
-                rows.append(f"{metric}{_labels(node=n.name, gpu=g.index, uuid=g.uuid, bus_id=g.bus_id)} {float(value):g}")
+                rows.append(f"{metric}{_labels(node=n.name, gpu=g.index, uuid=g.uuid, bus_id=g.bus_id)} {_value(value)}")
         if rows:
             out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} gauge", *rows]
     return "\n".join(out) + "\n"

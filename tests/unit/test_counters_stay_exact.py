@@ -331,3 +331,43 @@ def test_history_hands_a_counters_samples_on_as_exact_ints() -> None:
 
     assert history_cli._value(PAST_2_53) == PAST_2_53 and type(history_cli._value(PAST_2_53)) is int
     assert history_cli._value(36.5) == 36.5 and history_cli._value(float("nan")) is None
+
+
+def test_the_exposition_and_the_json_report_print_every_digit_of_a_huge_counter() -> None:
+    import json
+
+    from fleetops.agent import metrics
+
+    link = _link(0, PAST_2_53, replays=PAST_2_53 + 2)
+    gpu = model.Gpu(index=0, uuid="GPU-0", bus_id="0000:18:00.0", nvlinks=[link],
+                    ecc_corrected_volatile=PAST_2_53 + 4, pcie_replay_counter=2**64 - 2)
+    node = model.Node(hostname="n1", backend="sim", collected_at=T0, gpus=[gpu])
+    page = metrics.render(metrics.MetricsInput(
+        node=node, agent=metrics.AgentInfo(T0, 2.0), nvlink_bytes={("GPU-0", 0, "tx"): PAST_2_53 * 1024}))
+    lines = page.splitlines()
+    for name, value in (("fleetops_gpu_ecc_corrected_volatile_errors_total", PAST_2_53 + 4),
+                        ("fleetops_gpu_pcie_replays_total", 2**64 - 2),
+                        ("fleetops_gpu_nvlink_replay_errors_total", PAST_2_53 + 2),
+                        ("fleetops_gpu_nvlink_bytes_total", PAST_2_53 * 1024)):
+        assert [line for line in lines if line.startswith(name + "{")][0].endswith(f" {value}"), name
+    doc = json.loads(json.dumps(model.to_dict(node)))
+    assert doc["gpus"][0]["nvlinks"][0]["tx_kib"] == PAST_2_53 and doc["gpus"][0]["pcie_replay_counter"] == 2**64 - 2
+
+
+def test_the_audit_textfile_prints_a_counter_whole_not_in_six_significant_digits() -> None:
+    from fleetops.fleet import audit
+    from fleetops.report import prometheus
+
+    gpu = model.Gpu(index=0, uuid="GPU-0", bus_id="0000:18:00.0", ecc_corrected_volatile=PAST_2_53,
+                    pcie_replay_counter=1_234_567, power_draw_w=77.4, pcie_width_current=16)
+    node = model.Node(hostname="n1", backend="sim", collected_at=T0, gpus=[gpu])
+    result = audit.AuditResult(started_at=T0, duration_s=0.1, nodes=[audit.NodeResult("n1", True, None, node)],
+                               findings=[])
+    lines = prometheus.render(result, 0).splitlines()
+
+    def sample(name: str) -> str:
+        return next(line for line in lines if line.startswith(name + "{")).rsplit(" ", 1)[1]
+
+    assert sample("fleetops_gpu_ecc_corrected_volatile_errors") == str(PAST_2_53)
+    assert sample("fleetops_gpu_pcie_replays") == "1234567"  # was 1.23457e+06
+    assert sample("fleetops_gpu_power_draw_watts") == "77.4" and sample("fleetops_gpu_pcie_link_width") == "16"
