@@ -151,6 +151,8 @@ class Context:
         if value is not None:
             return value
         reason = (getattr(owner, "unavailable", None) or {}).get(name)
+        if reason == model.GPU_IS_LOST:
+            return None  # a lost GPU is config.gpu_missing's crit, once, not an unknown per family
         if reason is None:
             record = demand != DEMAND_NONE
         elif is_not_supported(reason):

@@ -69,6 +69,8 @@ def run(ctx: Context) -> None:
             peer = by_bus.get(other)
             if peer is not None and peer.mig_mode_current:
                 continue
+            if any(g is not None and model.gpu_lost(g) for g in (gpu, peer)):
+                continue  # a lost GPU's links went with it: config.gpu_missing reports it
             link = row[j] if j < len(row) else None
             if link is None:
                 ctx.unreadable(FAMILY, "topology.links", topo.unavailable.get("links", "not reported"),

@@ -43,14 +43,22 @@ def test_passthrough_unreadable_services_are_unknown_not_inactive(passthrough_no
 
 def test_values_unreadable_for_a_real_reason_give_one_unknown_per_family_per_node(sim_node):
     node = sim_node(faults=["ecc-dbe@0", "row-remap-failure@1"])
-    for gpu in node.gpus:  # every memory value lost, e.g. NVML answering GpuIsLost
+    for gpu in node.gpus:  # every memory value unreadable, e.g. NVML answering Unknown
         for name in ("ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                      "remapped_rows_failure", "remapped_rows_uncorrected"):
             setattr(gpu, name, None)
-            gpu.unavailable[name] = "GpuIsLost"
+            gpu.unavailable[name] = "Unknown"
     findings = [f for f in run_node_checks(node, None, None) if f.check.startswith("memory.")]
     assert [(f.check, f.severity) for f in findings] == [("memory.unreadable", "unknown")]
-    assert "GpuIsLost" in findings[0].message and "GPU 0, 1, 2" in findings[0].message
+    assert "Unknown" in findings[0].message and "GPU 0, 1, 2" in findings[0].message
+
+
+def test_a_lost_gpu_is_one_crit_at_its_index_not_an_unknown_in_every_family(sim_node):
+    node = sim_node(faults=["xid:79@5"])
+    findings = run_node_checks(node, None, None)
+    assert not [f for f in findings if f.check.endswith(".unreadable")], [f.message for f in findings]
+    lost = [f for f in findings if f.check == "config.gpu_missing"]
+    assert [(f.severity, f.gpu["index"], f.gpu["uuid"]) for f in lost] == [("crit", 5, node.gpus[5].uuid)]
 
 
 def test_none_without_a_reason_on_an_optional_value_is_silent(sim_node):
