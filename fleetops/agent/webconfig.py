@@ -47,8 +47,8 @@ HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options
 _TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
 _TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
 _HTTP_KEYS = ("headers", "http2")
-# $2a$, $2b$, $2y$ (htpasswd -B) and $2x$, the cost, then 22 characters of salt and 31 of hash.
-_BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+# $2a$, $2b$ and $2y$ (htpasswd -B), the cost, then 22 characters of salt and 31 of hash.
+_BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 INSTALL_HINT = "pip install 'fleetops[web]' (or add bcrypt to the agent's virtualenv)"
 
 

@@ -550,3 +550,23 @@ def test_the_daemon_keeps_sampling_while_its_endpoint_is_held_and_flooded(tmp_pa
                 c.close()
             daemon.terminate()
             daemon.wait(timeout=60)
+
+
+def test_the_endpoint_imports_tls_and_bcrypt_only_when_configured(tmp_path: Path) -> None:
+    """The daemon stays small: ssl, bcrypt and the web-config reader are loaded only for a
+    web-config that asks for them, and a JSON one is read without PyYAML."""
+    config = _write(tmp_path / "web.json", {"basic_auth_users": {"prometheus": _hash("s3cret")}})
+    code = (
+        "import sys\n"
+        "from fleetops.agent import metrics\n"
+        "thread, server = metrics.start_server('127.0.0.1', 0, lambda: 'x 1\\n')\n"
+        "server.shutdown(); server.server_close()\n"
+        "plain = sorted(m for m in ('ssl', 'bcrypt', 'yaml', 'fleetops.agent.webconfig') if m in sys.modules)\n"
+        "from fleetops.agent import webconfig\n"
+        f"webconfig.Source({config!r})\n"
+        "auth = sorted(m for m in ('ssl', 'bcrypt', 'yaml') if m in sys.modules)\n"
+        "print(plain, auth)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "['bcrypt']"]
