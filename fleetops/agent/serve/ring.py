@@ -15,7 +15,8 @@ at 8.7e12 KiB reads the very value NVML gave, so the difference of two samples i
 growth. A busy link's counter costs 4 bytes a sample, as float32 did: measured for 8 GPUs with 18
 links, an hour at 2 s, 0.18 MiB idle and 2.50 MiB with every link moving (float32 took 2.37 MiB
 and was wrong past 2**24; plain int64 took 4.35 MiB). A counter that went down within a block
-(a reset) makes its column plain ``array('Q')``, and a value that does not fit that (negative,
+(a reset) makes its column plain ``array('Q')`` until the reset has left the ring (the column is
+compact again at the next lap), and a value that does not fit that (negative,
 not whole, or ``NO_VALUE`` itself) a list of Python numbers: exact still. Gauges (temperatures,
 power, clocks, utilisation, PCIe throughput) stay ``array('f')``, 4 bytes a sample, read back as
 ``float``, or None where not read.
