@@ -513,3 +513,14 @@ def test_a_layout_drift_is_found_on_the_gpu_that_drifted(state: Path) -> None:
     assert [(f.check, f.gpu["uuid"]) for f in found] == [("config.mig_layout", uuid_of(state, 1))]
     assert "missing 3g.71gb" in found[0].message and "extra 1g.18gb, 1g.18gb" in found[0].message
     assert found[0].observed == ["1g.18gb", "1g.18gb", "3g.71gb"] and found[0].expected == ["3g.71gb", "3g.71gb"]
+
+
+def test_mig_apply_on_a_lost_gpu_fails_as_nvml_does_and_changes_nothing(state: Path) -> None:
+    sim.inject(str(state), "xid:79", 1)
+    before = state.read_bytes()
+    proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid_of(state, 1))
+    assert proc.returncode != 0, proc.stdout
+    said = json.dumps(doc) + proc.stderr
+    assert "GPU is lost" in said or "GpuIsLost" in said, said
+    assert instances(state, 1) == [] and not sim.read_state(str(state))["gpus"][1].get("mig_mode_current")
+    assert sim.read_state(str(state))["faults"] == json.loads(before)["faults"]
