@@ -7,6 +7,11 @@ listed in, before the parent groups holding that one; ``ungrouped`` when none), 
 comma-framed, for regex matches like ``groups=~".*,rack7,.*"``). The agent's page adds no node
 label itself, so these do not collide with scraped ones.
 
+A node whose inventory turns TLS on for its endpoint (the ``fleetops_agent`` role's
+``fleetops_agent_tls_cert_src``, or a ``tls_server_config`` in ``fleetops_agent_web_config``)
+gets ``__scheme__: https``, so one job scrapes a fleet part-way through turning TLS on; its
+``tls_config`` and ``basic_auth`` stay in the job (file_sd carries no credentials).
+
 Prometheus re-reads a file_sd file when it changes; the file is replaced whole (a temporary file
 in the same folder, then a rename), so it never reads half of one.
 """
@@ -39,6 +44,13 @@ def _port(inventory_path: str, host: Any, default: int) -> int:
     return port
 
 
+def _tls_on(host: Any) -> bool:
+    if str(host.vars.get("fleetops_agent_tls_cert_src") or "").strip():
+        return True
+    web = host.vars.get("fleetops_agent_web_config")
+    return isinstance(web, dict) and bool(web.get("tls_server_config"))
+
+
 def _address(address: str, port: int) -> str:
     host = f"[{address}]" if ":" in address and not address.startswith("[") else address
     return f"{host}:{port}"
@@ -49,14 +61,14 @@ def target_groups(inventory_path: str, hosts: list[Any], port: int = DEFAULT_POR
     out = []
     for host in hosts:
         groups = [g for g in host.groups if g != "ungrouped"]
-        out.append({
-            "targets": [_address(host.address, _port(inventory_path, host, port))],
-            "labels": {
-                "node": host.name,
-                "group": groups[0] if groups else "ungrouped",
-                "groups": "," + ",".join(groups) + "," if groups else ",",
-            },
-        })
+        labels = {
+            "node": host.name,
+            "group": groups[0] if groups else "ungrouped",
+            "groups": "," + ",".join(groups) + "," if groups else ",",
+        }
+        if _tls_on(host):
+            labels["__scheme__"] = "https"
+        out.append({"targets": [_address(host.address, _port(inventory_path, host, port))], "labels": labels})
     return out
 
 

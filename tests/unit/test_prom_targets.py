@@ -88,3 +88,19 @@ def test_a_broken_or_missing_inventory_is_an_error_naming_the_file(
     assert str(missing) in capsys.readouterr().err
     assert cli.main(["prometheus", "targets", "-i", str(broken), "--port", "0"]) == 4
     assert "--port 0 is not a TCP port" in capsys.readouterr().err
+
+
+def test_a_node_with_tls_on_is_scraped_over_https(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n    gpus:\n      hosts:\n"
+        "        gpu01: {ansible_host: 10.1.0.11, fleetops_agent_tls_cert_src: files/agent.crt}\n"
+        "        gpu02:\n          ansible_host: 10.1.0.12\n          fleetops_agent_web_config:\n"
+        "            tls_server_config: {cert_file: /etc/pki/agent.crt, key_file: /etc/pki/agent.key}\n"
+        "        gpu03:\n          ansible_host: 10.1.0.13\n          fleetops_agent_web_config:\n"
+        "            basic_auth_users: {prometheus: x}\n"
+    )
+    groups = {g["labels"]["node"]: g for g in prom_targets.target_groups(str(inv), inventory.load(str(inv)))}
+    assert groups["gpu01"]["labels"]["__scheme__"] == "https"
+    assert groups["gpu02"]["labels"]["__scheme__"] == "https"
+    assert "__scheme__" not in groups["gpu03"]["labels"]  # basic auth alone: still http
