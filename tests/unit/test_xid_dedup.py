@@ -169,3 +169,30 @@ def test_an_unreadable_pairing_starts_over_and_counts_on(tmp_path: Path) -> None
     (tmp_path / "book.json").write_text(text)
     again = Sources(tmp_path)
     assert again.book.counts == {f"{BUSES[0]}/79": 1} and again.book.pairing.pending == {}
+
+
+def test_an_nvswitch_sxid_keeps_its_source_and_is_never_paired(tmp_path: Path) -> None:
+    src = Sources(tmp_path)
+    src.follower.handle([f"3,{src.seq},5000000,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, "
+                         "Link 44 egress non-posted PRIV error"])
+    assert [(e["source"], e["code"]) for e in src.book.events] == [("kernel:sxid", 12028)]
+    assert src.book.pairing.pending == {}  # no NVML event will ever come for it
+    assert src.nvml(BOOT + 5.0, "0000:05:00.0", 12028)  # not its pair: counted as its own
+
+
+def test_xids_only_one_source_saw_wait_for_their_pair_one_hour_and_no_longer(tmp_path: Path) -> None:
+    """NVML released (or not reporting) for one GPU while it reports another's: the kernel's
+    records of the first wait an hour of NVML's stamps for a pair, then are let go."""
+    start = BOOT + 10 * 86400.0
+    src = Sources(tmp_path)
+    for i in range(240):  # two hours; each GPU's XIDs a minute apart
+        t = start + i * 30.0
+        if i % 2:
+            src.kernel([(t - BOOT, BUSES[0], 13)])
+        else:
+            src.kernel([(t - BOOT, BUSES[1], 43)])
+            assert not src.nvml(t, BUSES[1], 43)
+    waiting = src.book.pairing.pending[(BUSES[0], 13)]["kernel"]
+    # the hour before NVML's newest stamp (start + 238 * 30 s): from start + 3540 s on
+    assert len(waiting) == 61 and waiting[0] == start + 119 * 30.0
+    assert src.book.counts == {f"{BUSES[0]}/13": 120, f"{BUSES[1]}/43": 120}

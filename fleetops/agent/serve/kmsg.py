@@ -110,10 +110,13 @@ class Pairing:
         if found is None:
             mine = sides.setdefault(source, [])
             bisect.insort(mine, at)
-            cut = len(mine) - PENDING_MAX
-            if other not in self.newest:  # that source never spoke (no NVML events): keep the window only
-                cut = max(cut, bisect.bisect_left(mine, self.newest[source] - RETAIN_S))
-            del mine[:max(cut, 0)]
+            # the other source reports in order: once its newest is RETAIN_S past one of these, that
+            # one's record from it is not coming (without that source, this one's newest says so)
+            if other in self.newest:
+                horizon = self.newest[other] + (-(offset or 0.0) if source == "kernel" else (offset or 0.0))
+            else:
+                horizon = self.newest[source]
+            del mine[:max(len(mine) - PENDING_MAX, bisect.bisect_left(mine, horizon - RETAIN_S))]
             return False
         theirs = waiting.pop(found)
         nvml_t, kernel_t = (at, theirs) if source == "nvml" else (theirs, at)
@@ -269,7 +272,7 @@ class Follower(threading.Thread):
                 boot = self.boot_epoch()
                 event = {
                     "seq": seq,
-                    "source": "kernel",
+                    "source": ev.source,  # "kernel", or "kernel:sxid" for an NVSwitch's SXid (never paired)
                     "bus_id": ev.bus_id,
                     "code": ev.code,
                     "uptime_s": uptime,
