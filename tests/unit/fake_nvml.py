@@ -732,7 +732,8 @@ def _fails_when_lost(name: str, fn: Any) -> Any:
     def call(h: Any, *args: Any) -> Any:
         if _INITS and isinstance(h, int) and not isinstance(h, bool) and 0 <= h:
             gpu = h // 1000 if h >= 1000 else h
-            if gpu in _control().get("lost", []):
+            c = _control()
+            if c["mode"] == "ok" and gpu in c.get("lost", []):  # a driver unloaded or hung answers so first
                 _count(name)
                 raise NVMLError_GpuIsLost(15)
         return fn(h, *args)
