@@ -586,35 +586,43 @@ class _Reader:
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                new, self._new = self._new, []
-                drop, self._drop = self._drop, []
-            for conn in new:
-                self._pending[id(conn)] = conn
-                try:
-                    self._selector.register(conn.sock, conn.events, conn)
-                except (ValueError, OSError):  # closed meanwhile
-                    self._forget(conn)
-                    conn.close()
-                    continue
-                self._advance(conn)
-            for conn in [c for c in self._pending.values() if c.server in drop]:
+            try:
+                self._turn()
+            except Exception as exc:  # noqa: BLE001  (the reader must outlive any one surprise)
+                sys.stderr.write(f"fleetops-agent serve: metrics endpoint reader: {type(exc).__name__}: {exc}\n")
+                time.sleep(0.1)
+
+    def _turn(self) -> None:
+        """One wait: take the new connections, drop the expired ones, read what is ready."""
+        with self._lock:
+            new, self._new = self._new, []
+            drop, self._drop = self._drop, []
+        for conn in new:
+            self._pending[id(conn)] = conn
+            try:
+                self._selector.register(conn.sock, conn.events, conn)
+            except (ValueError, OSError):  # closed meanwhile
                 self._forget(conn)
                 conn.close()
-            now = time.monotonic()
-            for conn in [c for c in self._pending.values() if c.deadline <= now]:
-                self._forget(conn)  # its time is up: closed unanswered
-                conn.close()
-            wait = min((c.deadline for c in self._pending.values()), default=now + 60.0) - now
-            for key, _ in self._selector.select(max(wait, 0.0) + 0.001):
-                if key.data is None:
-                    try:
-                        while self._wake_r.recv(4096):
-                            pass
-                    except OSError:
+                continue
+            self._advance(conn)
+        for conn in [c for c in self._pending.values() if c.server in drop]:
+            self._forget(conn)
+            conn.close()
+        now = time.monotonic()
+        for conn in [c for c in self._pending.values() if c.deadline <= now]:
+            self._forget(conn)  # its time is up: closed unanswered
+            conn.close()
+        wait = min((c.deadline for c in self._pending.values()), default=now + 60.0) - now
+        for key, _ in self._selector.select(max(wait, 0.0) + 0.001):
+            if key.data is None:
+                try:
+                    while self._wake_r.recv(4096):
                         pass
-                    continue
-                self._advance(key.data)
+                except OSError:
+                    pass
+                continue
+            self._advance(key.data)
 
     def _advance(self, conn: _Pending) -> None:
         if id(conn) not in self._pending:
@@ -632,10 +640,24 @@ class _Reader:
             self._forget(conn)
             conn.server._dispatch(conn)
         elif conn.events != events:
-            self._selector.modify(conn.sock, conn.events, conn)
+            try:
+                self._selector.modify(conn.sock, conn.events, conn)
+            except (KeyError, ValueError, OSError):
+                self._forget(conn)
+                conn.close()
 
 
-_READER = _Reader()
+_READERS: list[_Reader] = []
+_READERS_LOCK = threading.Lock()
+
+
+def _reader() -> _Reader:
+    """The process's reader, made when the first connection comes (a process that only renders
+    pages, or writes the textfile, opens nothing)."""
+    with _READERS_LOCK:
+        if not _READERS:
+            _READERS.append(_Reader())
+        return _READERS[0]
 
 
 class MetricsServer(socketserver.TCPServer):
@@ -692,7 +714,7 @@ class MetricsServer(socketserver.TCPServer):
             self._pending_done()
             request.close()
             raise
-        _READER.add(conn)
+        _reader().add(conn)
 
     def shutdown_request(self, request: Any) -> None:
         """The socket now belongs to the reader, then to the answering thread."""
@@ -809,7 +831,8 @@ class MetricsServer(socketserver.TCPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        _READER.drop(self)
+        if _READERS:
+            _READERS[0].drop(self)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
