@@ -71,10 +71,6 @@ def is_integer_field(name: str) -> bool:
     return head.startswith("nvlink") and head[6:].isdigit() and field in LINK_FIELDS
 
 
-def _same(a: Any, b: Any) -> bool:
-    return bool(a == b) or (a != a and b != b)  # NaN repeats NaN
-
-
 class Column:
     """One field's values by sample number (the ring's running count), runs or dense.
 
@@ -102,6 +98,8 @@ class Column:
         kind = self.kind
         if kind == "f":
             return math.nan if value is None else float(value)
+        if type(value) is int and kind == "Q" and 0 <= value < NO_VALUE:
+            return value  # a counter, the usual case
         if value is None or value != value:  # NaN: not read, in an integer column as in a gauge
             return NO_VALUE if kind == "Q" else None
         if kind == "o":
@@ -134,9 +132,6 @@ class Column:
         self.values = [self._value(v) for v in self.values]
         self.kind = "o"
 
-    def _dense_bytes(self) -> int:
-        return 8 if self.kind == "o" else 4
-
     def put(self, seq: int, value: Value, capacity: int) -> None:
         item = self._item(value)
         if item is _MISS:
@@ -145,9 +140,10 @@ class Column:
         if self.dense is not None:
             self._store(seq, item, capacity)
             return
-        if not self.values or not _same(self.values[-1], item):
+        values = self.values
+        if not values or not (values[-1] == item or (item != item and values[-1] != values[-1])):  # NaN repeats NaN
             self.starts.append(seq)
-            self.values.append(item)
+            values.append(item)
         oldest = seq + 1 - capacity  # the oldest sample the ring still holds after this one
         drop = 0
         while drop + 1 < len(self.starts) and self.starts[drop + 1] <= oldest:
@@ -155,7 +151,8 @@ class Column:
         if drop:
             del self.starts[:drop]
             del self.values[:drop]
-        if len(self.starts) * _RUN_BYTES > capacity * self._dense_bytes():  # runs now cost more than dense
+        # runs now cost more than dense (4 bytes a sample; 8 for Python numbers)
+        if len(self.starts) * _RUN_BYTES > capacity * (8 if self.kind == "o" else 4):
             held = [*self._retained(seq, capacity), (seq, item)]
             if self.kind == "Q":  # compact, 4 bytes a sample, where the samples fit it; else plain, 8
                 self.dense = array("Q", [NO_VALUE]) * capacity
@@ -171,8 +168,6 @@ class Column:
                 self._store(s, held_item, capacity)
 
     def _store(self, seq: int, item: Any, capacity: int) -> None:
-        if self.kind == "Q" and self.keys is None and seq % capacity == 0 and self._compact(seq, item, capacity):
-            return  # once a lap, a plain column whose samples fit again (a reset aged out) is compact again
         if self.keys is not None:
             if self._store_compact(seq, item, capacity):
                 return
@@ -180,6 +175,8 @@ class Column:
             for s, held_item in self._retained(seq, capacity):
                 plain[s % capacity] = held_item
             self.dense, self.keys = plain, None
+        elif self.kind == "Q" and seq % capacity == 0 and self._compact(seq, item, capacity):
+            return  # once a lap, a plain column whose samples fit again (a reset aged out) is compact again
         self.dense[seq % capacity] = item
 
     def _compact(self, seq: int, item: Any, capacity: int) -> bool:
