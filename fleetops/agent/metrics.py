@@ -17,6 +17,7 @@ add about 6 MiB of modules to the daemon's resident size for what it needs).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import selectors
@@ -692,6 +693,16 @@ class MetricsServer(socketserver.TCPServer):
         super().__init__(address, socketserver.BaseRequestHandler)
 
     # the accepting thread: never blocks on a client
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # out of descriptors: the connection stays queued, and the listening socket stays
+                # readable; a pause keeps the accepting loop from spinning a core until one frees
+                time.sleep(0.05)
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._count_lock:

@@ -570,3 +570,40 @@ def test_the_endpoint_imports_tls_and_bcrypt_only_when_configured(tmp_path: Path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[]", "['bcrypt']"]
+
+
+def test_out_of_descriptors_the_endpoint_waits_and_answers_once_clients_go(tmp_path: Path) -> None:
+    """With the process out of file descriptors, accepting fails until a client goes; the
+    endpoint neither dies nor spins, and answers once descriptors free up."""
+    code = (
+        "import resource, sys, time\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))\n"
+        "from fleetops.agent import metrics\n"
+        "thread, server = metrics.start_server('127.0.0.1', 0, lambda: 'x 1\\n', read_timeout_s=60.0)\n"
+        "print(server.server_address[1], flush=True)\n"
+        "sys.stdin.read()\n"
+        "print(time.process_time(), flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    held: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        for _ in range(80):  # more than the server can take descriptors for
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=LATE_S))
+        probe = held[-1]
+        probe.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        probe.settimeout(2.0)
+        with pytest.raises(TimeoutError):  # not accepted: no descriptor for it
+            probe.recv(100)
+        for s in held:
+            s.close()
+        held.clear()
+        until("an answer once descriptors are free", lambda: _status(port) == 200)
+        proc.stdin.close()
+        assert float(proc.stdout.readline()) >= 0  # the server process lived through it
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+        proc.wait(timeout=30)
