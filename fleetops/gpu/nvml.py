@@ -1026,9 +1026,10 @@ def release_process(nv: Any = None) -> int:
     Returns how many shutdowns were made (0: NVML was not initialised or not importable)."""
     if nv is None:
         try:
-            import pynvml as nv
+            import pynvml
         except ImportError:
             return 0
+        nv = pynvml
     done = 0
     for _ in range(256):
         try:

@@ -219,11 +219,11 @@ def test_a_stale_lock_from_a_killed_run_is_recovered(d):
 
 def test_an_unknown_uuid_is_an_error_before_anything_is_touched(d):
     folder = state(d, "node001").parent
-    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001")}
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
     proc, doc = reset(d, "node001", "GPU-00000000-0000-0000-0000-000000000000", "--yes")
     assert proc.returncode == 1
     assert doc["result"] == "error" and "no GPU with UUID" in pre(doc, "gpu_exists")["detail"]
-    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001")}
+    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
     assert after.pop("node001.reset.jsonl")  # the attempt is logged, nothing else changed
     assert after == before
 
@@ -232,12 +232,17 @@ def test_a_dry_run_changes_nothing(d):
     inject(d, "node001", "stray-process", 6)
     inject(d, "node001", "ecc-dbe", 6)
     folder = state(d, "node001").parent
-    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001")}
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
     proc, doc = reset(d, "node001", 6, "--dry-run", "--kill-processes")
     assert proc.returncode == 0, proc.stderr
     assert doc["dry_run"] is True and doc["result"] == "would-reset" and doc["actions"] == []
-    assert len(doc["preconditions"]) == 10
-    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001")}
+    from fleetops.agent.reset.preconditions import PRECONDITIONS
+
+    # every precondition evaluated, the device files' holders included (none: no daemon here)
+    assert [c["name"] for c in doc["preconditions"]] == list(PRECONDITIONS)
+    (holders,) = [c for c in doc["preconditions"] if c["name"] == "device_holders"]
+    assert holders["status"] == "ok" and holders["holders"] == []
+    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
     assert after == before  # state byte-identical, no lock, no log
 
 

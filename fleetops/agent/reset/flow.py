@@ -463,7 +463,8 @@ class _Attempt:
 
         lease = reset_remaining_s("reset", self.opts.grace_s, self.opts.reset_timeout_s, self.clients) + 30.0
         try:
-            pause = client.Quiesce(self.daemon_socket, lease, f"reset pid {os.getpid()} {gpu.uuid}").__enter__()
+            socket_path = self.daemon_socket or self.backend.daemon_socket()
+            pause = client.Quiesce(socket_path, lease, f"reset pid {os.getpid()} {gpu.uuid}").__enter__()
         except client.QuiesceError as exc:
             actions.append({"action": "quiesce_daemon", "ok": False, "socket": self.daemon_socket, "detail": str(exc)})
             return False, f"the resident agent did not let go of the GPU: {exc}", {}
