@@ -11,8 +11,11 @@ bounded: GPU identity, check ids, severities, XID codes, link numbers, clocks-ev
 No process, job or message text ever becomes a label, so the series count stays fixed per node.
 
 Standard library only, and little of it: the daemon imports this and must stay small, so the
-endpoint is a few lines over ``socketserver`` (``http.server`` and ``importlib.metadata`` would
-add about 6 MiB of modules to the daemon's resident size for what it needs).
+endpoint is written over ``socketserver`` (``http.server`` and ``importlib.metadata`` would
+add about 6 MiB of modules to the daemon's resident size for what it needs). It is built to be
+held by nobody: a deadline for the whole request, idle and slow clients read by one thread
+without a thread each, caps on both, and TLS and basic auth from the exporters' web-config file
+(``fleetops.agent.webconfig``, imported with ``ssl`` and ``bcrypt`` only when configured).
 """
 
 from __future__ import annotations

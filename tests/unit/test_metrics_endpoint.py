@@ -607,3 +607,20 @@ def test_out_of_descriptors_the_endpoint_waits_and_answers_once_clients_go(tmp_p
             s.close()
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_a_yaml_web_config_without_pyyaml_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text("basic_auth_users:\n  prometheus: x\n")
+    code = (
+        "import sys\n"
+        "sys.modules['yaml'] = None  # a node without PyYAML\n"
+        "from fleetops.agent import webconfig\n"
+        "try:\n"
+        f"    webconfig.load({str(path)!r})\n"
+        "except webconfig.WebConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{path}: not JSON, and PyYAML is not installed"), proc.stdout
