@@ -84,6 +84,9 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("--fresh", action="store_true", help="always collect now; never answer from the daemon")
     p.add_argument("--max-age", type=float, default=30.0, help="oldest daemon snapshot accepted, seconds (default 30)")
+    p.add_argument("--resample", action="store_true",
+                   help="after an action: the daemon samples now and answers with that snapshot; "
+                        "without a daemon answering, a cold collect")
     p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
     p = sub.add_parser("serve", help="run the resident agent: sample, watch XIDs, serve snapshots on a socket")
@@ -240,7 +243,8 @@ def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
     whole simulator collection); anything else goes through the full parser."""
     if not argv or argv[0] != "collect":
         return None
-    opts: dict[str, Any] = {"backend": "auto", "state": None, "pretty": False, "fresh": False, "max_age": 30.0, "socket": None}
+    opts: dict[str, Any] = {"backend": "auto", "state": None, "pretty": False, "fresh": False, "max_age": 30.0, "socket": None,
+                            "resample": False}
     rest = argv[1:]
     i = 0
     while i < len(rest):
@@ -251,6 +255,8 @@ def _fast_collect_args(argv: list[str]) -> dict[str, Any] | None:
             opts["fresh"] = True
         elif arg == "--sim-on-gpu-node":
             opts["sim_on_gpu_node"] = True
+        elif arg == "--resample":
+            opts["resample"] = True
         elif arg in ("--backend", "--state", "--socket") and i + 1 < len(rest):
             opts[arg[2:]] = rest[i + 1]
             i += 1
@@ -279,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         if not fast["fresh"]:
             from fleetops.agent.serve import client
 
-            served = client.fetch_snapshot(
-                client.socket_for(fast["backend"], fast["state"], fast["socket"]), fast["max_age"]
-            )
+            path = client.socket_for(fast["backend"], fast["state"], fast["socket"])
+            if fast["resample"]:  # a snapshot taken now, after the action, or none from the daemon
+                served = client.resample(path)
+            else:
+                served = client.fetch_snapshot(path, fast["max_age"])
             if served is not None:
                 if fast["pretty"]:
                     import json
@@ -354,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.fresh:
                 from fleetops.agent.serve import client
 
-                served = client.fetch_snapshot(client.socket_for(args.backend, args.state, args.socket), args.max_age)
+                path = client.socket_for(args.backend, args.state, args.socket)
+                served = client.resample(path) if args.resample else client.fetch_snapshot(path, args.max_age)
                 if served is not None:
                     import json
 
@@ -377,10 +386,12 @@ def main(argv: list[str] | None = None) -> int:
                 baseline, _ = load_baseline(args.baseline)
             except CheckError as exc:
                 raise SetError(str(exc)) from exc
-            _emit(
-                apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state, baseline),
-                args.pretty,
-            )
+            done = apply(args.setting, args.value, args.gpu, args.dry_run, args.backend, args.state, baseline)
+            if not args.dry_run and done.get("changed"):
+                from fleetops.agent.serve import client
+
+                done["daemon"] = client.after_action(client.action_socket(str(done.get("backend")), args.state))
+            _emit(done, args.pretty)
             return EXIT_OK
         if args.command == "reset":
             from fleetops.agent import reset
@@ -420,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                 doc, code = mig.main_args(args)
             except mig.MigError as exc:
                 return _fail(exc.kind, str(exc), exc.exit_code)
+            if not doc.get("dry_run") and doc.get("changed"):
+                from fleetops.agent.serve import client
+
+                doc["daemon"] = client.after_action(client.action_socket(str(doc.get("backend")), args.state))
             return _verdict(doc, code, args.pretty)
     except CollectError as exc:
         return _fail("collect", str(exc))

@@ -519,6 +519,10 @@ class NodeService:
         return not hung
 
     def _on_xid(self, event: dict[str, Any]) -> None:
+        # the count is served at once; the snapshot's XIDs and the checks that judge them come
+        # with a full snapshot, taken at the next tick rather than when the full interval ends
+        # (an XID counted but not yet listed reads as a healthy node to every audit meanwhile)
+        self._next_full = 0.0
         self._publish()
 
     # --- state ---------------------------------------------------------------------------
