@@ -37,11 +37,13 @@ def daemon_fleet() -> Iterator[str]:
     if fleet.find_sshd() is None:
         pytest.skip("needs sshd: apt-get install -y openssh-server")
     directory = tempfile.mkdtemp(prefix="fleetops-after-action-")
-    with socket.socket() as sock:  # a port nobody listens on, so parallel runs do not collide
-        sock.bind((ADDRESS, 0))
-        port = sock.getsockname()[1]
+    ports = []
+    for _ in range(2):  # sshd's and the metrics endpoints': ports nobody listens on, so parallel runs do not collide
+        with socket.socket() as sock:
+            sock.bind((ADDRESS, 0))
+            ports.append(sock.getsockname()[1])
     try:
-        fleet.up(2, directory, first_address=ADDRESS, port=port, daemon=True)
+        fleet.up(2, directory, first_address=ADDRESS, port=ports[0], daemon=True, metrics_port=ports[1])
         yield directory
     finally:
         fleet.down(directory)
