@@ -367,7 +367,9 @@ def _spawn_daemon(fleet: dict[str, Any]) -> dict[str, Any]:
     node's metrics endpoint on that node's address (``metrics_addresses``)."""
     states = os.path.join(fleet["directory"], "state")
     log = os.path.join(fleet["directory"], "log", "agent-serve.log")
-    cmd = [os.path.join(fleet["agent_bin"], "fleetops-agent"), "serve", "--backend", "sim", "--states", states,
+    # --sim-on-gpu-node: the fleet is simulated also on a machine with a GPU driver (backend_choice)
+    cmd = [os.path.join(fleet["agent_bin"], "fleetops-agent"), "serve", "--backend", "sim", "--sim-on-gpu-node",
+           "--states", states,
            "--metrics-address", ",".join(metrics_addresses(fleet))]
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
