@@ -201,8 +201,9 @@ def test_a_quiesce_and_an_unloaded_driver_keep_the_watchdog_pinged_and_a_hung_nv
         "FLEETOPS_AGENT_KMSG": str(tmp_path / "kmsg"),
         "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
     })
+    page = tmp_path / "agent.prom"  # the endpoint's page, written at each publish
     proc = _start([AGENT, "serve", "--backend", "nvml", "--socket", str(sock), "--interval", "0.2",
-                   "--full-interval", "0.5", "--hang-timeout", "1"], env)
+                   "--full-interval", "0.5", "--hang-timeout", "1", "--textfile", str(page)], env)
     try:
         _until("GPUs sampled", lambda: (lambda d: d if d and d.get("gpus") else None)(_snapshot(str(sock))))
         with client.Quiesce(str(sock), 60, "watchdog test") as pause:
@@ -216,6 +217,9 @@ def test_a_quiesce_and_an_unloaded_driver_keep_the_watchdog_pinged_and_a_hung_nv
         notify.drain()
         assert notify.pings_within(3.0) >= 2, "an unloaded driver is degraded, not hung: no restart loop"
         assert proc.poll() is None
+        # and the metrics say so meanwhile
+        _until("the degraded gauge", lambda: page.exists() and "\nfleetops_agent_degraded 1\n" in page.read_text())
+        assert 'fleetops_agent_degraded_reason{reason="driver_unloaded"} 1' in page.read_text()
 
         fake_nvml.load(str(control))
         _until("sampling again", lambda: (lambda d: d if d and not d["daemon"]["degraded"] else None)(
