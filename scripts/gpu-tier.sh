@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU tier on a real NVIDIA node, read-only (no reset, no setting): the tests in tests/gpu
+# with the checkout's fleetops, then the agent as the fleetops_agent role deploys it (its own
+# virtualenv, nothing else in it but nvidia-ml-py, compiled bytecode) asked which validation
+# backend it has, in the layouts the role's fleetops_agent_validate_backend gives it.
+#
+#   scripts/gpu-tier.sh OUT_DIR [PYTHON]
+#
+# PYTHON: the node's Python that holds PyTorch (default python3). Needs no network: the agent's
+# virtualenv is made without pip, and fleetops and nvidia-ml-py are copied from the checkout and
+# from PYTHON's own site-packages.
+set -uo pipefail
+out=${1:?usage: gpu-tier.sh OUT_DIR [PYTHON]}
+py=${2:-python3}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+nvidia-smi -L
+nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
+FLEETOPS_GPU_TEST_OUT="$out" timeout 420 "$py" -m pytest -q -ra -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest.log"
+
+# the agent as deployed: a virtualenv of its own
+pynvml=$("$py" -c 'import pynvml; print(pynvml.__file__)')
+torch_site=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+deploy() {  # deploy VENV [venv flags...]: the role's layout, by hand
+  local venv=$1; shift
+  rm -rf "$venv"
+  "$py" -m venv --without-pip "$@" "$venv"
+  local site
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp -r fleetops "$site/"
+  cp "$pynvml" "$site/"
+  "$venv/bin/python" -m compileall -q "$site/fleetops" "$site/pynvml.py"
+  echo "$site"
+}
+probe() {  # probe NAME VENV: which backend validate would use there
+  echo "== $1"
+  "$2/bin/python" -m fleetops.agent.main validate --probe 2>&1 | tee "$out/probe-$1.json"
+}
+deploy /tmp/fleetops-none >/dev/null
+probe none /tmp/fleetops-none
+deploy /tmp/fleetops-system /tmp/fleetops-system --system-site-packages >/dev/null
+probe system-site-packages /tmp/fleetops-system
+site=$(deploy /tmp/fleetops-pth)
+echo "$torch_site" > "$site/fleetops-validate-backend.pth"
+probe system-torch-pth /tmp/fleetops-pth
+echo "== validate --level quick from the agent's own virtualenv"
+( time timeout 300 /tmp/fleetops-pth/bin/python -m fleetops.agent.main validate --level quick --judge ) \
+  > "$out/validate-quick.json" 2> "$out/validate-quick.err"
+echo "exit $?"; tail -c 3000 "$out/validate-quick.json"; tail -5 "$out/validate-quick.err"
