@@ -10,6 +10,7 @@ PyTorch, so system-torch is refused naming what to install; a ``dcgmi`` on PATH 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ AGENT = os.path.join(BIN, "fleetops-agent")
 
 
 def _run(fleet: Any, tmp_path: Path, backend: str, path: str, check: bool = False,
-         ) -> subprocess.CompletedProcess[str]:
+         extra: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
     play = [{
         "name": "Give the agent its validation backend",
         "hosts": "node001",
@@ -38,7 +39,7 @@ def _run(fleet: Any, tmp_path: Path, backend: str, path: str, check: bool = Fals
             "name": "Validation backend",
             "ansible.builtin.include_role": {"name": "fleetops_agent", "tasks_from": "validate_backend"},
             "vars": {"fleetops_agent_venv": str(tmp_path / "venv"), "fleetops_agent_link": AGENT,
-                     "fleetops_agent_validate_backend": backend},
+                     "fleetops_agent_validate_backend": backend, **(extra or {})},
         }],
     }]
     book = tmp_path / "backend.yml"
@@ -102,3 +103,45 @@ def test_dcgm_is_checked_on_the_node(sim_fleet: Any, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "validation backend dcgm" in done.stdout
     assert _site_packages(tmp_path) == "include-system-site-packages = false"
+
+
+def _purelib(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return Path(out.strip())
+
+
+def test_system_torch_finds_pytorch_in_a_system_python_that_is_itself_a_virtualenv(sim_fleet: Any,
+                                                                                    tmp_path: Path) -> None:
+    """A node image whose python3 is a virtualenv holding PyTorch: a virtualenv made from it
+    with the system's site-packages sees its base interpreter's packages, not PyTorch. The role
+    asks that Python where its PyTorch is and points the agent's virtualenv there."""
+    system = tmp_path / "system-python"
+    venv.create(system, with_pip=False)
+    torch = _purelib(system / "bin" / "python") / "torch"
+    torch.mkdir()
+    (torch / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return True\n")
+    venv.create(tmp_path / "venv", with_pip=False)
+    agent_python = tmp_path / "venv" / "bin" / "python"
+    path = os.pathsep.join([BIN, "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+    extra = {"fleetops_agent_validate_torch_python": str(system / "bin" / "python"),
+             "fleetops_agent_validate_verify": False}
+
+    done = _run(sim_fleet, tmp_path, "system-torch", path, extra=extra)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pointer = _purelib(agent_python) / "fleetops-system-torch.pth"
+    assert pointer.read_text() == f"{torch.parent}\n"
+    # the agent's own interpreter, as validate runs it, now picks that PyTorch
+    env = {k: v for k, v in os.environ.items() if k not in ("FLEETOPS_SIM_STATE", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(REPO)
+    probe = subprocess.run([str(agent_python), "-m", "fleetops.agent.main", "validate", "--probe"],
+                           capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert json.loads(probe.stdout)["picked"] == "torch"
+    again = _run(sim_fleet, tmp_path, "system-torch", path, extra=extra)
+    assert again.returncode == 0 and _changed(again) == 0, again.stdout
+
+    back = _run(sim_fleet, tmp_path, "none", path, extra=extra)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert not pointer.exists()
