@@ -41,9 +41,11 @@ deploy /tmp/fleetops-none >/dev/null
 probe none /tmp/fleetops-none
 deploy /tmp/fleetops-system /tmp/fleetops-system --system-site-packages >/dev/null
 probe system-site-packages /tmp/fleetops-system
-site=$(deploy /tmp/fleetops-pth)
-echo "$torch_site" > "$site/fleetops-validate-backend.pth"
-probe system-torch-pth /tmp/fleetops-pth
+# fleetops_agent_validate_backend: system-torch, as the role deploys it: the system's
+# site-packages switched on and a .pth naming the folder the node's PyTorch is in
+site=$(deploy /tmp/fleetops-pth --system-site-packages)
+echo "$torch_site" > "$site/fleetops-system-torch.pth"
+probe system-torch /tmp/fleetops-pth
 echo "== validate --level quick from the agent's own virtualenv"
 ( time timeout 300 /tmp/fleetops-pth/bin/python -m fleetops.agent.main validate --level quick --judge ) \
   > "$out/validate-quick.json" 2> "$out/validate-quick.err"
