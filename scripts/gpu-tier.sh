@@ -17,7 +17,9 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
-FLEETOPS_GPU_TEST_OUT="$out" timeout 420 "$py" -m pytest -q -ra -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest.log"
+# GPU_TIER_PYTEST: more pytest arguments (e.g. -k 'not full' to leave out the 10-minute level)
+FLEETOPS_GPU_TEST_OUT="$out" timeout 420 "$py" -m pytest -q -ra -p no:cacheprovider tests/gpu ${GPU_TIER_PYTEST:-} 2>&1 \
+  | tee "$out/pytest.log"
 
 # the agent as deployed: a virtualenv of its own
 pynvml=$("$py" -c 'import pynvml; print(pynvml.__file__)')
@@ -47,6 +49,6 @@ site=$(deploy /tmp/fleetops-pth --system-site-packages)
 echo "$torch_site" > "$site/fleetops-system-torch.pth"
 probe system-torch /tmp/fleetops-pth
 echo "== validate --level quick from the agent's own virtualenv"
-( time timeout 300 /tmp/fleetops-pth/bin/python -m fleetops.agent.main validate --level quick --judge ) \
+( time timeout 200 /tmp/fleetops-pth/bin/python -m fleetops.agent.main validate --level quick --judge ) \
   > "$out/validate-quick.json" 2> "$out/validate-quick.err"
 echo "exit $?"; tail -c 3000 "$out/validate-quick.json"; tail -5 "$out/validate-quick.err"
