@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops.agent.serve import client
@@ -63,13 +64,7 @@ def _served(sock: Path) -> dict[str, Any] | None:
 
 
 def _until(what: str, fn: Any, deadline_s: float = 60.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {deadline_s:g} s waiting for {what}")
+    return polling.until(what, fn, deadline_s, step_s=0.2)
 
 
 @pytest.fixture(scope="module")

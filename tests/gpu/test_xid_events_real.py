@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops.agent.serve import client
@@ -93,13 +94,7 @@ def _daemon(sock: Path) -> dict[str, Any]:
 
 
 def _until(what: str, fn: Any, deadline_s: float = 60.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {deadline_s:g} s waiting for {what}")
+    return polling.until(what, fn, deadline_s, step_s=0.2)
 
 
 def test_the_daemon_holds_xid_events_on_every_gpu_none_while_quiesced_and_again_after(daemon: Any) -> None:

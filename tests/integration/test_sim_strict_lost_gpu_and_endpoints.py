@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops import model
@@ -65,13 +66,7 @@ def daemon_snapshot(info: dict[str, Any], node: str) -> dict[str, Any] | None:
 
 
 def until(what: str, probe: Any, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+    return polling.until(what, probe, timeout, step_s=0.5)
 
 
 def uuid_labels(page: str) -> set[str]:

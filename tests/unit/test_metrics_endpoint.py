@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops.agent import metrics, webconfig
@@ -85,14 +86,7 @@ def closed_by_server(sock: socket.socket) -> bool:
 
 
 def until(what: str, fn: Callable[[], Any], limit_s: float = LATE_S) -> Any:
-    end = time.monotonic() + limit_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return polling.until(what, fn, limit_s, step_s=0.05)
 
 
 # --- the deadline and the cap ------------------------------------------------------------------

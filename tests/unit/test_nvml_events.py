@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import fake_nvml
+import polling
 import pytest
 
 from fleetops.agent.serve import client, exposition, nvml_backend
@@ -23,14 +24,7 @@ BUS = ["0000:18:00.0", "0000:19:00.0"]  # the fake's two GPUs
 
 
 def _until(what: str, fn: Callable[[], Any], deadline_s: float = 30.0) -> Any:
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return polling.until(what, fn, deadline_s, step_s=0.05)
 
 
 @pytest.fixture()

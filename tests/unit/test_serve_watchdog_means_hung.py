@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops.agent.serve import claim, client
@@ -47,14 +48,7 @@ class Flaky(SimBackend):
 
 
 def _until(what: str, fn: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return polling.until(what, fn, deadline_s)
 
 
 def _snapshot(sock: str) -> dict[str, Any] | None:
