@@ -41,7 +41,7 @@ probe() {  # probe NAME VENV: which backend validate would use there
 }
 deploy /tmp/fleetops-none >/dev/null
 probe none /tmp/fleetops-none
-deploy /tmp/fleetops-system /tmp/fleetops-system --system-site-packages >/dev/null
+deploy /tmp/fleetops-system --system-site-packages >/dev/null
 probe system-site-packages /tmp/fleetops-system
 # fleetops_agent_validate_backend: system-torch, as the role deploys it: the system's
 # site-packages switched on and a .pth naming the folder the node's PyTorch is in
