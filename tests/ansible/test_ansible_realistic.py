@@ -251,7 +251,8 @@ def test_the_installed_wheel_checks_power_and_the_driver_rollout_and_changes_not
     assert wheel_venv.under_venv(root)
     assert root.endswith("/fleetops/collections/ansible_collections/fleetops/gpu"), root
     events = WheelVenv.events(artifacts / "power") + WheelVenv.events(artifacts / "rollout")
-    paths = {e["event_data"]["task_path"].rsplit(":", 1)[0] for e in events if e["event_data"].get("task_path")}
+    # events that are only output (verbose lines, warnings) carry no event_data
+    paths = {e["event_data"]["task_path"].rsplit(":", 1)[0] for e in events if e.get("event_data", {}).get("task_path")}
     assert paths and [p for p in paths if not p.startswith(root + "/")] == [], sorted(paths)
     actions = ("fleetops.gpu.fleetops_gpu_set", "fleetops.gpu.fleetops_gpu_facts", "ansible.builtin.apt")
     ran = {
