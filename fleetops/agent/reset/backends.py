@@ -26,7 +26,6 @@ from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_E
 DEFAULT_LOG = RESET_JOURNAL
 LOG_ENV = RESET_JOURNAL_ENV
 LOCK_ENV = "FLEETOPS_LOCK"
-DAEMON_SOCKET_ENV = "FLEETOPS_AGENT_SOCKET"  # the daemon's socket when not the default (tests, a second daemon)
 
 
 class ResetError(Exception):
@@ -219,7 +218,7 @@ class Backend(DryRunGuard):
         """The resident agent's socket on this node (it is paused for the reset)."""
         from fleetops.agent.serve import client
 
-        return os.environ.get(DAEMON_SOCKET_ENV) or client.DEFAULT_SOCKET
+        return client.action_socket(self.name, None)
 
     def service_pids(self, units: list[str]) -> dict[int, str]:
         """pid -> unit for the running client units (their processes hold the device files)."""

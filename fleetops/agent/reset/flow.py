@@ -58,7 +58,6 @@ from fleetops.agent.reset.preconditions import (
     PRECONDITIONS,
     REMEDY_INSPECT,
     REMEDY_REBOOT,
-    TOLERATED_HOLDERS,
     Check,
     check_clients,
     check_fabric_manager,
@@ -70,6 +69,7 @@ from fleetops.agent.reset.preconditions import (
     check_row_remap,
     lock_check,
     pick_remedy,
+    tolerated,
 )
 from fleetops.catalog.actions import (
     DEFAULT_CLIENTS,
@@ -478,8 +478,7 @@ class _Attempt:
             held, reason = self.backend.holders()
             if held is None:
                 return False, f"cannot check who holds the GPU right before the reset ({reason})", {}
-            tolerated = [h for h in held if os.path.basename(h.command.split(" ", 1)[0]) in TOLERATED_HOLDERS]
-            left = [h for h in held if h not in tolerated]
+            left = [h for h in held if not tolerated(h)]
             actions.append({"action": "check_holders", "ok": not left, "holders": [h.to_dict() for h in held]})
             if left:
                 return False, ("not reset: the GPU's device files are still held right before the reset: "

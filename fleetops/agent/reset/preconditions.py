@@ -57,6 +57,11 @@ PRECONDITIONS = (
 TOLERATED_HOLDERS = ("nv-fabricmanager",)
 
 
+def tolerated(holder: Any) -> bool:
+    """A holder the reset leaves running (its program is one of ``TOLERATED_HOLDERS``)."""
+    return os.path.basename(holder.command.split(" ", 1)[0]) in TOLERATED_HOLDERS
+
+
 
 def present(node: model.Node) -> str:
     return ", ".join(f"{g.index}={g.uuid}@{g.bus_id}" for g in node.gpus) or "none"
@@ -360,7 +365,7 @@ def check_holders(
             entry["then"] = f"stopped with {client_pids[h.pid]}, started again after the reset"
         elif h.pid in end_pids:
             entry["then"] = "ended (confirmed compute process)"
-        elif os.path.basename(h.command.split(" ", 1)[0]) in TOLERATED_HOLDERS:
+        elif tolerated(h):
             entry["then"] = "left running: the reset needs it"
         else:
             others.append(h)

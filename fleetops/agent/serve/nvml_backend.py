@@ -289,23 +289,11 @@ class NvmlBackend:
         handles dropped (the events loop frees its set when ``reinits`` moves) and NVML shut
         down as often as this process initialised it, so no device file stays open. The next
         ``light`` or ``full`` initialises it again."""
-        self._drop()
-        self._events_quiet(2.5)
-        N = self.N
-        for _ in range(64):  # nvmlInit is counted; one shutdown per init this process made
-            try:
-                N.nvmlShutdown()
-            except N.NVMLError:
-                break  # Uninitialized: the count is at zero
-            except Exception:  # noqa: BLE001 - a binding without NVML loaded: nothing held
-                break
+        from fleetops.gpu import nvml
 
-    def _events_quiet(self, timeout: float) -> None:
-        """Wait (bounded) until the events loop holds no event set: NVML must not be shut down
-        under a wait in progress."""
-        quiet = getattr(self, "events_quiet", None)
-        if quiet is not None:
-            quiet.wait(timeout)
+        self._drop()
+        self.events_quiet.wait(2.5)  # NVML must not be shut down under an event wait in progress
+        nvml.release_process(self.N)
 
     def boot_epoch(self) -> float | None:
         try:
