@@ -42,7 +42,7 @@ STATUS_LABEL = {
 }
 # Health ranks for sorting: an unreachable node sorts above a critical one.
 HEALTH_RANK = {**model.SEVERITY_RANK, "pending": -1, "stale": 4.5, "unreach": 5}
-FAULT_SEVERITIES = frozenset({"warn", "crit"})
+FAULT_SEVERITIES = model.FAULT_SEVERITIES  # the one definition, which the n/m tally uses too
 
 # Which cells of a GPU row a finding's check id points at, so the value at fault is coloured.
 _CHECK_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
