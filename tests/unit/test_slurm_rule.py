@@ -1,10 +1,12 @@
-"""The Slurm marker rule: one rule in fleetops.catalog.slurm, the same answers from the
-standalone Ansible module (which cannot import fleetops), and the controller's argv and name
-resolution in fleetops.ops.slurm."""
+"""Whose drain is it: one rule in fleetops.catalog.slurm, and the collection's byte-identical
+copy (plugins/module_utils/slurm_rule.py, which the modules import) held to the same answers on
+a table of Reasons."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,10 @@ import pytest
 
 from fleetops.catalog import slurm as rule
 
-MODULE_FILE = Path(__file__).resolve().parents[2] / "plugins" / "modules" / "fleetops_slurm_node.py"
+REPO = Path(__file__).resolve().parents[2]
+COPY = REPO / "plugins" / "module_utils" / "slurm_rule.py"
+RUN = "20261206T071502Z-3f9a"
+OTHER_RUN = "20261205T230000Z-0b1c"
 
 REASONS = [
     None,
@@ -23,84 +28,204 @@ REASONS = [
     "[fleetops] fleetops driver rollout",
     "[fleetops]",
     "  [fleetops] padded",
+    "[fleetops] healthcheck: memory.ecc_dbe_volatile on GPU GPU-1 0000:18:00.0",
+    "[fleetops] fleetops: xid.79",
+    f"[fleetops] rollout/{RUN}: driver rollout 580.163.01",
+    f"[fleetops] rollout/{OTHER_RUN}: driver rollout 580.163.01",
+    f"[fleetops] mig/{RUN}: MIG change",
+    f"[fleetops] health/{RUN}-node017: memory.ecc_dbe_volatile on GPU GPU-1",
+    "[fleetops] operator/alice@ctl: GPU 3 hung",
+    f"[fleetops] reset/{RUN}: reset GPU-1 (memory.ecc_dbe_volatile)",
+    "[fleetops] bogus/x: an owner kind that does not exist",
+    "[fleetops] rollout/: no run",
     "GPU 3 XID 79,  RMA",
-    "fleetops: looks like ours but is not marked",
     "[fleetop] typo",
     "x [fleetops] marker not at the start",
 ]
-
-SHOW_LINES = [
-    "",
-    "NodeName=g1 State=IDLE",
-    "NodeName=g1 Arch=x86_64 State=MIXED+DRAIN Reason=fleetops driver rollout [root@2026-12-02T10:00:00] Comment=x",
-    "NodeName=g1 State=IDLE+DRAIN Reason=[fleetops] GPU 3 hung [root@2026-12-02T10:00:00]",
-    "NodeName=node102 State=DOWN+DRAIN+NOT_RESPONDING Reason=maintenance by alice [alice@2026-12-02T09:00:00]",
-    "NodeName=g1 State=DRAINED Reason=no stamp here",
-    "NodeName=g1 State=IDLE* Reason=Not responding [slurm@2026-12-02T10:00:00] Partitions=gpu",
-]
-
-STATES = [
-    None,
-    "",
-    "IDLE",
-    "IDLE+DRAIN",
-    "MIXED+DRAIN",
-    "DRAINED",
-    "DRAINING",
-    "DOWN*+DRAIN",
-    "ALLOCATED",
-    "idle+drain",
-]
+STATES = [None, "", "IDLE", "IDLE+DRAIN", "MIXED+DRAIN", "DRAINED", "DOWN*+DRAIN", "ALLOCATED", "idle+drain"]
 
 
 @pytest.fixture(scope="module")
-def module() -> Any:
-    spec = importlib.util.spec_from_file_location("fleetops_test_slurm_node_rule", MODULE_FILE)
+def copy() -> Any:
+    spec = importlib.util.spec_from_file_location("fleetops_test_slurm_rule_copy", COPY)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is made
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_the_module_and_the_catalog_share_the_marker(module: Any) -> None:
-    assert module.MARKER == rule.MARKER
-    assert module.DEFAULT_REASON == rule.DEFAULT_REASON
-    assert module.DRAIN_FLAGS == rule.DRAIN_FLAGS
+def test_the_collection_carries_the_rule_byte_for_byte() -> None:
+    source = Path(rule.__file__).read_bytes()
+    assert COPY.read_bytes() == source, (
+        f"copy it: cp {Path(rule.__file__).relative_to(REPO)} {COPY.relative_to(REPO)}"
+    )
 
 
 @pytest.mark.parametrize("reason", REASONS)
-def test_the_module_and_the_catalog_agree_on_reasons(module: Any, reason: str | None) -> None:
-    assert module.is_ours(reason) == rule.is_ours(reason)
-    assert module.marked_reason(reason) == rule.marked_reason(reason)
-    # what fleetops sets is recognised as its own by both
-    assert rule.is_ours(rule.marked_reason(reason)) and module.is_ours(module.marked_reason(reason))
+@pytest.mark.parametrize("state", ["IDLE+DRAIN", "IDLE"])
+def test_the_copy_gives_the_same_answers(copy: Any, reason: str | None, state: str) -> None:
+    assert dataclasses.astuple(copy.owner_of(reason)) == dataclasses.astuple(rule.owner_of(reason))
+    for kind in rule.OWNER_KINDS:
+        for run in (RUN, OTHER_RUN):
+            a, b = (
+                rule.drain_decision(state, reason, kind, run),
+                copy.drain_decision(state, reason, kind, run),
+            )
+            assert (a.action, a.why) == (b.action, b.why)
+            for force in (False, True):
+                a, b = (
+                    rule.resume_decision(state, reason, kind, run, force),
+                    copy.resume_decision(state, reason, kind, run, force),
+                )
+                assert (a.action, a.why) == (b.action, b.why)
 
 
-@pytest.mark.parametrize("line", SHOW_LINES)
-def test_the_module_and_the_catalog_read_scontrol_alike(module: Any, line: str) -> None:
-    assert module.parse_node(line) == rule.parse_node(line)
+def test_owners_are_read_from_the_reason() -> None:
+    o = rule.owner_of(f"[fleetops] rollout/{RUN}: driver rollout 580.163.01")
+    assert (o.kind, o.run, o.purpose, o.legacy, o.fault) == (
+        "rollout",
+        RUN,
+        "driver rollout 580.163.01",
+        False,
+        False,
+    )
+    o = rule.owner_of("[fleetops] healthcheck: memory.ecc_dbe_volatile on GPU GPU-1")
+    assert (o.kind, o.run, o.legacy, o.fault) == ("health", None, True, True)
+    o = rule.owner_of("[fleetops] fleetops: xid.79")  # the TUI's drains before owners: an operator's
+    assert (o.kind, o.legacy, o.fault) == ("operator", True, True)
+    o = rule.owner_of("[fleetops] bogus/x: no such kind")
+    assert (o.kind, o.legacy) == ("operator", True)
+    o = rule.owner_of("maintenance by alice")
+    assert (o.kind, o.ours, o.fault) == ("other", False, True)
+    assert "alice" in o.describe()
 
 
-@pytest.mark.parametrize("state", STATES)
-def test_the_module_and_the_catalog_agree_on_drained(module: Any, state: str | None) -> None:
-    assert module.is_drained(state) == rule.is_drained(state)
+def test_a_reason_written_is_read_back_as_its_owner() -> None:
+    for kind in rule.OWNER_KINDS:
+        text = rule.drain_reason(kind, RUN, "a purpose with Key=value  and\nnewline")
+        assert text.startswith(f"[fleetops] {kind}/{RUN}: ")
+        assert "=" not in text and "\n" not in text
+        o = rule.owner_of(text)
+        assert (o.kind, o.run, o.purpose) == (kind, RUN, "a purpose with Key:value and newline")
+    assert len(rule.drain_reason("rollout", RUN, "x" * 500)) == rule.MAX_REASON
+    with pytest.raises(ValueError, match="owner kind 'rolout'"):
+        rule.drain_reason("rolout", RUN, "typo")
+    with pytest.raises(ValueError, match="run id 'a b'"):
+        rule.drain_reason("rollout", "a b", "space")
 
 
-def test_marker_rule() -> None:
-    assert rule.marked_reason("GPU 3 hung") == "[fleetops] GPU 3 hung"
-    assert rule.marked_reason("[fleetops] GPU 3 hung") == "[fleetops] GPU 3 hung"  # not twice
-    assert rule.marked_reason("") == "[fleetops] fleetops maintenance"
-    assert rule.is_ours("[fleetops] GPU 3 hung")
-    assert not rule.is_ours("maintenance by alice")
-    assert not rule.is_ours("fleetops driver rollout")  # the words alone are not the marker
-    assert not rule.is_ours(None)
+def test_run_ids_carry_their_time() -> None:
+    run = rule.new_run_id(1_765_000_000)
+    assert rule.RUN_RE.match(run)
+    assert rule.run_time(run) == 1_765_000_000
+    assert rule.run_time("alice@ctl") is None
 
 
-def test_parse_node_and_the_stamp() -> None:
-    line = "NodeName=n2 State=IDLE+DRAIN Reason=maintenance by alice [alice@2026-12-02T09:00:00] Comment=x"
-    assert rule.parse_node(line) == ("IDLE+DRAIN", "maintenance by alice")
-    assert rule.reason_stamp(line) == ("alice", "2026-12-02T09:00:00")
-    assert rule.reason_stamp("NodeName=n2 State=IDLE") == (None, None)
-    assert rule.reason_stamp("NodeName=n2 State=IDLE+DRAIN Reason=no stamp") == (None, None)
-    assert rule.is_drained("MIXED+DRAIN") and rule.is_drained("DRAINED")
-    assert not rule.is_drained("IDLE") and not rule.is_drained("ALLOCATED")
+# (state, reason, kind, run, force) -> expected action
+RESUME_TABLE = [
+    ("IDLE", f"[fleetops] rollout/{RUN}: x", "rollout", RUN, False, "not_drained"),
+    ("IDLE+DRAIN", f"[fleetops] rollout/{RUN}: x", "rollout", RUN, False, "resume"),
+    ("IDLE+DRAIN", f"[fleetops] rollout/{OTHER_RUN}: x", "rollout", RUN, False, "leave"),  # another run's
+    ("IDLE+DRAIN", f"[fleetops] health/{OTHER_RUN}: dbe", "rollout", RUN, False, "leave"),  # a fault drain
+    ("IDLE+DRAIN", "[fleetops] healthcheck: dbe", "rollout", RUN, False, "leave"),  # old health drain
+    ("IDLE+DRAIN", "[fleetops] fleetops: xid.79", "mig", RUN, False, "leave"),  # old TUI drain
+    ("IDLE+DRAIN", "[fleetops] healthcheck: dbe", "health", RUN, False, "resume"),  # its own, any pass
+    ("IDLE+DRAIN", f"[fleetops] health/{OTHER_RUN}: dbe", "health", RUN, False, "resume"),
+    ("IDLE+DRAIN", f"[fleetops] rollout/{RUN}: x", "health", RUN, False, "leave"),  # never a rollout's
+    ("IDLE+DRAIN", "[fleetops] operator/bob: GPU 3 hung", "operator", "alice", False, "resume"),
+    ("IDLE+DRAIN", f"[fleetops] health/{OTHER_RUN}: dbe", "operator", "alice", False, "leave"),
+    ("IDLE+DRAIN", f"[fleetops] health/{OTHER_RUN}: dbe", "operator", "alice", True, "resume"),
+    ("IDLE+DRAIN", "maintenance by alice", "operator", "bob", False, "leave"),
+    ("IDLE+DRAIN", "maintenance by alice", "operator", "bob", True, "resume"),
+    ("IDLE+DRAIN", "maintenance by alice", "rollout", RUN, True, "leave"),  # force is an operator's alone
+    ("MIXED+DRAIN", f"[fleetops] reset/{RUN}: reset GPU-1", "reset", RUN, False, "resume"),
+    ("MIXED+DRAIN", f"[fleetops] reset/{OTHER_RUN}: reset GPU-1", "reset", RUN, False, "leave"),
+]
+
+
+@pytest.mark.parametrize(("state", "reason", "kind", "run", "force", "expected"), RESUME_TABLE)
+def test_who_may_resume(state: str, reason: str, kind: str, run: str, force: bool, expected: str) -> None:
+    decision = rule.resume_decision(state, reason, kind, run, force)
+    assert decision.action == expected, decision.why
+    if expected == "leave":
+        assert rule.owner_of(reason).describe() in decision.why
+
+
+DRAIN_TABLE = [
+    ("IDLE", None, "rollout", RUN, "drain"),
+    ("IDLE+DRAIN", f"[fleetops] rollout/{RUN}: x", "rollout", RUN, "ours"),
+    ("IDLE+DRAIN", f"[fleetops] rollout/{OTHER_RUN}: x", "rollout", RUN, "adopt"),  # a rerun takes it over
+    ("IDLE+DRAIN", f"[fleetops] rollout/{OTHER_RUN}: x", "mig", RUN, "held"),
+    ("IDLE+DRAIN", f"[fleetops] health/{OTHER_RUN}: dbe", "rollout", RUN, "held"),
+    ("IDLE+DRAIN", "[fleetops] healthcheck: dbe", "health", RUN, "ours"),
+    (
+        "IDLE+DRAIN",
+        "[fleetops] fleetops driver rollout",
+        "rollout",
+        RUN,
+        "held",
+    ),  # before owners: not adopted
+    ("IDLE+DRAIN", f"[fleetops] reset/{OTHER_RUN}: x", "reset", RUN, "held"),  # remediate never adopts
+    ("IDLE+DRAIN", "maintenance by alice", "operator", "bob", "held"),
+]
+
+
+@pytest.mark.parametrize(("state", "reason", "kind", "run", "expected"), DRAIN_TABLE)
+def test_what_a_drain_does_on_a_drained_node(
+    state: str, reason: str, kind: str, run: str, expected: str
+) -> None:
+    assert rule.drain_decision(state, reason, kind, run).action == expected
+
+
+SHOW = "\n".join(
+    [
+        "NodeName=n01 Arch=x86_64 State=IDLE Partitions=gpu,all",
+        "NodeName=n02 State=MIXED+DRAIN Reason=[fleetops] health/20261206T070000Z-n02: dbe [root@2026-12-06T07:00:00] Partitions=gpu",
+        "NodeName=n03 State=DOWN* Reason=Not responding [slurm@2026-12-06T06:00:00] Partitions=gpu",
+        "NodeName=n04 State=ALLOCATED Partitions=gpu",
+        "NodeName=n05 State=IDLE Partitions=gpu",
+        "NodeName=n06 State=IDLE Partitions=gpu",
+        "NodeName=n07 State=IDLE Partitions=gpu",
+        "NodeName=n08 State=IDLE Partitions=gpu",
+        "NodeName=n09 State=IDLE Partitions=gpu",
+        "NodeName=n10 State=IDLE Partitions=gpu",
+        "NodeName=c01 State=IDLE Partitions=cpu",
+    ]
+)
+
+
+def test_scontrol_show_nodes_is_read_node_by_node() -> None:
+    nodes = rule.parse_nodes(SHOW)
+    assert [n.name for n in nodes][:3] == ["n01", "n02", "n03"]
+    assert nodes[0].partitions == ("gpu", "all")
+    assert nodes[1].reason == "[fleetops] health/20261206T070000Z-n02: dbe"
+    assert [n.name for n in nodes if rule.is_out(n.state)] == ["n02", "n03"]
+
+
+def test_capacity_counts_every_node_out_whoever_drained_it() -> None:
+    nodes = rule.parse_nodes(SHOW)
+    # gpu has 10 nodes; two are out already (a health drain, a node down)
+    assert rule.allowed_out(10, 0.1) == 1 and rule.allowed_out(3, 0.1) == 1 and rule.allowed_out(10, 0.5) == 5
+    problems = rule.capacity_problems(nodes, ["n05"], 0.1)
+    assert len(problems) == 1
+    assert "partition gpu: 2 of 10 nodes are out of service already (n02, n03)" in problems[0]
+    assert "more than the allowed 1 (10%)" in problems[0]
+    assert rule.capacity_problems(nodes, ["n05"], 0.3) == []  # 3 of 10
+    assert len(rule.capacity_problems(nodes, ["n05", "n06"], 0.3)) == 1  # 4 of 10
+    assert rule.capacity_problems(nodes, ["n02"], 0.1) == []  # already out: draining adds nothing
+    assert rule.capacity_problems(nodes, ["c01"], 0.1) == []  # its own partition is untouched
+    with pytest.raises(ValueError, match="max drain share 0"):
+        rule.capacity_problems(nodes, ["n05"], 0)
+
+
+def test_the_breaker_counts_recent_health_drains_of_the_watched_nodes() -> None:
+    nodes = rule.parse_nodes(SHOW)
+    now = rule.run_time("20261206T070500Z-0000")
+    assert now is not None
+    # one health drain 5 min ago among 10 gpu nodes; at 20 % two may be drained: one more is fine
+    is_open, why = rule.breaker(nodes, "n05", 0.2, 600, now)
+    assert not is_open and "1 of 10 watched nodes" in why
+    assert rule.breaker(nodes, "n05", 0.1, 600, now)[0]  # limit 1: the second drain trips it
+    assert not rule.breaker(nodes, "n05", 0.1, 120, now)[0]  # that drain is outside a 2 min window
+    assert not rule.breaker(nodes, "c01", 0.1, 600, now)[0]  # the cpu partition has no health drain
