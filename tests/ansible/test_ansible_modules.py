@@ -6,7 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from fleetops.gpu import sim
 
@@ -122,8 +127,9 @@ def test_gpu_facts_pins_packages_through_the_baseline_and_layers_them(run_module
     versions given as numbers (unquoted Jinja) are pinned as their text."""
     baseline = {"packages": {"nvidia-fabricmanager-580": "570.133.20", "nvidia-open": "580.159.04"}}
     expect = {"packages": {"nvidia-fabricmanager-580": "580.159.04", "cuda-toolkit-13-0": 13.0}}
-    rc, result = run_module("fleetops_gpu_facts",
-                            {"baseline": baseline, "expect": expect, "sim_state": sim_state, "agent": AGENT})
+    rc, result = run_module(
+        "fleetops_gpu_facts", {"baseline": baseline, "expect": expect, "sim_state": sim_state, "agent": AGENT}
+    )
     assert rc == 0 and result["compliant"] is False
     # The expect pin of Fabric Manager wins over the baseline's and holds; "13.0" is not
     # cuda-toolkit-13-0's 13.0.2-1; the baseline's own nvidia-open pin is judged by the same check.
@@ -132,10 +138,15 @@ def test_gpu_facts_pins_packages_through_the_baseline_and_layers_them(run_module
         "package nvidia-open is not installed, expected 580.159.04",
     ]
     assert [f for f in result["findings"] if f["check"] == "versions.packages"] == result["mismatches"]
-    rc, result = run_module("fleetops_gpu_facts", {"expect": {"packages": {"nvidia-open": None}},
-                                                   "sim_state": sim_state, "agent": AGENT})
-    assert rc == 1 and result["kind"] == "usage" and result["msg"] == (
-        "expect.packages: nvidia-open: a version is text or a number")
+    rc, result = run_module(
+        "fleetops_gpu_facts",
+        {"expect": {"packages": {"nvidia-open": None}}, "sim_state": sim_state, "agent": AGENT},
+    )
+    assert (
+        rc == 1
+        and result["kind"] == "usage"
+        and result["msg"] == ("expect.packages: nvidia-open: a version is text or a number")
+    )
 
 
 def test_gpu_facts_rejects_unknown_expectations(run_module, sim_state: str) -> None:
@@ -148,7 +159,11 @@ def test_gpu_facts_rejects_unknown_expectations(run_module, sim_state: str) -> N
 def test_gpu_facts_names_a_baseline_that_does_not_validate(run_module, sim_state: str) -> None:
     rc, result = run_module(
         "fleetops_gpu_facts",
-        {"baseline": {"power_limit_w": 700, "persistance_mode": True}, "sim_state": sim_state, "agent": AGENT},
+        {
+            "baseline": {"power_limit_w": 700, "persistance_mode": True},
+            "sim_state": sim_state,
+            "agent": AGENT,
+        },
     )
     assert rc == 1 and result["kind"] == "usage"
     assert "persistance_mode" in result["msg"] and "did you mean 'persistence_mode'" in result["msg"]
@@ -175,7 +190,8 @@ def test_gpu_facts_judges_each_gpu_by_its_own_models_limit(run_module, sim_state
     rc, failed = run_module("fleetops_gpu_facts", args)
     assert rc == 1 and failed["kind"] == "findings"
     assert [(f["check"], f["gpu"]["index"], f["expected"]) for f in failed["findings"]] == [
-        ("thermal_power.power_limit", 5, 600.0)]
+        ("thermal_power.power_limit", 5, 600.0)
+    ]
     assert "GPU 5" in failed["msg"] and H100 in failed["msg"]
     rc, passed = run_module("fleetops_gpu_facts", {**args, "fail_on": "crit"})
     assert rc == 0 and len(passed["findings"]) == 1 and passed["compliant"] is True
@@ -193,19 +209,28 @@ def test_gpu_facts_takes_the_checks_tolerance_not_its_own(run_module, sim_state:
         st["gpus"][3].update(power_limit_w=702.0, power_enforced_limit_w=702.0)
     rc, result = run_module("fleetops_gpu_facts", args)
     assert rc == 0 and [(m["check"], m["gpu"]["index"]) for m in result["mismatches"]] == [
-        ("thermal_power.power_limit", 3)]
+        ("thermal_power.power_limit", 3)
+    ]
 
 
 def test_gpu_facts_a_value_asked_for_that_cannot_be_read_is_not_compliant(run_module, sim_state: str) -> None:
     with sim.locked_state(sim_state) as st:
         st["gpus"][1].update(power_limit_w=None, unavailable={"power_limit_w": "NoPermission"})
-    rc, power = run_module("fleetops_gpu_facts", {"expect": {"power_limit_w": 700}, "sim_state": sim_state, "agent": AGENT})
+    rc, power = run_module(
+        "fleetops_gpu_facts", {"expect": {"power_limit_w": 700}, "sim_state": sim_state, "agent": AGENT}
+    )
     assert rc == 0 and power["compliant"] is False
-    assert [(m["check"], m["severity"]) for m in power["mismatches"]] == [("thermal_power.unreadable", "unknown")]
+    assert [(m["check"], m["severity"]) for m in power["mismatches"]] == [
+        ("thermal_power.unreadable", "unknown")
+    ]
     # the same unreadable value says nothing about a key that does not read it
     rc, driver = run_module(
         "fleetops_gpu_facts",
-        {"expect": {"power_limit_w": None, "driver_version": "580.159.04"}, "sim_state": sim_state, "agent": AGENT},
+        {
+            "expect": {"power_limit_w": None, "driver_version": "580.159.04"},
+            "sim_state": sim_state,
+            "agent": AGENT,
+        },
     )
     assert rc == 0 and driver["compliant"] is True and driver["mismatches"] == []
 
@@ -216,8 +241,16 @@ def test_gpu_facts_verdict_is_the_agents(run_module, sim_state: str, tmp_path: P
     snapshot = json.loads(subprocess.run([AGENT, "collect", "--backend", "sim", "--state", sim_state],
                                          capture_output=True, text=True, check=True).stdout)  # fmt: skip
     for gpu in snapshot["gpus"]:
-        gpu.update(power_limit_w=450.0, power_enforced_limit_w=450.0, persistence_mode=False, mig_mode_current=True)
-    report = {"kind": "fleetops.check/v1", "scope": "node", "exit_code": 0, "findings": [], "snapshot": snapshot}
+        gpu.update(
+            power_limit_w=450.0, power_enforced_limit_w=450.0, persistence_mode=False, mig_mode_current=True
+        )
+    report = {
+        "kind": "fleetops.check/v1",
+        "scope": "node",
+        "exit_code": 0,
+        "findings": [],
+        "snapshot": snapshot,
+    }
     agent = tmp_path / "agent"
     agent.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(report)}\nEOF\n")
     agent.chmod(0o755)
@@ -237,66 +270,280 @@ def test_gpu_facts_module_and_audit_role_hold_no_power_comparison() -> None:
     assert mentions == []
 
 
-def test_slurm_drain_records_and_resumes_only_what_it_drained(run_module, fake_slurm, tmp_path: Path) -> None:
-    scontrol, db = fake_slurm({"n1": {"state": "MIXED"}, "n2": {"state": "IDLE+DRAIN", "reason": "bad DIMM"}})
-    common = {
-        "scontrol": scontrol,
-        "marker_dir": str(tmp_path / "markers"),
-        "reason": "fleetops driver rollout",
+STRICT_SCONTROL = r'''#!/usr/bin/env python3
+"""A strict stand-in for scontrol: nodes in a JSON file ($FAKE_SLURM), answered as slurmctld
+answers (unknown node: "Node X not found", exit 1; RESUME of a node not drained: "Invalid node
+state specified"; DRAIN without a Reason refused); every update logged with a timestamp."""
+import fcntl, json, os, sys, time
+db = os.environ["FAKE_SLURM"]
+lock = open(db + ".lock", "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+with open(db) as fh:
+    nodes = json.load(fh)
+args = [a for a in sys.argv[1:] if a not in ("-o", "--oneliner")]
+
+
+def line(name, n):
+    text = (f"NodeName={name} Arch=x86_64 CoresPerSocket=56 CPUAlloc=0 State={n['state']} "
+            f"Gres=gpu:h200:8 Partitions={','.join(n.get('partitions', ['gpu']))}")
+    if n.get("reason"):
+        text += f" Reason={n['reason']} [root@2026-12-02T10:00:00]"
+    return text
+
+
+def fail(msg):
+    print(msg, file=sys.stderr)
+    sys.exit(1)
+
+
+if args[:2] == ["show", "node"] and len(args) == 3:
+    if args[2] not in nodes:
+        fail(f"Node {args[2]} not found")
+    print(line(args[2], nodes[args[2]]))
+elif args[:2] in (["show", "nodes"], ["show", "node"]):
+    for name in sorted(nodes):
+        print(line(name, nodes[name]))
+elif args[:1] == ["update"]:
+    kv = dict(a.split("=", 1) for a in args[1:])
+    name = kv.get("NodeName")
+    if name not in nodes:
+        fail("slurm_update error: Invalid node name specified")
+    n = nodes[name]
+    flags = n["state"].split("+")
+    want = kv.get("State", "").upper()
+    if want == "DRAIN":
+        if not kv.get("Reason"):
+            fail("You must specify a reason when DRAINING a node\nRequest aborted")
+        if "DRAIN" not in flags:
+            flags.append("DRAIN")
+        n["reason"] = kv["Reason"]
+    elif want == "RESUME":
+        if "DRAIN" not in flags:
+            fail("slurm_update error: Invalid node state specified")
+        flags.remove("DRAIN")
+        n.pop("reason", None)
+    else:
+        fail(f"slurm_update error: Invalid node state specified ({want})")
+    n["state"] = "+".join(flags)
+    with open(db + ".tmp", "w") as fh:
+        json.dump(nodes, fh)
+    os.replace(db + ".tmp", db)
+    drained = sorted(k for k, v in nodes.items() if "DRAIN" in v["state"].split("+"))
+    with open(db + ".log", "a") as fh:
+        fh.write(json.dumps({"t": time.time(), "node": name, "state": want, "drained": drained}) + "\n")
+else:
+    fail(f"scontrol: invalid command {' '.join(args)!r}")
+'''
+
+
+RUN_A, RUN_B = "20261206T071502Z-3f9a", "20261207T080000Z-77c0"
+HEALTH = "[fleetops] health/20261206T031207Z-node017: memory.ecc_dbe_volatile on GPU GPU-5d3e 0000:18:00.0"
+
+
+@pytest.fixture
+def strict_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The strict scontrol: returns (path, read_nodes, write_nodes, log) for a node table."""
+    script = tmp_path / "scontrol"
+    script.write_text(STRICT_SCONTROL.replace("/usr/bin/env python3", sys.executable))
+    script.chmod(0o755)
+    db = tmp_path / "slurm.json"
+    monkeypatch.setenv("FAKE_SLURM", str(db))
+
+    def setup(nodes: dict[str, dict[str, Any]]) -> tuple[str, Callable[[], dict[str, Any]]]:
+        db.write_text(json.dumps(nodes))
+        return str(script), lambda: json.loads(db.read_text())
+
+    return setup
+
+
+def _slurm(run_module, scontrol: str, name: str, state: str, **more: Any) -> tuple[int, dict[str, Any]]:
+    args = {"scontrol": scontrol, "name": name, "host": f"{name}.dc1", "state": state, **more}
+    check = bool(args.pop("check", False))
+    return run_module("fleetops_slurm_node", args, check=check)
+
+
+def test_slurm_drains_under_its_owner_is_idempotent_and_resumes_only_its_own_run(
+    run_module, strict_slurm
+) -> None:
+    scontrol, nodes = strict_slurm({"n1": {"state": "MIXED"}, "n2": {"state": "IDLE"}})
+    mine = {"owner": "rollout", "run": RUN_A, "reason": "driver rollout 580.163.01"}
+    reason = f"[fleetops] rollout/{RUN_A}: driver rollout 580.163.01"
+
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", check=True, **mine)
+    assert (
+        rc == 0 and r["changed"] and r["action"] == "drain" and r["msg"] == "n1 would be drained (is MIXED)"
+    )
+    assert nodes()["n1"] == {"state": "MIXED"}
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", **mine)
+    assert (
+        rc == 0
+        and r["changed"]
+        and r["owner"] is None
+        and nodes()["n1"] == {"state": "MIXED+DRAIN", "reason": reason}
+    )
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", **mine)
+    assert r["changed"] is False and r["action"] == "ours" and r["owner"]["run"] == RUN_A  # idempotent
+
+    # another run of the same kind (a second rollout running at the same time would be a mistake,
+    # but the rule is the rule): its resume leaves this run's drain alone
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", owner="rollout", run=RUN_B)
+    assert rc == 0 and r["changed"] is False and r["held"] and r["action"] == "leave"
+    assert nodes()["n1"]["reason"] == reason
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", check=True, **mine)
+    assert r["changed"] and nodes()["n1"]["state"] == "MIXED+DRAIN"
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert rc == 0 and r["changed"] and r["action"] == "resume" and nodes()["n1"] == {"state": "MIXED"}
+    # resumed already: nothing to do (the strict scontrol would refuse a second RESUME)
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert rc == 0 and r["changed"] is False and r["action"] == "not_drained"
+    rc, r = _slurm(run_module, scontrol, "n2", "resumed", **mine)
+    assert rc == 0 and r["changed"] is False and nodes()["n2"] == {"state": "IDLE"}
+
+
+def test_slurm_leaves_a_health_drain_with_its_reason_through_drain_and_resume(
+    run_module, strict_slurm
+) -> None:
+    scontrol, nodes = strict_slurm({"n1": {"state": "IDLE+DRAIN", "reason": HEALTH}})
+    before = nodes()
+    mine = {"owner": "rollout", "run": RUN_A, "reason": "driver rollout"}
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", **mine)
+    assert rc == 0 and r["changed"] is False and r["held"] is True and r["action"] == "held"
+    assert r["held_by"].startswith(
+        "the health program (run 20261206T031207Z-node017): memory.ecc_dbe_volatile"
+    )
+    assert r["msg"].startswith("held: n1.dc1 (Slurm node name n1) drained by the health program")
+    assert r["owner"]["kind"] == "health" and r["owner"]["fault"] is True
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert rc == 0 and r["changed"] is False and r["held"] and "only an operator lifts it" in r["msg"]
+    assert nodes() == before
+    # a drain from before owners were written is read on the safe side: no automation lifts it
+    scontrol, nodes = strict_slurm({"n1": {"state": "IDLE+DRAIN", "reason": "[fleetops] GPU 3 reset"}})
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert (
+        rc == 0 and r["changed"] is False and r["owner"]["legacy"] and nodes()["n1"]["state"] == "IDLE+DRAIN"
+    )
+    # someone outside fleetops re-drained our node with their own reason: left drained
+    scontrol, nodes = strict_slurm({"n1": {"state": "IDLE"}})
+    _slurm(run_module, scontrol, "n1", "drained", **mine)
+    table = nodes()
+    table["n1"]["reason"] = "GPU 3 XID 79, RMA"
+    scontrol, nodes = strict_slurm(table)
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert r["changed"] is False and r["owner"]["kind"] == "other" and nodes()["n1"]["state"] == "IDLE+DRAIN"
+
+
+def test_slurm_adopts_an_earlier_rollout_runs_drain_and_resumes_it(run_module, strict_slurm) -> None:
+    earlier = f"[fleetops] rollout/{RUN_A}: driver rollout 580.163.01"
+    scontrol, nodes = strict_slurm({"n1": {"state": "IDLE+DRAIN", "reason": earlier}})
+    mine = {"owner": "rollout", "run": RUN_B, "reason": "driver rollout 580.163.01"}
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", check=True, **mine)
+    assert r["changed"] and r["action"] == "adopt" and nodes()["n1"]["reason"] == earlier
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", **mine)
+    assert (
+        rc == 0
+        and r["changed"]
+        and r["action"] == "adopt"
+        and r["adopted_from"].startswith(f"a driver rollout (run {RUN_A})")
+    )
+    assert nodes()["n1"] == {
+        "state": "IDLE+DRAIN",
+        "reason": f"[fleetops] rollout/{RUN_B}: driver rollout 580.163.01",
     }
-
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"}, check=True)
-    assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
-    assert r["msg"] == "n1 would be drained (is MIXED)"
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
-    assert r["changed"] and r["was_drained"] is False and r["msg"] == "n1 drained (was MIXED)"
-    assert json.loads(db.read_text())["n1"] == {
-        "state": "MIXED+DRAIN",
-        "reason": "[fleetops] fleetops driver rollout",
-    }
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "drained"})
-    assert r["changed"] is False  # idempotent
-
-    # n2 was drained by someone else: left drained, never resumed.
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n2", "state": "drained"})
-    assert r["changed"] is False and r["was_drained"] and r["drained_by_us"] is False
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n2", "state": "resumed"})
-    assert r["changed"] is False and json.loads(db.read_text())["n2"]["state"] == "IDLE+DRAIN"
-    assert "not drained by fleetops" in r["msg"] and "bad DIMM" in r["msg"]
-
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"}, check=True)
-    assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED+DRAIN"
-    assert r["msg"] == "n1 would be resumed (fleetops drained it: [fleetops] fleetops driver rollout)"
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
-    assert r["changed"] and json.loads(db.read_text())["n1"]["state"] == "MIXED"
-    assert r["msg"] == "n1 resumed (fleetops drained it: [fleetops] fleetops driver rollout)"
-    rc, r = run_module("fleetops_slurm_node", {**common, "name": "n1", "state": "resumed"})
-    assert r["changed"] is False
+    rc, r = _slurm(run_module, scontrol, "n1", "resumed", **mine)
+    assert rc == 0 and r["changed"] and nodes()["n1"] == {"state": "IDLE"}
+    # a MIG run's drain is another kind's: a rollout holds it
+    scontrol, nodes = strict_slurm(
+        {"n1": {"state": "IDLE+DRAIN", "reason": f"[fleetops] mig/{RUN_A}: MIG change"}}
+    )
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", **mine)
+    assert r["changed"] is False and r["held"] and r["held_by"].startswith("a MIG run")
 
 
-def test_slurm_resume_leaves_a_node_someone_else_redrained(run_module, fake_slurm, tmp_path: Path) -> None:
-    scontrol, db = fake_slurm({"n1": {"state": "IDLE"}})
-    common = {
-        "scontrol": scontrol,
-        "marker_dir": str(tmp_path / "m"),
-        "reason": "fleetops driver rollout",
-        "name": "n1",
-    }
-    run_module("fleetops_slurm_node", {**common, "state": "drained"})
-    nodes = json.loads(db.read_text())
-    nodes["n1"]["reason"] = "GPU 3 XID 79, RMA"
-    db.write_text(json.dumps(nodes))
-    _rc, r = run_module("fleetops_slurm_node", {**common, "state": "resumed"})
-    assert r["changed"] is False and "another reason" in r["msg"]
-    assert json.loads(db.read_text())["n1"]["state"] == "IDLE+DRAIN"
-
-
-def test_slurm_without_scontrol_is_reported_not_failed(run_module, tmp_path: Path) -> None:
-    args = {"name": "n1", "state": "drained", "scontrol": str(tmp_path / "no-scontrol")}
-    rc, r = run_module("fleetops_slurm_node", args)
+def test_slurm_refuses_an_unknown_node_naming_it_and_skips_only_when_unmanaged(
+    run_module, strict_slurm
+) -> None:
+    scontrol, nodes = strict_slurm({"n1": {"state": "IDLE"}})
+    mine = {"owner": "rollout", "run": RUN_A}
+    for state in ("query", "drained", "resumed"):
+        rc, r = run_module(
+            "fleetops_slurm_node",
+            {"scontrol": scontrol, "name": "ghost211", "host": "node103", "state": state, **mine},
+        )
+        assert rc == 1 and r["failed"], r
+        assert r["msg"].startswith(
+            "node103 (Slurm node name ghost211): Slurm does not know a node named ghost211"
+        )
+        assert "Node ghost211 not found" in r["msg"] and "fleetops_slurm_managed: false" in r["msg"]
+    rc, r = _slurm(run_module, scontrol, "ghost211", "drained", managed=False, **mine)
     assert rc == 0 and r["managed"] is False and r["changed"] is False
-    rc, r = run_module("fleetops_slurm_node", {**args, "required": True})
-    assert rc == 1
+    assert (
+        r["msg"]
+        == "ghost211.dc1: fleetops_slurm_managed is false: Slurm is not asked and nothing is drained or resumed"
+    )
+    # no owner or a run id that cannot go into a Reason: refused before scontrol
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", owner="rollout", run="two words")
+    assert rc == 1 and "run id" in r["msg"] and nodes()["n1"] == {"state": "IDLE"}
+    rc, r = _slurm(run_module, scontrol, "n1", "drained", run=RUN_A)
+    assert rc == 1 and "owner" in r["msg"]
+
+
+def test_slurm_without_scontrol_or_a_cluster_fails_naming_the_node(
+    run_module, tmp_path: Path, monkeypatch
+) -> None:
+    args = {
+        "name": "n1",
+        "host": "node101",
+        "state": "drained",
+        "owner": "rollout",
+        "run": RUN_A,
+        "scontrol": str(tmp_path / "no-scontrol"),
+    }
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert (
+        rc == 1 and "scontrol not found" in r["msg"] and "node101" in r["msg"] and "no-scontrol" in r["msg"]
+    )
+    script = tmp_path / "scontrol"
+    script.write_text('#!/bin/sh\necho "scontrol: error: $FAKE_ERR" >&2\nexit 1\n')
+    script.chmod(0o755)
+    args["scontrol"] = str(script)
+    monkeypatch.setenv(
+        "FAKE_ERR",
+        "_establish_config_source: failed to fetch config; Could not establish a configuration source",
+    )
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 1 and r["msg"].startswith("node101 (Slurm node name n1): cannot read Slurm node n1")
+    assert "Could not establish a configuration source" in r["msg"]
+    monkeypatch.setenv("FAKE_ERR", "Unable to contact slurm controller (connect failure)")
+    rc, r = run_module("fleetops_slurm_node", args)
+    assert rc == 1 and "Unable to contact" in r["msg"]
+
+
+def test_slurm_capacity_waits_then_fails_with_the_partition_message(run_module, strict_slurm) -> None:
+    table = {f"g{i:02d}": {"state": "IDLE", "partitions": ["gpu"]} for i in range(1, 11)}
+    table["g01"] = {"state": "IDLE+DRAIN", "reason": HEALTH, "partitions": ["gpu"]}
+    table["c01"] = {"state": "IDLE", "partitions": ["cpu"]}
+    scontrol, _nodes = strict_slurm(table)
+    args = {
+        "scontrol": scontrol,
+        "state": "capacity",
+        "max_share": 0.2,
+        "poll_interval": 0.2,
+        "wait_timeout": 1,
+    }
+    rc, r = run_module("fleetops_slurm_node", {**args, "names": ["g02"]})
+    assert rc == 0 and r["problems"] == [] and r["counts"] == {"gpu": {"nodes": 10, "out": 1}}
+    started = time.monotonic()
+    rc, r = run_module("fleetops_slurm_node", {**args, "names": ["g02", "g03"]})
+    assert rc == 1 and time.monotonic() - started >= 1 and r["waited_s"] >= 0.8
+    assert r["msg"] == (
+        "capacity: waited 1s; partition gpu: 1 of 10 nodes are out of service already (g01); "
+        "draining g02, g03 would make 3, more than the allowed 2 (20%)"
+    )
+    # a node Slurm does not know is refused by name, not counted as nothing
+    rc, r = run_module("fleetops_slurm_node", {**args, "names": ["g02", "ghost211"]})
+    assert rc == 1 and "Slurm does not know ghost211" in r["msg"]
+    rc, r = run_module("fleetops_slurm_node", {**args, "names": ["g02", "g03"], "managed": False})
+    assert rc == 0 and r["managed"] is False
 
 
 def test_slurm_parse_node_strips_the_stamp_and_later_keys(library_module) -> None:
@@ -380,34 +627,20 @@ def test_nvfwupd_update_states_the_activation_it_needs(run_module, tmp_path, mon
     assert r["changed"] is False
 
 
-def test_slurm_scontrol_without_a_cluster_is_not_managed_but_a_dead_controller_fails(
-    run_module, tmp_path: Path, monkeypatch
-) -> None:
-    script = tmp_path / "scontrol"
-    script.write_text('#!/bin/sh\necho "scontrol: error: $FAKE_ERR" >&2\nexit 1\n')
-    script.chmod(0o755)
-    args = {"name": "n1", "state": "drained", "scontrol": str(script)}
-    monkeypatch.setenv(
-        "FAKE_ERR",
-        "_establish_config_source: failed to fetch config; Could not establish a configuration source",
-    )
-    rc, r = run_module("fleetops_slurm_node", args)
-    assert rc == 0 and r["managed"] is False and "no Slurm configuration" in r["msg"]
-    rc, r = run_module("fleetops_slurm_node", {**args, "required": True})
-    assert rc == 1
-    monkeypatch.setenv("FAKE_ERR", "Unable to contact slurm controller (connect failure)")
-    rc, r = run_module("fleetops_slurm_node", args)
-    assert rc == 1 and "Unable to contact" in r["msg"]
-
-
 def _gpu_uuid(path: str, index: int) -> str:
     return str(sim.read_state(path)["gpus"][index]["uuid"])
 
 
 def test_gpu_reset_ends_only_the_confirmed_processes(run_module, sim_state: str) -> None:
     sim.inject(sim_state, "stray-process", 2)
-    args = {"gpu": _gpu_uuid(sim_state, 2), "sim_state": sim_state, "agent": AGENT, "kill_processes": True,
-            "expect_pids": [sim.STRAY_PID], "grace": 1}
+    args = {
+        "gpu": _gpu_uuid(sim_state, 2),
+        "sim_state": sim_state,
+        "agent": AGENT,
+        "kill_processes": True,
+        "expect_pids": [sim.STRAY_PID],
+        "grace": 1,
+    }
     rc, result = run_module("fleetops_gpu_reset", args)
     assert rc == 0 and result["changed"] is True and result["result"] == "reset"
     assert result["expect_pids"] == [sim.STRAY_PID]
@@ -420,8 +653,13 @@ def test_gpu_reset_refuses_a_process_the_operator_did_not_confirm(run_module, si
     with sim.locked_state(sim_state) as st:
         sim.add_process(st, 1, 7777, "late-job.py")
     before = Path(sim_state).read_bytes()
-    args = {"gpu": _gpu_uuid(sim_state, 1), "sim_state": sim_state, "agent": AGENT, "kill_processes": True,
-            "expect_pids": [sim.STRAY_PID]}
+    args = {
+        "gpu": _gpu_uuid(sim_state, 1),
+        "sim_state": sim_state,
+        "agent": AGENT,
+        "kill_processes": True,
+        "expect_pids": [sim.STRAY_PID],
+    }
     rc, result = run_module("fleetops_gpu_reset", args)
     assert rc == 1 and result["failed"] is True and result["result"] == "refused"
     busy = next(p for p in result["preconditions"] if p["name"] == "compute_processes")
@@ -429,23 +667,17 @@ def test_gpu_reset_refuses_a_process_the_operator_did_not_confirm(run_module, si
     assert Path(sim_state).read_bytes() == before
 
 
-def test_gpu_reset_kill_processes_without_the_confirmed_list_is_refused_by_the_module(run_module, sim_state: str) -> None:
+def test_gpu_reset_kill_processes_without_the_confirmed_list_is_refused_by_the_module(
+    run_module, sim_state: str
+) -> None:
     sim.inject(sim_state, "stray-process", 0)
     before = Path(sim_state).read_bytes()
-    rc, result = run_module("fleetops_gpu_reset", {"gpu": _gpu_uuid(sim_state, 0), "sim_state": sim_state,
-                                                   "agent": AGENT, "kill_processes": True})
+    rc, result = run_module(
+        "fleetops_gpu_reset",
+        {"gpu": _gpu_uuid(sim_state, 0), "sim_state": sim_state, "agent": AGENT, "kill_processes": True},
+    )
     assert rc == 1 and result["failed"] is True and "expect_pids" in result["msg"]
     assert Path(sim_state).read_bytes() == before
-
-
-def test_slurm_resume_lifts_a_marked_drain_made_elsewhere_without_a_marker_file(
-    run_module, fake_slurm, tmp_path: Path
-) -> None:
-    # the TUI or the controller drained it (no marker file on this host): the Reason says it is ours
-    scontrol, db = fake_slurm({"n1": {"state": "IDLE+DRAIN", "reason": "[fleetops] GPU 3 reset"}})
-    args = {"scontrol": scontrol, "marker_dir": str(tmp_path / "m"), "name": "n1", "state": "resumed"}
-    rc, r = run_module("fleetops_slurm_node", args)
-    assert rc == 0 and r["changed"] and json.loads(db.read_text())["n1"]["state"] == "IDLE"
 
 
 def test_gpu_facts_documentation_parses_and_names_the_new_options(library_module) -> None:
