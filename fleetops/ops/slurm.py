@@ -6,16 +6,22 @@ address reached with the node's own SSH user and key). Nothing runs on the GPU n
 whose agent hangs or whose sshd is gone can still be drained: that is when a drain matters most.
 
 Slurm's name for the node is ``fleetops_slurm_node_name``, or the inventory name up to its first
-dot. The argv is passed as a list (no shell on the controller; ``shlex.join`` over SSH).
+dot. The argv is passed as a list (no shell on the controller; ``shlex.join`` over SSH). A host
+with ``fleetops_slurm_managed: false`` is not a Slurm node: nothing is run for it.
 
-Resume lifts only drains fleetops made: it reads the node's State and Reason first and resumes
-only when the Reason carries fleetops' marker (``fleetops.catalog.slurm``, the rule the Ansible
-module follows too). Anyone else's drain is left alone and reported as refused, with who set it
-and when where Slurm says.
+Every drain names its owner (``fleetops.catalog.slurm``, the rule the health program and the
+Ansible module follow too): the Reason is ``[fleetops] KIND/RUN: PURPOSE``. Before anything is
+sent the node's State and Reason are read and the rule decides: a drain by the same owner is left
+as it is, an earlier run of the same planned kind is taken over, any other owner's drain is held
+(named, with who set it and when where Slurm says); a resume lifts only its own owner's drain (an
+operator may ``force``). A drain also passes the capacity guard first: every node of the node's
+partitions is listed (``scontrol show nodes -o``) and a drain that would take more than
+``max_share`` of a partition out of service, whoever took the others out, is refused.
 
-Every call gives one ``ActionResult`` (action ``drain`` or ``resume``): done, refused (nothing
-was changed: no scontrol, an unknown node, someone else's drain), failed (scontrol said no), or
-unknown (the update was sent over SSH and no answer came: ``check`` is the command to look).
+Every call gives one ``ActionResult`` (action ``drain`` or ``resume``): done, dry-run (what would
+be sent), refused (nothing was changed: no scontrol, an unknown node, another owner's drain, the
+capacity guard), failed (scontrol said no), or unknown (the update was sent over SSH and no answer
+came: ``check`` is the command to look). ``detail`` carries the decision and the drain's owner.
 """
 
 from __future__ import annotations
@@ -28,16 +34,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops.catalog import slurm as rule
-from fleetops.ops.results import DONE, FAILED, REFUSED, UNKNOWN, ActionResult
+from fleetops.ops.errors import UsageError
+from fleetops.ops.results import DONE, DRY_RUN, FAILED, REFUSED, UNKNOWN, ActionResult
 
 SLURM_HOST_VAR = "fleetops_slurm_host"
 SLURM_NAME_VAR = "fleetops_slurm_node_name"
+SLURM_MANAGED_VAR = "fleetops_slurm_managed"
 SCONTROL = "scontrol"
 # scontrol answers from slurmctld's memory; a controller that needs longer is not answering.
 SCONTROL_TIMEOUT_S = 30.0
+# the share of a partition that may be out of service at once (never fewer than one node)
+DEFAULT_MAX_SHARE = 0.10
 # where Slurm's tools look for their configuration when SLURM_CONF is not set
 DEFAULT_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 _NOT_FOUND_STATUS = 127
+_FALSE = ("false", "no", "off", "0", "n")
 
 Runner = Callable[[Any, Sequence[str]], Any]  # (SSH host or None for local, argv) -> transport.Result
 
@@ -50,17 +61,38 @@ def slurm_name(host: Any) -> str:
     return str(host.name).split(".", 1)[0]
 
 
+def slurm_managed(host: Any) -> bool:
+    """False only when the inventory says ``fleetops_slurm_managed: false`` (YAML or INI)."""
+    value = (getattr(host, "vars", None) or {}).get(SLURM_MANAGED_VAR, True)
+    if isinstance(value, str):
+        return value.strip().lower() not in _FALSE
+    return bool(value)
+
+
 def show_argv(name: str, scontrol: str = SCONTROL) -> list[str]:
     return [scontrol, "show", "node", "-o", name]
 
 
-def drain_argv(name: str, reason: str | None, scontrol: str = SCONTROL) -> list[str]:
-    """The drain, its Reason marked as fleetops' own (so resume can tell it from others')."""
-    return [scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={rule.marked_reason(reason)}"]
+def show_all_argv(scontrol: str = SCONTROL) -> list[str]:
+    """Every node, one line each (State, Reason, Partitions): what the capacity guard counts."""
+    return [scontrol, "show", "nodes", "-o"]
+
+
+def drain_argv(name: str, reason: str, scontrol: str = SCONTROL) -> list[str]:
+    """The drain with its Reason as given: one argument, whatever it holds (no shell sees it).
+    ``rule.drain_reason`` makes the Reason that names the owner."""
+    return [scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
 
 
 def resume_argv(name: str, scontrol: str = SCONTROL) -> list[str]:
     return [scontrol, "update", f"NodeName={name}", "State=RESUME"]
+
+
+def owner_detail(owner: rule.Owner | None) -> dict[str, Any] | None:
+    """The owner of a drain, for results and JSON."""
+    if owner is None:
+        return None
+    return {"kind": owner.kind, "run": owner.run, "purpose": owner.purpose, "fault": owner.fault}
 
 
 @dataclass(frozen=True)
@@ -72,7 +104,8 @@ class Place:
 
 
 class SlurmControl:
-    """Drain and resume for the nodes of one inventory; holds how to reach a Slurm host."""
+    """Drain and resume for the nodes of one inventory; holds how to reach a Slurm host and the
+    share of a partition a drain may take out of service."""
 
     def __init__(
         self,
@@ -84,16 +117,20 @@ class SlurmControl:
         accept_new_hostkeys: bool = False,
         scontrol: str = SCONTROL,
         runner: Runner | None = None,
+        max_share: float = DEFAULT_MAX_SHARE,
     ) -> None:
         if isinstance(inventory_hosts, Mapping):
             self.inventory = dict(inventory_hosts)
         else:
             self.inventory = {h.name: h for h in inventory_hosts}
+        if not 0 < float(max_share) <= 1:
+            raise UsageError(f"max drain share {max_share!r}: a fraction above 0 and at most 1 (10% is 0.10)")
         self.connect_timeout = float(connect_timeout)
         self.timeout = float(timeout)
         self.known_hosts = known_hosts
         self.accept_new_hostkeys = accept_new_hostkeys
         self.scontrol = scontrol
+        self.max_share = float(max_share)
         self._runner = runner or self._transport_run
 
     # --- where ------------------------------------------------------------------------
@@ -121,8 +158,11 @@ class SlurmControl:
         return Place(known, f"Slurm host {target}")
 
     def precheck(self, host: Any) -> str | None:
-        """Why scontrol cannot run for this node, known without asking anyone (no network):
-        the controller has no scontrol, or no Slurm configuration to point it at a cluster."""
+        """Why scontrol cannot run for this node, known without asking anyone (no network): the
+        inventory says it is not a Slurm node, the controller has no scontrol, or no Slurm
+        configuration to point it at a cluster."""
+        if not slurm_managed(host):
+            return f"{host.name} is not managed by Slurm ({SLURM_MANAGED_VAR}: false)"
         place = self.place(host)
         if place.host is not None:
             return None
@@ -170,14 +210,7 @@ class SlurmControl:
                 host.name, action, REFUSED, f"{host.name}: scontrol not found on {place.where}", detail=detail
             )
         if "not found" in text.lower() and "node" in text.lower():
-            return ActionResult(
-                host.name,
-                action,
-                REFUSED,
-                f"{host.name}: Slurm (asked from {place.where}) knows no node named {name!r}: set "
-                f"{SLURM_NAME_VAR} for {host.name} in the inventory to its Slurm name",
-                detail=detail,
-            )
+            return self._unknown_node(host, action, place, name)
         why = result.error or result.error_kind or "failed"
         last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
         if last and last not in why:
@@ -186,70 +219,171 @@ class SlurmControl:
             host.name, action, FAILED, f"{host.name}: scontrol on {place.where} failed: {why}", detail=detail
         )
 
+    def _unknown_node(self, host: Any, action: str, place: Place, name: str) -> ActionResult:
+        return ActionResult(
+            host.name,
+            action,
+            REFUSED,
+            f"{host.name}: Slurm (asked from {place.where}) knows no node named {name!r}: set "
+            f"{SLURM_NAME_VAR} for {host.name} in the inventory to its Slurm name",
+            detail={"slurm_name": name, "where": place.where},
+        )
+
+    def _unmanaged(self, host: Any, action: str) -> ActionResult | None:
+        if slurm_managed(host):
+            return None
+        return ActionResult(
+            host.name,
+            action,
+            REFUSED,
+            f"{host.name}: not managed by Slurm ({SLURM_MANAGED_VAR}: false): nothing to {action}",
+            detail={"slurm_managed": False},
+        )
+
     def show(self, host: Any) -> tuple[Place, str, Any]:
         """(where, Slurm name, the ``scontrol show node`` result)."""
         place, name = self.place(host), slurm_name(host)
         return place, name, self._run(place, show_argv(name, self.scontrol))
 
+    def nodes(self, host: Any) -> tuple[Place, Any, list[rule.SlurmNode]]:
+        """(where, the ``scontrol show nodes -o`` result, its nodes) at the node's Slurm place."""
+        place = self.place(host)
+        shown = self._run(place, show_all_argv(self.scontrol))
+        return place, shown, rule.parse_nodes(shown.stdout) if shown.ok else []
+
     # --- actions ----------------------------------------------------------------------
 
-    def drain(self, host: Any, reason: str | None) -> ActionResult:
-        """Drain the node with fleetops' marked Reason; a node someone else drained keeps
-        their drain and reason (refused, named), one fleetops drained stays as it is (done)."""
+    def drain(
+        self, host: Any, purpose: str | None, *, kind: str, run: str, dry_run: bool = False
+    ) -> ActionResult:
+        """Drain the node for ``purpose``, owned by (``kind``, ``run``), as the rule decides:
+        not drained -> drained (after the capacity guard); already this owner's -> done, nothing
+        sent; an earlier run of the same planned kind -> re-marked as this run's; another owner's
+        -> refused, named, their Reason kept. ``dry_run`` says what would be sent, sends nothing."""
+        reason = _reason(kind, run, purpose)
+        unmanaged = self._unmanaged(host, "drain")
+        if unmanaged is not None:
+            return unmanaged
         place, name, shown = self.show(host)
         if not shown.ok:
             return self._problem(host, "drain", place, name, shown)
         state, current = rule.parse_node(shown.stdout)
-        detail: dict[str, Any] = {"slurm_name": name, "where": place.where, "state": state, "reason": current}
-        if rule.is_drained(state):
-            if rule.is_ours(current):
-                return ActionResult(
-                    host.name,
-                    "drain",
-                    DONE,
-                    f"{host.name}: already drained by fleetops ({current})",
-                    detail=detail,
-                )
+        decision = rule.drain_decision(state, current, kind, run)
+        detail = _detail(name, place, state, current, decision, shown.stdout)
+        detail["new_reason"] = reason
+        message = f"{host.name}: {_why(decision, shown.stdout)}"
+        if decision.action == "held":
+            return ActionResult(host.name, "drain", REFUSED, message, detail=detail)
+        if decision.action == "ours":
+            return ActionResult(host.name, "drain", DONE, message + "; nothing sent", detail=detail)
+        if decision.action == "drain":
+            refused = self._capacity(host, place, name, [name])
+            if refused is not None:
+                return dataclasses.replace(refused, detail={**detail, **refused.detail})
+        argv = drain_argv(name, reason, self.scontrol)
+        verb = "drained" if decision.action == "drain" else "taken over (re-marked)"
+        if dry_run:
             return ActionResult(
                 host.name,
                 "drain",
-                REFUSED,
-                f"{host.name}: already drained by someone else ({_by(current, shown.stdout)}); "
-                "left as it is, fleetops' reason not set",
-                detail=detail,
+                DRY_RUN,
+                f"{host.name}: would be {verb} with Reason {reason!r} ({decision.why})",
+                detail={**detail, "command": argv},
             )
-        argv = drain_argv(name, reason, self.scontrol)
         done = self._run(place, argv)
-        return self._updated(host, "drain", place, name, argv, done, detail, f"drained ({argv[-1][7:]})")
+        return self._updated(host, "drain", place, name, argv, done, detail, f"{verb} ({reason})")
 
-    def resume(self, host: Any) -> ActionResult:
-        """Resume the node only when its current drain is one fleetops made."""
+    def drain_many(
+        self, hosts: Sequence[Any], purpose: str | None, *, kind: str, run: str, dry_run: bool = False
+    ) -> list[ActionResult]:
+        """Drain several nodes through one capacity guard: every Slurm place is asked for its nodes
+        once, and when the whole set would take more than the allowed share of a partition out,
+        every node is refused and nothing is sent. Otherwise each node is drained in turn (each
+        drain checks again, so a node taken out meanwhile by someone else still counts)."""
+        _reason(kind, run, purpose)
+        refused: dict[str, ActionResult] = {}
+        problems: list[str] = []
+        by_place: dict[str, tuple[Any, list[Any]]] = {}
+        for host in hosts:
+            if self._unmanaged(host, "drain") is None:
+                by_place.setdefault(self.place(host).where, (host, []))[1].append(host)
+        for first, members in by_place.values():
+            place, shown, listed = self.nodes(first)
+            if not shown.ok:
+                for host in members:
+                    refused[host.name] = self._problem(host, "drain", place, slurm_name(host), shown)
+                continue
+            known = {n.name for n in listed}
+            wanted = []
+            for host in members:
+                name = slurm_name(host)
+                if name not in known:
+                    refused[host.name] = self._unknown_node(host, "drain", place, name)
+                else:
+                    wanted.append(name)
+            problems += rule.capacity_problems(listed, wanted, self.max_share)
+        if problems:
+            text = "; ".join(problems)
+            return [
+                ActionResult(
+                    h.name,
+                    "drain",
+                    REFUSED,
+                    f"{h.name}: not drained, the set would take too much out of service: {text}",
+                    detail={"capacity": problems, "max_share": self.max_share},
+                )
+                for h in hosts
+            ]
+        return [
+            refused.get(h.name) or self.drain(h, purpose, kind=kind, run=run, dry_run=dry_run) for h in hosts
+        ]
+
+    def resume(
+        self, host: Any, *, kind: str, run: str, force: bool = False, dry_run: bool = False
+    ) -> ActionResult:
+        """Resume the node only when its drain is this owner's (an operator may ``force`` over
+        another owner's); anyone else's drain is refused, named, with who set it and when."""
+        _reason(kind, run, None)
+        unmanaged = self._unmanaged(host, "resume")
+        if unmanaged is not None:
+            return unmanaged
         place, name, shown = self.show(host)
         if not shown.ok:
             return self._problem(host, "resume", place, name, shown)
         state, current = rule.parse_node(shown.stdout)
-        detail: dict[str, Any] = {"slurm_name": name, "where": place.where, "state": state, "reason": current}
-        if not rule.is_drained(state):
+        decision = rule.resume_decision(state, current, kind, run, force)
+        detail = _detail(name, place, state, current, decision, shown.stdout)
+        if decision.action != "resume":
             return ActionResult(
-                host.name,
-                "resume",
-                REFUSED,
-                f"{host.name}: not drained (Slurm state {state}): nothing to resume",
-                detail=detail,
-            )
-        if not rule.is_ours(current):
-            return ActionResult(
-                host.name,
-                "resume",
-                REFUSED,
-                f"{host.name}: drained by someone else ({_by(current, shown.stdout)}), not by fleetops: "
-                f"left drained; resume it with scontrol if that drain is over",
-                detail=detail,
+                host.name, "resume", REFUSED, f"{host.name}: {_why(decision, shown.stdout)}", detail=detail
             )
         argv = resume_argv(name, self.scontrol)
+        if dry_run:
+            return ActionResult(
+                host.name,
+                "resume",
+                DRY_RUN,
+                f"{host.name}: would be resumed ({decision.why})",
+                detail={**detail, "command": argv},
+            )
         done = self._run(place, argv)
-        return self._updated(
-            host, "resume", place, name, argv, done, detail, f"resumed (fleetops drained it: {current})"
+        return self._updated(host, "resume", place, name, argv, done, detail, f"resumed ({decision.why})")
+
+    def _capacity(self, host: Any, place: Place, name: str, names: list[str]) -> ActionResult | None:
+        """The capacity guard for draining ``names`` (Slurm names at ``place``): None when it may
+        go ahead, else the refusal (or the failure to list the nodes)."""
+        shown = self._run(place, show_all_argv(self.scontrol))
+        if not shown.ok:
+            return self._problem(host, "drain", place, name, shown)
+        problems = rule.capacity_problems(rule.parse_nodes(shown.stdout), names, self.max_share)
+        if not problems:
+            return None
+        return ActionResult(
+            host.name,
+            "drain",
+            REFUSED,
+            f"{host.name}: not drained: {'; '.join(problems)}",
+            detail={"capacity": problems, "max_share": self.max_share},
         )
 
     def _updated(
@@ -280,10 +414,39 @@ class SlurmControl:
         return dataclasses.replace(problem, detail={**problem.detail, **detail})
 
 
-def _by(reason: str | None, shown: str) -> str:
-    """The reason, with who set it and when where Slurm says."""
+def _reason(kind: str, run: str, purpose: str | None) -> str:
+    """The Reason this owner writes; a kind or run that cannot be written is a usage error."""
+    try:
+        return rule.drain_reason(kind, run, purpose)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _detail(
+    name: str, place: Place, state: str | None, reason: str | None, decision: rule.Decision, shown: str
+) -> dict[str, Any]:
     who, when = rule.reason_stamp(shown)
-    text = f"reason {reason!r}" if reason else "no reason given"
-    if who or when:
-        text += f", set by {who or '?'}" + (f" at {when}" if when else "")
-    return text
+    return {
+        "slurm_name": name,
+        "where": place.where,
+        "state": state,
+        "reason": reason,
+        "reason_set_by": who,
+        "reason_set_at": when,
+        "decision": decision.action,
+        "why": decision.why,
+        "owner": owner_detail(decision.owner),
+    }
+
+
+def _why(decision: rule.Decision, shown: str) -> str:
+    """The decision's why, the owner followed by who set the Reason and when, where Slurm says
+    (``... an operator (run alice@ctl01): xid.79 [set by root at 2026-...]; left as it is``)."""
+    who, when = rule.reason_stamp(shown)
+    if decision.owner is None or not (who or when):
+        return decision.why
+    described = decision.owner.describe()
+    stamp = f" [set by {who or '?'}" + (f" at {when}" if when else "") + "]"
+    if described in decision.why:
+        return decision.why.replace(described, described + stamp, 1)
+    return decision.why + stamp
