@@ -506,7 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
 # entry point: it exposes ``register(sub)`` and keeps its internals (Textual, ansible-runner, SSH)
 # behind lazy imports, so this module needs nothing else from them; tests/unit/test_frontends.py
 # holds cli.py to that.
-ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.tui.cli", "fleetops.docs.cli", "fleetops.validation.cli")
+ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.drain_cli", "fleetops.tui.cli", "fleetops.docs.cli",
+                "fleetops.validation.cli")
 
 
 def _feature_modules() -> list[Any]:

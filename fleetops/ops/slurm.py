@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,29 @@ def drain_argv(name: str, reason: str, scontrol: str = SCONTROL) -> list[str]:
 
 def resume_argv(name: str, scontrol: str = SCONTROL) -> list[str]:
     return [scontrol, "update", f"NodeName={name}", "State=RESUME"]
+
+
+def operator_run(user: str | None = None, host: str | None = None) -> str:
+    """An operator's run id: ``USER@HOST`` (the person, the controller's short host name), made
+    to fit the rule's RUN_RE. Under sudo the person is ``$SUDO_USER``, not root."""
+    if user is None:
+        import getpass
+
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid (a container)
+            user = f"uid{os.getuid()}"
+        if user == "root" and os.environ.get("SUDO_USER"):
+            user = os.environ["SUDO_USER"]
+    if host is None:
+        import socket
+
+        host = socket.gethostname()
+    who = re.sub(r"[^A-Za-z0-9._:-]+", "-", user).strip("-._:") or "operator"
+    where = re.sub(r"[^A-Za-z0-9_:-]+", "-", host.split(".", 1)[0]).strip("-_:") or "controller"
+    run = f"{who[:40]}@{where[:23]}"
+    rule.check_owner("operator", run)
+    return run
 
 
 def owner_detail(owner: rule.Owner | None) -> dict[str, Any] | None:
