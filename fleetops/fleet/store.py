@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
+from fleetops.fleet import escalation
 
 # Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
 # 2 stores snapshots compressed with their schema id beside them and vacuums incrementally;
@@ -158,6 +159,30 @@ def _migrate_2_to_3(db: sqlite3.Connection) -> None:
     for statement in VALIDATION_TABLES.split(";"):
         if statement.strip():
             db.execute(statement)
+
+
+def _audit_point(
+    audit_id: int, collected_at: float | None, blob: bytes | str, findings: list[model.Finding]
+) -> escalation.AuditPoint:
+    """The few values the escalation analysis needs from a stored snapshot, read from its JSON
+    without building a ``model.Node`` (a week of a node's audits is thousands of them)."""
+    uptime: float | None = None
+    resets: dict[str, float] = {}
+    try:
+        text = zlib.decompress(blob).decode() if isinstance(blob, bytes) else blob
+        data = json.loads(text)
+    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if isinstance(data, dict):
+        up = data.get("uptime_s")
+        uptime = float(up) if isinstance(up, int | float) else None
+        for gpu in data.get("gpus") or []:
+            at = gpu.get("last_reset_at") if isinstance(gpu, dict) else None
+            if isinstance(at, int | float) and isinstance(gpu.get("uuid"), str):
+                resets[gpu["uuid"]] = float(at)
+        if collected_at is None and isinstance(data.get("collected_at"), int | float):
+            collected_at = float(data["collected_at"])
+    return escalation.AuditPoint(audit_id, float(collected_at or 0.0), uptime, resets, tuple(findings))
 
 
 # from layout N to N+1; each runs inside one transaction
@@ -451,6 +476,48 @@ class Store:
             "resolved": [f for f in before if f.key not in now_keys and f.node in both],
             "persisting": [f for f in now if f.key in before_keys],
         }
+
+    def timelines(
+        self, nodes: list[str] | None = None, since: float | None = None, until_audit: int | None = None
+    ) -> dict[str, list[escalation.AuditPoint]]:
+        """Each node's reachable audits, oldest first, as the escalation analysis reads them:
+        warn/crit findings, uptime and each GPU's ``last_reset_at`` (the snapshot has no boot
+        time: the analysis takes ``collected_at - uptime_s``). ``nodes`` None: every node audited
+        since ``since``. A snapshot this release cannot read counts with its uptime unknown."""
+        cond, args = ["s.snapshot IS NOT NULL"], []
+        if since is not None:
+            cond.append("a.started_at >= ?")
+            args.append(since)
+        if until_audit is not None:
+            cond.append("s.audit_id <= ?")
+            args.append(until_audit)
+        where = " AND ".join(cond)
+        if nodes is None:
+            nodes = [
+                r[0]
+                for r in self.db.execute(
+                    f"SELECT DISTINCT s.node FROM snapshots s JOIN audits a ON a.id = s.audit_id WHERE {where}",
+                    args,
+                )
+            ]
+        out: dict[str, list[escalation.AuditPoint]] = {}
+        for node in nodes:
+            rows = self.db.execute(
+                "SELECT s.audit_id, s.collected_at, s.snapshot FROM snapshots s JOIN audits a ON a.id = s.audit_id "
+                f"WHERE s.node = ? AND {where} ORDER BY s.audit_id",
+                [node, *args],
+            ).fetchall()
+            if not rows:
+                continue
+            found: dict[int, list[model.Finding]] = {}
+            for audit_id, text in self.db.execute(
+                "SELECT audit_id, finding FROM findings WHERE node = ? AND audit_id >= ? AND audit_id <= ? "
+                "AND severity IN ('warn', 'crit')",
+                (node, rows[0][0], rows[-1][0]),
+            ):
+                found.setdefault(audit_id, []).append(model.Finding.from_dict(json.loads(text)))
+            out[node] = [_audit_point(r[0], r[1], r[2], found.get(r[0], [])) for r in rows]
+        return out
 
     def validate_runs(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[ValidateRunRow]:
         rows = self._newest_runs(

@@ -13,9 +13,9 @@ Pure: no SSH, no store. ``fleetops remediate`` (``remedy.cli``) feeds it and car
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fleetops import model
 
@@ -146,6 +146,16 @@ def action_for(finding: model.Finding) -> str:
     return from_text(finding.action)
 
 
+class Escalating(Protocol):
+    """What ``build`` asks of the history (``fleetops.fleet.escalation.Escalations``)."""
+
+    notes: list[str]
+
+    def adjust(
+        self, f: model.Finding, action: str, action_for: Callable[[model.Finding], str]
+    ) -> tuple[str, list[dict[str, Any]]]: ...
+
+
 @dataclass
 class Item:
     """One GPU's (or the node's own) action, with the findings that led to it."""
@@ -195,17 +205,25 @@ class NodePlan:
 @dataclass
 class Plan:
     nodes: list[NodePlan]
+    notes: list[str] = field(default_factory=list)  # the history's word on the plan: application-wide XIDs
 
     @property
     def resets(self) -> list[Item]:
         return [i for n in self.nodes for i in n.resets]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [n.to_dict() for n in self.nodes]}
+        return {"nodes": [n.to_dict() for n in self.nodes], "notes": self.notes}
 
 
-def build(findings: Iterable[model.Finding], node_order: list[str] | None = None) -> Plan:
-    """The plan for ``findings`` (one audit), nodes in ``node_order`` (then the others)."""
+def build(
+    findings: Iterable[model.Finding],
+    node_order: list[str] | None = None,
+    *,
+    escalations: Escalating | None = None,
+) -> Plan:
+    """The plan for ``findings`` (one audit), nodes in ``node_order`` (then the others);
+    ``escalations``: what the history says (``fleet.escalation``): faults that outlived their
+    repairs go to inspection, application-wide XIDs to the job."""
     per_node: dict[str, dict[str, Item]] = {}
     unknown: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
@@ -215,6 +233,9 @@ def build(findings: Iterable[model.Finding], node_order: list[str] | None = None
         if f.severity not in ("warn", "crit"):
             continue
         act = action_for(f)
+        history: list[dict[str, Any]] = []
+        if escalations is not None:
+            act, history = escalations.adjust(f, act, action_for)
         gpu = f.gpu if f.gpu and f.gpu.get("uuid") else None
         if act == "reset_gpu" and gpu is None:
             act = "drain"  # nothing to aim a reset at: take the node out until someone looks
@@ -226,8 +247,16 @@ def build(findings: Iterable[model.Finding], node_order: list[str] | None = None
         if RANK[act] > RANK[item.action]:
             item.action = act
         item.severity = model.worst([item.severity, f.severity])
-        item.reasons.append({"check": f.check, "severity": f.severity, "message": f.message, "action": f.action,
-                             "plan": act})
+        reason: dict[str, Any] = {
+            "check": f.check,
+            "severity": f.severity,
+            "message": f.message,
+            "action": f.action,
+            "plan": act,
+        }
+        if history:
+            reason["escalation"] = history
+        item.reasons.append(reason)
     names = list(node_order or [])
     names += sorted(n for n in set(per_node) | set(unknown) if n not in names)
     nodes = []
@@ -246,14 +275,14 @@ def build(findings: Iterable[model.Finding], node_order: list[str] | None = None
                 if it.action == "reset_gpu":
                     it.superseded_by = "reboot_node"
         nodes.append(NodePlan(name, node_action, node_items, unknown.get(name, [])))
-    return Plan(nodes)
+    return Plan(nodes, notes=list(escalations.notes) if escalations is not None else [])
 
 
 def render(plan: Plan) -> str:
     """The plan as text for a terminal or a ticket."""
     if not plan.nodes:
         return "Nothing to do: no warning or critical finding.\n"
-    lines = []
+    lines = [f"NOTE: {note}" for note in plan.notes]
     for node in plan.nodes:
         head = f"{node.node}: " + NODE_HEAD[node.action]
         if not node.items and node.cannot_plan:
@@ -266,6 +295,7 @@ def render(plan: Plan) -> str:
             lines.append(f"  {where:60} {item.label}{note}")
             for r in item.reasons:
                 lines.append(f"      [{r['severity']}] {r['check']}: {r['message']}")
+                lines += [f"        history: {e['text']}" for e in r.get("escalation") or ()]
         for u in node.cannot_plan:
             lines.append(f"  cannot plan: {u['check']}: {u['message']}")
     resets = plan.resets
