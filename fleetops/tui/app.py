@@ -275,22 +275,33 @@ class FleetApp(App[None]):
 
         entry = self.state.entries.get(name)
         worst = entry.worst if entry else None
-        reason = f"fleetops: {worst.check}" if worst else "fleetops: drained from the TUI"
+        purpose = worst.check if worst else "drained from the TUI"
         question = Question(
             title=f"Drain {name}?",
             lines=[
                 f"Node:    {name}",
-                f"Reason:  {reason}",
+                f"Reason:  {self._drain_reason(purpose)}",
                 "",
                 "Slurm stops scheduling jobs on it; running jobs finish.",
+                "A drain someone else set stays as it is (theirs, named).",
             ],
         )
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._action(name, "drain", lambda: self.source.drain(name, reason))
+                self._action(name, "drain", lambda: self.source.drain(name, purpose))
 
         self.push_screen(ConfirmScreen(question, confirm_label="Drain"), answered)
+
+    def _drain_reason(self, purpose: str) -> str:
+        """The Reason the drain writes, as Slurm will show it (the source's operator run)."""
+        from fleetops.catalog import slurm as rule
+
+        run = getattr(self.source, "operator_run", None)
+        try:
+            return rule.drain_reason("operator", run, purpose) if isinstance(run, str) else purpose
+        except ValueError:
+            return purpose
 
     def request_resume(self, name: str) -> None:
         if self.refuse_readonly("resume") or self._slurm_refused(name, "resume"):
@@ -298,7 +309,14 @@ class FleetApp(App[None]):
         from fleetops.tui.screens.confirm import ConfirmScreen, Question
 
         question = Question(
-            title=f"Resume {name}?", lines=[f"Node:    {name}", "", "Slurm may schedule jobs on it again."]
+            title=f"Resume {name}?",
+            lines=[
+                f"Node:    {name}",
+                "",
+                "Slurm may schedule jobs on it again.",
+                "Only an operator's drain is lifted; another owner's is refused and named",
+                "(fleetops resume --force lifts it, after reading why it was drained).",
+            ],
         )
 
         def answered(yes: bool | None) -> None:

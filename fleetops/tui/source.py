@@ -30,6 +30,10 @@ from fleetops.tui import data
 RATE_BASE_MIN_AGE_S = 60.0
 
 
+# the owner kind of the TUI's drains (fleetops.catalog.slurm): an operator at this screen
+OPERATOR = "operator"
+
+
 @dataclass(frozen=True)
 class ActionResult:
     """What drain/resume did (the reset answers with ``fleetops.ops.results.ActionResult``; both
@@ -251,11 +255,22 @@ class SshSource:
             )
         return result
 
-    def drain(self, name: str, reason: str) -> ActionResult:
-        return self._scontrol(name, "DRAIN", reason)
+    def drain(self, name: str, purpose: str) -> ActionResult:
+        """Drain as an operator (``operator/USER@HOST``) for ``purpose`` (the worst finding's
+        check): another owner's drain is left as it is and named; the capacity guard applies."""
+        return self._scontrol(name, "DRAIN", purpose)
 
     def resume(self, name: str) -> ActionResult:
+        """Lift an operator's drain; another owner's is refused and named (no force here:
+        ``fleetops resume --force`` is the deliberate way)."""
         return self._scontrol(name, "RESUME", None)
+
+    @functools.cached_property
+    def operator_run(self) -> str:
+        """This TUI's run id as the owner of its drains: ``USER@HOST`` (ops.slurm.operator_run)."""
+        from fleetops.ops import slurm
+
+        return slurm.operator_run()
 
     def slurm_refusal(self, name: str, verb: str) -> str | None:
         """Why drain/resume cannot apply to this node, known before asking anything (no
@@ -268,7 +283,7 @@ class SshSource:
             return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run; {refusal})"
         return f"{name}: cannot {verb}: {refusal}"
 
-    def _scontrol(self, name: str, state: str, reason: str | None) -> ActionResult:
+    def _scontrol(self, name: str, state: str, purpose: str | None) -> ActionResult:
         """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
         inventory's Slurm host, never on the node (a hung node can be drained)."""
         verb = "drain" if state == "DRAIN" else "resume"
@@ -277,7 +292,11 @@ class SshSource:
             return ActionResult(False, refusal, {"slurm": False, "outcome": "refused"})
         control = self._slurm_control
         host = self.hosts[name]
-        done = control.drain(host, reason) if state == "DRAIN" else control.resume(host)
+        run = self.operator_run
+        if state == "DRAIN":
+            done = control.drain(host, purpose, kind=OPERATOR, run=run)
+        else:
+            done = control.resume(host, kind=OPERATOR, run=run)
         return ActionResult(
             done.ok, done.message, {"outcome": done.outcome, "check": done.check, **done.detail}
         )

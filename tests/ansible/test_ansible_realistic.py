@@ -462,7 +462,7 @@ def test_tui_drains_a_hung_node_and_resumes_it_through_the_real_slurmctld(cluste
         assert drained.ok and drained.detail["outcome"] == "done", drained
         assert drained.detail["where"] == "the controller"
         state, reason = cluster.slurm.show("node103")
-        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] "), (state, reason)
+        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] operator/"), (state, reason)
         resumed = await _act(pilot, app, "node103", "u")
         assert resumed.ok and "resumed" in resumed.message, resumed
         state, reason = cluster.slurm.show("node103")
@@ -490,11 +490,11 @@ def test_tui_resume_leaves_a_drain_someone_else_set(cluster, monkeypatch) -> Non
         await _until(pilot, lambda: "node102" in app.state.entries, "node102 listed")
         refused = await _act(pilot, app, "node102", "u")
         assert not refused.ok and refused.detail["outcome"] == "refused", refused
-        assert "maintenance by alice" in refused.message and "someone else" in refused.message
+        assert "maintenance by alice" in refused.message and "someone outside fleetops" in refused.message
         assert "set by root at " in refused.message  # who and when, as slurmctld stamped it
         # a drain from the TUI does not overwrite alice's reason either
         again = await _act(pilot, app, "node102", "d")
-        assert not again.ok and "someone else" in again.message, again
+        assert not again.ok and "someone outside fleetops" in again.message, again
 
     try:
         _drive(app, body)
