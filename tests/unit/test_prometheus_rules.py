@@ -14,7 +14,7 @@ import pytest
 from promtool_util import promtool
 
 from fleetops import baseline, checks, model
-from fleetops.agent import metrics
+from fleetops.agent import metrics, slurm_healthcheck
 
 pytestmark = [pytest.mark.promtool]
 
@@ -47,13 +47,18 @@ def test_every_alert_has_a_unit_test() -> None:
 
 
 def test_every_metric_the_rules_read_is_exported_by_the_agent(
-    sim_node: Callable[..., model.Node], sim_baseline: baseline.Baseline
+    sim_node: Callable[..., model.Node], sim_baseline: baseline.Baseline, tmp_path: Path
 ) -> None:
     node = sim_node(faults=["ecc-dbe@1", "nvlink-down@3", "driver-drift"])
     findings = checks.run_node_checks(node, sim_baseline)
     agent = metrics.AgentInfo(time.time(), 2.0, degraded=True, reason="nvml_hang", sample_age_s=1.0)
     text = metrics.render(metrics.MetricsInput(node=node, agent=agent, findings=tuple(findings),
                                                xid_counts=metrics.xid_counts_from_events(node.xids)))
+    # the page adds the Slurm health program's last report (serve/exposition.page)
+    report = tmp_path / "slurm-healthcheck.json"
+    slurm_healthcheck.write_report(str(report), {"kind": slurm_healthcheck.KIND, "action": "held-by-breaker",
+                                                 "breaker": {"open": True}, "at": time.time()})
+    text += slurm_healthcheck.metrics_text(str(report))
     exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     read = set(re.findall(r"\b(fleetops_[a-z0-9_]+)", RULES.read_text()))
     assert read and read <= exported, sorted(read - exported)

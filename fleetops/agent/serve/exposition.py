@@ -68,11 +68,23 @@ def _reason_token(reason: str) -> str:
 
 
 def page(service: Any) -> str:
-    """The page of one service now; a daemon still starting says so instead of a page."""
+    """The page of one service now; a daemon still starting says so instead of a page. The Slurm
+    health program's last report follows either way (``healthcheck_page``)."""
     _, doc = service.state()
     if doc is None:
-        return "# no snapshot yet\n"
-    return metrics.render(metrics_input(doc, time.time()))
+        return "# no snapshot yet\n" + healthcheck_page(service)
+    return metrics.render(metrics_input(doc, time.time())) + healthcheck_page(service)
+
+
+def healthcheck_page(service: Any) -> str:
+    """``fleetops_slurm_healthcheck_*`` from the health program's report file, read now: the
+    file its ``--report-file`` defaults to on this node (the simulator's beside the served state),
+    so its circuit breaker reaches Prometheus without a second exporter."""
+    from fleetops.agent import slurm_healthcheck
+
+    backend = getattr(service, "backend", None)
+    sim = getattr(backend, "state_path", None) if getattr(backend, "name", None) == "sim" else None
+    return slurm_healthcheck.metrics_text(slurm_healthcheck.report_path(None, sim))
 
 
 def web_source(path: str | None) -> Any:
