@@ -200,6 +200,17 @@ class AuditRow:
     summary: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class NodeResultRow:
+    """One node's result in one audit: what ``latest_results`` gives per node."""
+
+    node: str
+    audit_id: int
+    started_at: float  # the audit's start
+    reachable: bool
+    error: str | None
+
+
 @dataclass
 class ValidateRunRow:
     id: int
@@ -566,6 +577,21 @@ class Store:
             (node, limit),
         ).fetchall()
         return [(r[0], r[1], bool(r[2]), r[3]) for r in rows]
+
+    def latest_results(self, nodes: list[str]) -> dict[str, NodeResultRow]:
+        """Each node's newest result across every recorded audit (a --limit audit covers only
+        some nodes: the fleet's state is the newest result of each), whatever its age; a node
+        never audited is absent. One indexed lookup per node, as ``previous_snapshots``."""
+        query = (
+            "SELECT s.audit_id, a.started_at, s.reachable, s.error FROM snapshots s "
+            "JOIN audits a ON a.id = s.audit_id WHERE s.node = ? ORDER BY s.audit_id DESC LIMIT 1"
+        )
+        out: dict[str, NodeResultRow] = {}
+        for node in nodes:
+            row = self.db.execute(query, (node,)).fetchone()
+            if row is not None:
+                out[node] = NodeResultRow(node, int(row[0]), float(row[1]), bool(row[2]), row[3])
+        return out
 
 
 class _Transaction:

@@ -1,12 +1,19 @@
-"""Turn an audit's findings into a remediation plan: per GPU and per node, one action.
+"""Turn the fleet's findings into a remediation plan: per GPU and per node, what fixes it.
 
-Actions, from the least to the most drastic: ``none``, ``restart_app``, ``drain``,
-``reset_gpu``, ``drain_and_inspect``, ``reboot_node``. Each finding (warn or crit; info and ok
-need nothing; unknown ones are listed as "cannot plan") is mapped to an action by its check id,
-and for XID findings by the action the check judged per code (the XID policy, escalation
-included), else the XID catalog's (``fleetops.catalog.xid``);
-a check this table does not know is mapped from its action text. Per GPU the most drastic action
-wins. Per node, a reboot supersedes the GPU resets on that node (a reboot resets every GPU).
+Repairs, from the least to the most drastic: ``none``, ``restart_app``, ``drain``,
+``reset_gpu``, ``drain_and_inspect``, ``reboot_node``. Beside them, fixes that are not repairs
+(``SIDE_ACTIONS``): a setting or a version to bring back to the baseline (``apply_power``,
+``apply_mig``, ``apply_firmware``, ``rollout_driver``: the command to run, never run by
+remediate) and ``inspect`` (look at the finding: its action says what to do). Each finding
+(warn or crit; info and ok need nothing) is mapped to one action by its check id, and for XID
+findings by the action the check judged per code (the XID policy, escalation included), else
+the XID catalog's (``fleetops.catalog.xid``); a check this table does not know is mapped from
+its action text. Per GPU the most drastic repair wins; every side fix is kept, one per node and
+kind, with the findings that call for it. Per node, a reboot supersedes the GPU resets on that
+node (a reboot resets every GPU).
+
+A node without a snapshot (``transport.*``: hung, unreachable, no agent) cannot be planned and is
+listed with why; so are findings the node could not read (severity unknown).
 
 Pure: no SSH, no store. ``fleetops remediate`` (``remedy.cli``) feeds it and carries it out.
 """
@@ -36,6 +43,33 @@ NODE_HEAD = {
     "drain_and_inspect": "drain the node and have it inspected",
     "reboot_node": "drain and reboot the node",
 }
+# Fixes that are not repairs: kept beside the repair ladder, one per node and kind, printed as
+# the command to run (remediate runs none of them) or, for ``inspect``, the finding's own action.
+SIDE_ACTIONS = ("inspect", "apply_power", "apply_mig", "apply_firmware", "rollout_driver")
+LABEL.update(
+    {
+        "inspect": "inspect",
+        "apply_power": "apply the power settings",
+        "apply_mig": "apply the MIG layout",
+        "apply_firmware": "update the firmware",
+        "rollout_driver": "roll out the driver",
+    }
+)
+COMMAND = {
+    "apply_power": "fleetops apply power -i {inventory} --limit {nodes}",
+    "apply_mig": "fleetops apply mig -i {inventory} --limit {nodes}",
+    "apply_firmware": "fleetops apply firmware -i {inventory} --limit {nodes}",
+    "rollout_driver": "fleetops rollout driver -i {inventory} --limit {nodes} --version {version}",
+}
+SUMMARY = {
+    "apply_power": "Apply the power settings",
+    "apply_mig": "Apply the MIG layout",
+    "apply_firmware": "Update the firmware",
+    "rollout_driver": "Roll out the driver",
+    "inspect": "Inspect (each finding's action says what to do)",
+}
+# why a node has no snapshot to plan from, by its transport finding
+BLOCKED = {"transport.timeout": "hung", "transport.unreachable": "unreachable"}
 
 # check id -> action, or {severity: action}
 BY_CHECK: dict[str, str | dict[str, str]] = {
@@ -50,24 +84,39 @@ BY_CHECK: dict[str, str | dict[str, str]] = {
     "pcie.replay_rate": {"warn": "drain", "info": "none"},
     "nvlink.links_down": "reset_gpu",
     "nvlink.error_rate": {"crit": "reset_gpu", "warn": "reset_gpu", "info": "none"},
-    "thermal_power.throttle": "none",
-    "thermal_power.temperature": {"crit": "drain", "warn": "none"},
-    "thermal_power.memory_temperature": {"crit": "drain", "warn": "none"},
-    "thermal_power.power_limit": "none",
-    "thermal_power.power_enforced": "none",
+    "thermal_power.throttle": "inspect",
+    "thermal_power.temperature": {"crit": "drain", "warn": "inspect"},
+    "thermal_power.memory_temperature": {"crit": "drain", "warn": "inspect"},
+    "thermal_power.power_limit": "apply_power",
+    "thermal_power.power_enforced": "inspect",
     "xid.storm": "drain",
     "config.gpu_count": "reboot_node",
     "config.gpu_missing": "reboot_node",
-    "config.services": {"crit": "drain", "warn": "none"},
-    "config.fabric_state": "none",
-    "config.stray_processes": "none",
-    "config.ecc_mode": "none",
-    "config.persistence_mode": "none",
-    "config.compute_mode": "none",
-    "config.mig_mode": "none",
-    "config.mig_profile": "none",
-    "topology.links": "none",
-    "topology.numa": "none",
+    "config.services": {"crit": "drain", "warn": "inspect"},
+    "config.fabric_state": "inspect",
+    "config.stray_processes": "inspect",
+    "config.ecc_mode": "inspect",  # a mode already pending needs only the reset: see action_for
+    "config.persistence_mode": "apply_power",  # the power role enforces persistence mode too
+    "config.compute_mode": "inspect",
+    "config.mig_mode": "apply_mig",
+    "config.mig_profile": "apply_mig",
+    "config.mig_layout": "apply_mig",
+    "topology.links": "inspect",
+    "topology.numa": "inspect",
+    "versions.driver": "rollout_driver",
+    "versions.cuda": "rollout_driver",
+    "versions.fabric_manager": "rollout_driver",
+    "versions.fabric_manager_match": "rollout_driver",
+    "versions.driver_package": "rollout_driver",
+    "versions.driver_branch": "rollout_driver",
+    "versions.driver_flavour": "rollout_driver",
+    "versions.packages": "rollout_driver",
+    "versions.vbios": "apply_firmware",
+    "versions.inforom": "apply_firmware",
+    "versions.gpu_model": "inspect",
+    "validation.missing": "inspect",
+    "validation.expired": "inspect",
+    "validation.failed": "drain",
 }
 # the XID catalog's action keys -> plan actions
 FROM_XID_ACTION = {
@@ -77,14 +126,20 @@ FROM_XID_ACTION = {
     "reboot_node": "reboot_node",
     "drain_and_inspect": "drain_and_inspect",
     "check_nvlink": "reset_gpu",
-    "check_cooling_power": "none",
+    "check_cooling_power": "inspect",
     "follow_other_xid": "none",
 }
-FROM_RECOVERY = {"gpu_reset": "reset_gpu", "drain_and_reset": "reset_gpu", "drain_p2p": "reset_gpu", "node_reboot": "reboot_node"}
+FROM_RECOVERY = {
+    "gpu_reset": "reset_gpu",
+    "drain_and_reset": "reset_gpu",
+    "drain_p2p": "reset_gpu",
+    "node_reboot": "reboot_node",
+}
 
 
 def from_text(text: str | None) -> str:
-    """Best guess from an action text, for checks the table does not know."""
+    """Best guess from an action text, for checks the table does not know; ``inspect`` (the
+    action itself says what to do) when it names nothing this plan knows."""
     t = (text or "").lower()
     if "fleetops reset" in t or t.startswith("reset the gpu"):
         return "reset_gpu"
@@ -96,7 +151,15 @@ def from_text(text: str | None) -> str:
         return "restart_app"
     if "drain" in t:
         return "drain"
-    return "none"
+    for command, act in (
+        ("fleetops apply power", "apply_power"),
+        ("fleetops apply mig", "apply_mig"),
+        ("fleetops apply firmware", "apply_firmware"),
+        ("fleetops rollout driver", "rollout_driver"),
+    ):
+        if command in t:
+            return act
+    return "inspect"
 
 
 def _xid_action(finding: model.Finding) -> str:
@@ -106,6 +169,7 @@ def _xid_action(finding: model.Finding) -> str:
     except ImportError:  # pragma: no cover - shipped together
         return from_text(finding.action)
     best = "none"
+    side = None
     for entry in observed:
         if not isinstance(entry, dict) or entry.get("severity") not in ("warn", "crit"):
             continue
@@ -121,9 +185,43 @@ def _xid_action(finding: model.Finding) -> str:
             # the check's judgement (the baseline's xid_policy and escalation) when it gives one
             key = entry.get("action") if isinstance(entry.get("action"), str) else catalog.lookup(code).action
             act = FROM_XID_ACTION.get(str(key), "drain_and_inspect")
-        if RANK[act] > RANK[best]:
+        if act in SIDE_ACTIONS:
+            side = side or act
+        elif RANK[act] > RANK[best]:
             best = act
-    return best if observed else from_text(finding.action)
+    if not observed:
+        return from_text(finding.action)
+    return side if best == "none" and side else best
+
+
+def _ecc_pending(finding: model.Finding) -> bool:
+    observed = finding.observed if isinstance(finding.observed, dict) else {}
+    return finding.expected is not None and observed.get("pending") == finding.expected
+
+
+def blocked_why(check: str) -> str | None:
+    """Why a node cannot be planned, from a finding that says it has no snapshot: ``hung``,
+    ``unreachable``, or ``unknown`` (no agent, credentials, output); None for any other check."""
+    if check in BLOCKED:
+        return BLOCKED[check]
+    return "unknown" if check.startswith("transport.") else None
+
+
+def command_for(action: str, nodes: Iterable[str], inventory: str, version: str | None = None) -> str | None:
+    """The command that carries out a side fix on ``nodes``; None for one with no command."""
+    template = COMMAND.get(action)
+    if template is None:
+        return None
+    return template.format(inventory=inventory, nodes=",".join(nodes), version=version or "VERSION")
+
+
+def _version(reasons: list[dict[str, Any]]) -> str | None:
+    """The driver version a rollout is for: the baseline's, as the driver finding expects it."""
+    for check in ("versions.driver", "versions.fabric_manager_match", "versions.driver_package"):
+        for r in reasons:
+            if r["check"] == check and isinstance(r.get("expected"), str) and r["expected"].strip():
+                return str(r["expected"]).strip()
+    return None
 
 
 def action_for(finding: model.Finding) -> str:
@@ -136,8 +234,8 @@ def action_for(finding: model.Finding) -> str:
         return FROM_RECOVERY.get(str(finding.observed), from_text(finding.action))
     if finding.check.startswith("transport.") or finding.check.endswith(".unreadable"):
         return "none"
-    if finding.check.startswith("versions."):
-        return "none"  # drift: fleetops rollout, not a repair
+    if finding.check == "config.ecc_mode" and _ecc_pending(finding):
+        return "reset_gpu"  # the mode is set already, only the reset that applies it is missing
     rule = BY_CHECK.get(finding.check)
     if isinstance(rule, dict):
         return rule.get(finding.severity, from_text(finding.action))
@@ -166,10 +264,15 @@ class Item:
     severity: str
     reasons: list[dict[str, Any]] = field(default_factory=list)  # check, severity, message, action
     superseded_by: str | None = None
+    command: str | None = None  # a side fix's command (remediate prints it, never runs it)
 
     @property
     def label(self) -> str:
         return LABEL[self.action]
+
+    @property
+    def side(self) -> bool:
+        return self.action in SIDE_ACTIONS
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +281,7 @@ class Item:
             "action": self.action,
             "severity": self.severity,
             "superseded_by": self.superseded_by,
+            "command": self.command,
             "reasons": self.reasons,
         }
 
@@ -193,42 +297,84 @@ class NodePlan:
     def resets(self) -> list[Item]:
         return [i for i in self.items if i.action == "reset_gpu" and i.gpu and not i.superseded_by]
 
+    @property
+    def fixes(self) -> list[Item]:
+        """The side fixes (commands to run, findings to look at), one per kind."""
+        return [i for i in self.items if i.side]
+
+    @property
+    def blocked(self) -> tuple[str, dict[str, Any]] | None:
+        """(why, the finding) when the node has no snapshot to plan from (hung, unreachable,
+        unknown); None when it was planned."""
+        for u in self.cannot_plan:
+            why = blocked_why(str(u.get("check")))
+            if why is not None:
+                return why, u
+        if self.cannot_plan and not self.items:
+            return "unknown", self.cannot_plan[0]
+        return None
+
     def to_dict(self) -> dict[str, Any]:
+        blocked = self.blocked
         return {
             "node": self.node,
             "action": self.action,
             "items": [i.to_dict() for i in self.items],
             "cannot_plan": self.cannot_plan,
+            "blocked": blocked[0] if blocked else None,
         }
 
 
 @dataclass
 class Plan:
     nodes: list[NodePlan]
+    inventory: str = "INVENTORY"  # for the commands of side fixes
+    audited: list[str] | None = None  # the nodes whose results the plan was made from (None: not said)
+    unaudited: dict[str, str] = field(default_factory=dict)  # node -> why it has no result to plan from
+    window: str | None = None  # the age limit of a result, as the operator wrote it (15m)
     notes: list[str] = field(default_factory=list)  # the history's word on the plan: application-wide XIDs
 
     @property
     def resets(self) -> list[Item]:
         return [i for n in self.nodes for i in n.resets]
 
+    @property
+    def blocked(self) -> list[NodePlan]:
+        return [n for n in self.nodes if n.blocked]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [n.to_dict() for n in self.nodes], "notes": self.notes}
+        return {
+            "nodes": [n.to_dict() for n in self.nodes],
+            "audited": self.audited,
+            "unaudited": self.unaudited,
+            "window": self.window,
+            "notes": self.notes,
+        }
 
 
 def build(
     findings: Iterable[model.Finding],
     node_order: list[str] | None = None,
     *,
+    inventory: str = "INVENTORY",
+    audited: Iterable[str] | None = None,
+    unaudited: dict[str, str] | None = None,
+    window: str | None = None,
     escalations: Escalating | None = None,
 ) -> Plan:
-    """The plan for ``findings`` (one audit), nodes in ``node_order`` (then the others);
+    """The plan for ``findings`` (each node's latest result), nodes in ``node_order`` (then the
+    others). ``audited``: the nodes the findings come from (a node there with no finding needs
+    nothing); ``unaudited``: node -> why there is no result to plan it from (no recent audit),
+    said next to the plan and never taken for "nothing to do"; ``window``: the age limit;
     ``escalations``: what the history says (``fleet.escalation``): faults that outlived their
     repairs go to inspection, application-wide XIDs to the job."""
     per_node: dict[str, dict[str, Item]] = {}
     unknown: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         if f.severity == "unknown":
-            unknown.setdefault(f.node, []).append({"check": f.check, "message": f.message, "action": f.action})
+            unknown.setdefault(f.node, []).append(
+                {"check": f.check, "message": f.message, "action": f.action}
+            )
             continue
         if f.severity not in ("warn", "crit"):
             continue
@@ -239,14 +385,6 @@ def build(
         gpu = f.gpu if f.gpu and f.gpu.get("uuid") else None
         if act == "reset_gpu" and gpu is None:
             act = "drain"  # nothing to aim a reset at: take the node out until someone looks
-        key = gpu["uuid"] if gpu else ""
-        items = per_node.setdefault(f.node, {})
-        item = items.get(key)
-        if item is None:
-            item = items[key] = Item(f.node, dict(gpu) if gpu else None, act, f.severity)
-        if RANK[act] > RANK[item.action]:
-            item.action = act
-        item.severity = model.worst([item.severity, f.severity])
         reason: dict[str, Any] = {
             "check": f.check,
             "severity": f.severity,
@@ -256,14 +394,37 @@ def build(
         }
         if history:
             reason["escalation"] = history
+        if act in SIDE_ACTIONS:  # one per node and kind, every GPU's finding under it
+            key, at = f"side:{act}", None
+            reason["gpu"] = dict(f.gpu) if f.gpu else None
+            if isinstance(f.expected, str):
+                reason["expected"] = f.expected
+        else:
+            key, at = (gpu["uuid"] if gpu else ""), (dict(gpu) if gpu else None)
+        items = per_node.setdefault(f.node, {})
+        item = items.get(key)
+        if item is None:
+            item = items[key] = Item(f.node, at, act, f.severity)
+        if act not in SIDE_ACTIONS and RANK[act] > RANK[item.action]:
+            item.action = act
+        item.severity = model.worst([item.severity, f.severity])
         item.reasons.append(reason)
     names = list(node_order or [])
     names += sorted(n for n in set(per_node) | set(unknown) if n not in names)
     nodes = []
     for name in names:
         node_items = sorted(
-            per_node.get(name, {}).values(), key=lambda i: (i.gpu is None, (i.gpu or {}).get("index", -1))
+            per_node.get(name, {}).values(),
+            key=lambda i: (
+                i.side,
+                SIDE_ACTIONS.index(i.action) if i.side else 0,
+                i.gpu is None,
+                (i.gpu or {}).get("index", -1),
+            ),
         )
+        for it in node_items:
+            if it.side:
+                it.command = command_for(it.action, [name], inventory, _version(it.reasons))
         if not node_items and name not in unknown:
             continue
         node_action = "none"
@@ -275,39 +436,109 @@ def build(
                 if it.action == "reset_gpu":
                     it.superseded_by = "reboot_node"
         nodes.append(NodePlan(name, node_action, node_items, unknown.get(name, [])))
-    return Plan(nodes, notes=list(escalations.notes) if escalations is not None else [])
+    listed = None if audited is None else sorted(set(audited))
+    return Plan(
+        nodes,
+        inventory,
+        listed,
+        dict(sorted((unaudited or {}).items())),
+        window,
+        notes=list(escalations.notes) if escalations is not None else [],
+    )
+
+
+def _coverage_line(plan: Plan) -> str | None:
+    """The nodes the plan could not look at, said so that nobody takes them for healthy."""
+    if not plan.unaudited:
+        return None
+    within = f" within {plan.window}" if plan.window else ""
+    listed = ", ".join(f"{n} ({why})" for n, why in plan.unaudited.items())
+    return f"{len(plan.unaudited)} node(s) have no audit{within}, so nothing is planned for them: {listed}"
+
+
+def _head(node: NodePlan) -> str:
+    blocked = node.blocked
+    if blocked and not node.items:
+        why, u = blocked
+        return f"{node.node}: cannot plan: {why} ({u['check']}: {u['message']})"
+    if node.action == "none" and node.items and all(i.side for i in node.items):
+        return f"{node.node}: " + "; ".join(LABEL[i.action] for i in node.items)
+    return f"{node.node}: " + NODE_HEAD[node.action]
 
 
 def render(plan: Plan) -> str:
     """The plan as text for a terminal or a ticket."""
+    coverage = _coverage_line(plan)
     if not plan.nodes:
-        return "Nothing to do: no warning or critical finding.\n"
+        seen = f" in the results for {len(plan.audited)} node(s)" if plan.audited is not None else ""
+        if coverage:
+            within = f" within {plan.window}" if plan.window else ""
+            listed = ", ".join(f"{n} ({why})" for n, why in plan.unaudited.items())
+            return (
+                f"No finding{seen}; {len(plan.unaudited)} node(s) have no audit{within}: {listed}\n"
+                "Nothing is planned for them: audit them first.\n"
+            )
+        return f"Nothing to do: no warning or critical finding{seen}.\n"
     lines = [f"NOTE: {note}" for note in plan.notes]
     for node in plan.nodes:
-        head = f"{node.node}: " + NODE_HEAD[node.action]
-        if not node.items and node.cannot_plan:
-            head = f"{node.node}: cannot plan"
-        lines.append(head)
+        lines.append(_head(node))
         for item in node.items:
             g = item.gpu
             where = f"GPU {g.get('index')} {g.get('uuid')} {g.get('bus_id')}" if g else "node"
             note = f" (superseded: {LABEL[item.superseded_by]})" if item.superseded_by else ""
             lines.append(f"  {where:60} {item.label}{note}")
             for r in item.reasons:
-                lines.append(f"      [{r['severity']}] {r['check']}: {r['message']}")
+                on = r.get("gpu") or {}
+                at = f" (GPU {on.get('index')})" if on else ""
+                lines.append(f"      [{r['severity']}] {r['check']}{at}: {r['message']}")
                 lines += [f"        history: {e['text']}" for e in r.get("escalation") or ()]
+                if item.action == "inspect" and r.get("action"):
+                    lines.append(f"          what to do: {r['action']}")
+            if item.command:
+                lines.append(f"      run: {item.command}")
+        blocked = node.blocked
         for u in node.cannot_plan:
+            if blocked and not node.items and u is blocked[1]:
+                continue  # said in the head
             lines.append(f"  cannot plan: {u['check']}: {u['message']}")
     resets = plan.resets
     reboots = [n.node for n in plan.nodes if n.action == "reboot_node"]
     inspect = [n.node for n in plan.nodes if n.action == "drain_and_inspect"]
     drains = [n.node for n in plan.nodes if n.action == "drain"]
     lines.append("")
-    lines.append(f"GPU resets: {len(resets)}" + (f" ({', '.join(sorted({i.node for i in resets}))})" if resets else ""))
+    lines.append(
+        f"GPU resets: {len(resets)}" + (f" ({', '.join(sorted({i.node for i in resets}))})" if resets else "")
+    )
     if reboots:
         lines.append(f"Reboot (drain first, by hand or your scheduler): {', '.join(reboots)}")
     if inspect:
         lines.append(f"Drain and send for inspection: {', '.join(inspect)}")
     if drains:
         lines.append(f"Drain: {', '.join(drains)}")
+    for act in SIDE_ACTIONS:
+        on = [(n.node, i) for n in plan.nodes for i in n.fixes if i.action == act]
+        if not on:
+            continue
+        if act == "inspect":
+            lines.append(
+                f"{SUMMARY[act]}: "
+                + ", ".join(
+                    f"{name} ({', '.join(sorted({r['check'] for r in i.reasons}))})" for name, i in on
+                )
+            )
+            continue
+        by_version: dict[str | None, list[str]] = {}
+        for name, i in on:
+            by_version.setdefault(_version(i.reasons), []).append(name)
+        for version, names in by_version.items():
+            lines.append(
+                f"{SUMMARY[act]}: {', '.join(names)}: {command_for(act, names, plan.inventory, version)}"
+            )
+    blocked_nodes = plan.blocked
+    if blocked_nodes:
+        lines.append(
+            "Cannot plan: " + ", ".join(f"{n.node} ({(n.blocked or ('?', {}))[0]})" for n in blocked_nodes)
+        )
+    if coverage:
+        lines.append(f"Not planned: {coverage}")
     return "\n".join(lines) + "\n"

@@ -103,7 +103,7 @@ def test_unknown_checks_fall_back_to_their_action_text():
     assert plan.action_for(finding("new.check", action="Drain the node and reboot it.")) == "reboot_node"
     assert plan.action_for(finding("new.check", action="Reset it: fleetops reset n g")) == "reset_gpu"
     assert plan.action_for(finding("new.check", action="Open an RMA.")) == "drain_and_inspect"
-    assert plan.action_for(finding("new.check", action="Look at the graphs.")) == "none"
+    assert plan.action_for(finding("new.check", action="Look at the graphs.")) == "inspect"
     # a reset with no GPU to aim at becomes a drain
     p = plan.build([finding("new.check", gpu=None, action="fleetops reset NODE GPU")])
     assert p.nodes[0].items[0].action == "drain"
@@ -250,17 +250,79 @@ def test_remediate_plans_from_the_latest_audit_and_yes_carries_out_the_resets(tw
     assert all(c[1] in ("collect", "reset") for c in agent.calls)
 
 
-def test_remediate_yes_with_kill_processes_ends_the_listed_processes_and_resets(two_nodes, tmp_path, capsys):
+def test_remediate_yes_kill_processes_without_confirmed_pids_is_refused_before_anything_is_sent(
+        two_nodes, tmp_path, capsys, monkeypatch):
     states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
     db = tmp_path / "history.db"
     _record_audit(db, states)
-    inv = "node001,node002,"
-    assert cli.main(["remediate", "-i", inv, "--db", str(db), "--yes", "--kill-processes"]) == 0
+    before = states["node001"].read_bytes()
+    assert cli.main(["remediate", "-i", "node001,node002,", "--db", str(db), "--yes", "--kill-processes"]) == 1
+    err = capsys.readouterr().err
+    uuid = sim.read_state(str(states["node001"]))["gpus"][3]["uuid"]
+    assert "refusing --kill-processes" in err and "Nothing was reset or drained" in err
+    assert f"pid {sim.STRAY_PID} (python3 train.py" in err
+    assert f"--expect-pids node001:{uuid}={sim.STRAY_PID}" in err  # the PIDs it would have needed confirmed
+    assert [c[1] for c in agent.calls] == ["collect"]  # one look, no reset
+    assert slurm.calls() == [] and states["node001"].read_bytes() == before
+
+
+def _fake_slurm(tmp_path, monkeypatch, **states):
+    """The strict stand-in scontrol first on PATH, a Slurm configuration that exists, ten nodes."""
+    import fake_scontrol
+
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    fs = fake_scontrol.FakeSlurm(folder)
+    nodes = {f"node{i:03d}": {"state": states.get(f"node{i:03d}", "IDLE"), "partitions": ["gpu"]}
+             for i in range(1, 11)}
+    fs.set(nodes)
+    conf = folder / "slurm.conf"
+    conf.write_text("ClusterName=test\n")
+    monkeypatch.setenv("FAKE_SLURM", str(fs.db))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return fs
+
+
+class SeesSlurm(LocalAgent):
+    """The local agent, noting node001's Slurm state at the moment each reset is sent."""
+
+    def __init__(self, states, slurm):
+        super().__init__(states)
+        self.slurm = slurm
+        self.at_reset = []
+
+    def __call__(self, args, host, argv, timeout):
+        if argv[1] == "reset":
+            self.at_reset.append(dict(self.slurm.nodes()[host.name]))
+        return super().__call__(args, host, argv, timeout)
+
+
+def test_remediate_yes_with_expect_pids_drains_ends_exactly_those_resets_and_resumes(
+        two_nodes, tmp_path, capsys, monkeypatch):
+    states, _ = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
+    agent = SeesSlurm(states, slurm)
+    monkeypatch.setattr(remedy_cli, "_run", agent)
+    db = tmp_path / "history.db"
+    _record_audit(db, states)
+    uuid = sim.read_state(str(states["node001"]))["gpus"][3]["uuid"]
+    code = cli.main(["remediate", "-i", "node001,node002,", "--db", str(db), "--yes", "--kill-processes",
+                     "--expect-pids", f"node001:3={sim.STRAY_PID}"])
     out = capsys.readouterr().out
+    assert code == 0, out
+    run = out.split("; run ", 1)[1].split()[0]
     assert "Reboot (drain first" in out and "node002" in out
-    # one reset: node001's GPU 3; node002 reboots (its pending remap waits for the reboot)
+    # one reset: node001's GPU 3, ending exactly the confirmed process; node002 reboots
     resets = [c for c in agent.calls if c[1] == "reset"]
-    assert len(resets) == 1 and sim.read_state(str(states["node001"]))["gpus"][3]["uuid"] in resets[0]
+    assert len(resets) == 1 and uuid in resets[0]
     assert resets[0][resets[0].index("--expect-pids") + 1] == str(sim.STRAY_PID)
+    # drained by this run before the reset, resumed after it
+    (seen,) = agent.at_reset
+    assert seen["state"] == "IDLE+DRAIN" and seen["reason"].startswith(f"[fleetops] reset/{run}: reset GPU 3 {uuid}")
+    assert [c[:3] for c in slurm.updates()] == [["update", "NodeName=node001", "State=DRAIN"],
+                                                ["update", "NodeName=node001", "State=RESUME"]]
+    assert slurm.nodes()["node001"]["state"] == "IDLE"
     assert sim.read_state(str(states["node001"]))["faults"] == []
     assert {f["name"] for f in sim.read_state(str(states["node002"]))["faults"]} == {"xid:79", "row-remap-pending"}
