@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from fleetops.fleet import sshopts
+from fleetops.fleet import escalation, sshopts
 from fleetops.ops.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -151,6 +151,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     if args.kind == "validate":
         return _validate_history(args, since)
+    if args.kind == "escalation":
+        return _escalation_history(args)
     with Store(args.db) as store:
         rows = store.audits(args.node, since, args.last)
         if args.format == "json":
@@ -187,6 +189,58 @@ def cmd_history(args: argparse.Namespace) -> int:
                 for f in diff[label]:
                     gpu = f" GPU{f.gpu['index']} {f.gpu['uuid']}" if f.gpu else ""
                     print(f"    {sign} [{f.severity}] {f.node}{gpu} {f.check}: {f.message}")
+    return _escalation_history(args, show_empty=False)
+
+
+def _span_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _escalation_history(args: argparse.Namespace, show_empty: bool = True) -> int:
+    """``fleetops history --kind escalation`` (and the tail of the audit view): the faults that
+    survived reboots or GPU resets, application-wide XIDs, and the time between incidents."""
+    import time as _t
+
+    from fleetops.fleet import escalation
+    from fleetops.fleet.store import Store
+
+    policy = escalation.policy_from_args(args)
+    since = None if policy.lookback_s is None else _t.time() - policy.lookback_s
+    with Store(args.db) as store:
+        timelines = store.timelines([args.node] if args.node else None, since)
+    result = escalation.analyse(timelines, policy)
+    if args.format == "json" and show_empty:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return 0
+    span = "every stored audit" if policy.lookback_s is None else f"last {_span_text(policy.lookback_s)}"
+    survived = [h for h in result.histories.values() if h.reboots or h.resets]
+    if survived or show_empty:
+        print(
+            f"Faults that survived reboots or GPU resets ({span}; {policy.reboots} reboots or "
+            f"{policy.resets} resets: hardware inspection):"
+        )
+    for h in sorted(survived, key=lambda h: (h.node, (h.gpu or {}).get("index", -1), h.fault)):
+        gpu = f" GPU{h.gpu.get('index')} {h.gpu.get('uuid')}" if h.gpu else ""
+        now = "present now" if h.current else f"last seen {escalation.stamp(h.last_seen)}"
+        print(f"    {h.node}{gpu} {h.fault}: {h.text(policy)} (in {h.audits} audits, {now})")
+    if show_empty and not survived:
+        print("    none")
+    for a in result.app_wide:
+        print(f"{a.text} ({', '.join(a.nodes)})")
+    fleet = escalation.fleet_mtbi(result.mtbi.values())
+    if fleet.incidents or show_empty:
+        print(f"Time between incidents ({span}; an incident: a node going from no warn/crit finding to one):")
+        for node, m in sorted(result.mtbi.items()):
+            if m.incidents:
+                line = f"    {node:16} {m.incidents} incidents  p50 {_span_text(m.p50)}"
+                print(f"{line}  p90 {_span_text(m.p90)}")
+        p50, p90 = _span_text(fleet.p50), _span_text(fleet.p90)
+        print(f"    {'fleet':16} {fleet.incidents} incidents  p50 {p50}  p90 {p90}")
     return 0
 
 
@@ -430,15 +484,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings; "
                        "or past validations (--kind validate)")
     p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs)")
-    p.add_argument("--kind", choices=("audit", "validate"), default="audit",
-                   help="audit: fleetops audit runs (default); validate: fleetops validate runs and each GPU's "
-                   "verdict and expiry")
+    p.add_argument("--kind", choices=("audit", "validate", "escalation"), default="audit",
+                   help="audit: fleetops audit runs (default; the text view ends with the escalation summary); "
+                   "validate: fleetops validate runs and each GPU's verdict and expiry; escalation: faults that "
+                   "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90)")
     p.add_argument("--since", help="2h, 7d, or an ISO date")
     p.add_argument("--last", type=int, default=20, help="how many audits or validate runs (default 20)")
     p.add_argument("--db", help="history database")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list persisting findings (with --kind validate: every GPU, not only those not ok)")
+    escalation.add_arguments(p)
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("prometheus", help="Prometheus integration: scrape targets from the inventory")

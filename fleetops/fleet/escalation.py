@@ -432,3 +432,88 @@ def analyse(
             latest.extend(newest.findings)
     out.app_wide = app_wide_xids(latest if current is None else current, times, policy)
     return out
+
+
+# --- the command line's side: flags, and the one call that reads the store -------------------
+
+
+def add_arguments(p: Any) -> None:
+    """The thresholds as flags (``fleetops remediate`` and ``fleetops history``)."""
+    p.add_argument(
+        "--escalate-reboots",
+        type=int,
+        default=DEFAULT_REBOOTS,
+        metavar="N",
+        help="a fault that survived N node reboots goes to hardware inspection (drain_and_inspect; "
+        f"gpud's threshold, default {DEFAULT_REBOOTS})",
+    )
+    p.add_argument(
+        "--escalate-resets",
+        type=int,
+        default=DEFAULT_RESETS,
+        metavar="N",
+        help=f"... or N GPU resets (default {DEFAULT_RESETS})",
+    )
+    p.add_argument(
+        "--app-xid-nodes",
+        type=int,
+        default=DEFAULT_APP_NODES,
+        metavar="N",
+        help="the same XID on GPUs of N or more nodes within --app-xid-window is the application's: "
+        f"no drains for it (default {DEFAULT_APP_NODES})",
+    )
+    p.add_argument(
+        "--app-xid-window",
+        type=float,
+        default=DEFAULT_APP_WINDOW_S,
+        metavar="SECONDS",
+        help=f"see --app-xid-nodes (default {DEFAULT_APP_WINDOW_S:g})",
+    )
+    p.add_argument(
+        "--escalation-lookback",
+        default="7d",
+        metavar="SPAN",
+        help="how far back the history counts reboots, resets and incidents (7d, 12h; 'forever': "
+        "every stored audit; default 7d)",
+    )
+
+
+def policy_from_args(args: Any) -> Policy:
+    """The policy the flags give (their defaults where a command has none of them)."""
+    from fleetops.fleet.store import StoreError, parse_keep
+    from fleetops.ops.errors import UsageError
+
+    for name in ("escalate_reboots", "escalate_resets", "app_xid_nodes", "app_xid_window"):
+        if getattr(args, name, 1) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
+    try:
+        lookback = parse_keep(getattr(args, "escalation_lookback", "7d"))
+    except StoreError as exc:
+        raise UsageError(str(exc).replace("--keep", "--escalation-lookback")) from exc
+    return Policy(
+        reboots=getattr(args, "escalate_reboots", DEFAULT_REBOOTS),
+        resets=getattr(args, "escalate_resets", DEFAULT_RESETS),
+        app_nodes=getattr(args, "app_xid_nodes", DEFAULT_APP_NODES),
+        app_window_s=float(getattr(args, "app_xid_window", DEFAULT_APP_WINDOW_S)),
+        lookback_s=lookback,
+    )
+
+
+def from_store(
+    path: str | None, findings: Iterable[model.Finding], policy: Policy, now: float | None = None
+) -> Escalations:
+    """The analysis for a plan of ``findings``: the history of each node that has a warn or crit
+    finding, read from the store at ``path`` (the only function here that reads it)."""
+    from fleetops.fleet.store import Store
+
+    current = list(findings)
+    nodes = sorted({f.node for f in current if f.severity in model.FAULT_SEVERITIES})
+    since = None if policy.lookback_s is None else (time.time() if now is None else now) - policy.lookback_s
+    with Store(path) as store:
+        timelines = store.timelines(nodes, since)
+    return analyse(timelines, policy, current=current)
+
+
+def for_remediate(args: Any, findings: Iterable[model.Finding]) -> Escalations:
+    """``fleetops remediate``'s one call: its flags and its ``--db``."""
+    return from_store(getattr(args, "db", None), findings, policy_from_args(args))

@@ -169,6 +169,8 @@ XID_TEXT = {
 }
 FAULT_NAMES = tuple(SETTING_FAULTS) + CONDITION_FAULTS
 NODE_FAULTS = ("driver-drift", "gpu-missing")  # gpu-missing takes --gpu, default the last one
+# Events rather than faults: nothing is left to clear. ``reboot``: see ``reboot``.
+NODE_EVENTS = ("reboot",)
 
 SBE_STORM_BASE, SBE_STORM_PER_MIN = 120_000, 20_000
 REPLAY_STORM_BASE, REPLAY_STORM_PER_MIN = 400, 600
@@ -295,7 +297,7 @@ def check_fault_name(name: str) -> None:
         if not code.isdigit() or int(code) <= 0:
             raise SimError(f"unknown fault {name!r}: xid:<code> takes a positive number, e.g. xid:79")
         return
-    if name not in FAULT_NAMES and name not in VALIDATION_FAULTS:
+    if name not in FAULT_NAMES and name not in VALIDATION_FAULTS and name not in NODE_EVENTS:
         raise SimError(
             f"unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}, xid:<code>; "
             f"for validate: {', '.join(VALIDATION_FAULTS)}"
@@ -404,6 +406,11 @@ def inject_into(state: dict[str, Any], name: str, gpu: int | None, peer: int | N
     changes only what the simulated ``validate`` measures; ``peer`` narrows slow-nvlink to one
     link. ``inject`` does the same on a state file."""
     check_fault_name(name)
+    if name in NODE_EVENTS:
+        if gpu is not None or peer is not None:
+            raise SimError(f"{name!r} is node-wide; it takes no GPU index")
+        reboot(state)
+        return True
     if name in VALIDATION_FAULTS:
         return inject_validation_fault(state, name, 0 if gpu is None else gpu, peer)
     if peer is not None:
@@ -455,6 +462,9 @@ def inject(path: str, name: str, gpu: int | None = None, peer: int | None = None
     with locked_state(path) as state:
         before = len(state.get("kernel_log", []))
         done = inject_into(state, name, gpu, peer)
+        if name == "reboot":  # a new boot's /dev/kmsg starts empty (the daemon's follower starts over)
+            with open(kmsg_path(path), "w", encoding="utf-8"):
+                before = 0
         for entry in state.get("kernel_log", [])[before:]:
             append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)),
                         float(state["node"].get("printk_drift_ppm", 0.0)))
@@ -1029,6 +1039,22 @@ def set_service(state: dict[str, Any], unit: str, status: str) -> str | None:
     before = services.get(unit)
     services[unit] = status
     return None if before is None else str(before)
+
+
+def reboot(state: dict[str, Any], now: float | None = None) -> None:
+    """Reboot the node (``fleetops sim inject NODE reboot``): a new boot time (so a new uptime),
+    every process ended, a lost GPU back on the bus, each GPU reset as ``reset_gpu`` resets it
+    (XIDs and what a reset clears are gone; broken hardware, ``RESET_KEEPS``, stays) and an empty
+    kernel log. The agent's reset journal keeps its records: a reboot is not a recorded reset."""
+    now = time.time() if now is None else now
+    state["faults"] = [f for f in state["faults"] if f["name"] not in LOST_FAULTS]
+    state["processes"] = {}
+    journal = list(state.get("resets", []))
+    for position in range(len(state["gpus"])):
+        reset_gpu(state, position, now)
+    state["resets"] = journal
+    state["kernel_log"] = []
+    state["node"]["boot_time"] = now
 
 
 def reset_gpu(state: dict[str, Any], position: int, now: float | None = None) -> dict[str, Any]:

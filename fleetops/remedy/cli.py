@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
-from fleetops.fleet import sshopts
+from fleetops.fleet import escalation, sshopts
 from fleetops.ops import remediate as fitness_mod
 from fleetops.ops import reset as ops_reset
 from fleetops.ops import results, selectors
@@ -520,6 +520,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
         audited=list(cov.recent),
         unaudited=cov.unplanned,
         window=args.max_audit_age,
+        escalations=escalation.for_remediate(args, findings),
     )
     run_id = slurm_rule.new_run_id()
     newest = max(cov.audit_ids) if cov.audit_ids else None
@@ -704,6 +705,7 @@ def register(sub: Any) -> None:
         help="with --kill-processes: the processes that may be ended on one GPU (UUID, bus id or index); "
         "repeat per GPU. A process that runs there unconfirmed refuses that GPU's reset",
     )
+    escalation.add_arguments(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--forks", type=int, default=20, help="nodes audited / dry-run-checked in parallel")
     _action_args(p)

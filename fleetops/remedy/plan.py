@@ -247,7 +247,8 @@ def action_for(finding: model.Finding) -> str:
 class Escalating(Protocol):
     """What ``build`` asks of the history (``fleetops.fleet.escalation.Escalations``)."""
 
-    notes: list[str]
+    @property
+    def notes(self) -> list[str]: ...
 
     def adjust(
         self, f: model.Finding, action: str, action_for: Callable[[model.Finding], str]
