@@ -56,10 +56,8 @@ def test_every_metric_the_rules_read_is_exported_by_the_agent(
                                                xid_counts=metrics.xid_counts_from_events(node.xids)))
     # the page adds the Slurm health program's last report (serve/exposition.page)
     report = tmp_path / "slurm-healthcheck.json"
-    slurm_healthcheck.write_report(
-        str(report),
-        {"kind": slurm_healthcheck.KIND, "action": "held-by-breaker", "breaker": {"open": True}, "at": time.time()},
-    )
+    held = {"kind": slurm_healthcheck.KIND, "action": "held-by-breaker", "breaker": {"open": True}}
+    slurm_healthcheck.write_report(str(report), {**held, "at": time.time()})
     text += slurm_healthcheck.metrics_text(str(report))
     exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     read = set(re.findall(r"\b(fleetops_[a-z0-9_]+)", RULES.read_text()))
