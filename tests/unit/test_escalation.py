@@ -275,3 +275,22 @@ def test_plan_treats_an_application_wide_xid_as_the_jobs():
         "NOTE: application-wide XID 13 on 3 nodes: look at the job, not the GPUs"
     )
     assert plan.nodes[0].items[0].reasons[0]["escalation"][0]["kind"] == "application_wide_xid"
+
+
+def test_the_tui_node_history_lists_what_a_fault_survived_above_the_audits():
+    node_screen = pytest.importorskip("fleetops.tui.screens.node")
+
+    class FakeStore:
+        def timelines(self, nodes, since):
+            return _two_reboots() if nodes == ["n1"] else {}
+
+        def node_history(self, node, limit):
+            return []
+
+    [row] = node_screen.history_rows(FakeStore(), "n1")
+    assert row.key == f"esc:{UUID}:pcie.link_degraded"
+    assert row.cells[3] == "INSPECT" and row.cells[4] == "2"
+    assert (
+        row.cells[5]
+        == f"GPU 0 pcie.link_degraded: survived 2 reboots since {esc.stamp(T0)}: hardware inspection"
+    )

@@ -350,8 +350,38 @@ def _note_row(text: str) -> data.Row:
     return data.Row("note", ("", "", "", "", "", text), ("", "", "", "", "", "dim"), ("",) * 6, False, "")
 
 
-def history_rows(store: Any, node: str, limit: int = 20) -> list[data.Row]:
+def escalation_rows(store: Any, node: str, now: float | None = None) -> list[data.Row]:
+    """The node's faults that survived reboots or GPU resets (``fleet.escalation``, the default
+    policy over its lookback), above its audits: read-only, what ``fleetops remediate`` weighs."""
+    from fleetops.fleet import escalation
+
+    policy = escalation.Policy()
+    since = (time.time() if now is None else now) - (policy.lookback_s or 0.0)
+    result = escalation.analyse(store.timelines([node], since), policy)
     rows = []
+    for h in result.for_node(node):
+        if not (h.reboots or h.resets):
+            continue
+        where = f"GPU {h.gpu.get('index')} " if h.gpu else ""
+        note = f"{where}{h.fault}: {h.text(policy)}" + ("" if h.current else " (not seen in the latest audit)")
+        sev = "crit" if h.escalated(policy) and h.current else "warn"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.first_seen))
+        rows.append(
+            data.Row(
+                f"esc:{(h.gpu or {}).get('uuid') or ''}:{h.fault}",
+                ("esc", when, "", "INSPECT" if sev == "crit" else "", str(len(h.reboots) + len(h.resets)), note),
+                ("dim", "", "", sev, sev, ""),
+                (0, h.first_seen, True, sev, len(h.reboots) + len(h.resets), note),
+                True,
+                note.lower(),
+                node,
+            )
+        )
+    return rows
+
+
+def history_rows(store: Any, node: str, limit: int = 20) -> list[data.Row]:
+    rows = escalation_rows(store, node) if hasattr(store, "timelines") else []
     for audit_id, started, reached, error in store.node_history(node, limit):
         found = [f for f in store.findings(audit_id, node) if f.severity != "ok"]
         worst = model.worst(f.severity for f in found)
