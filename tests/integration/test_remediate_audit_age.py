@@ -1,5 +1,6 @@
-"""``fleetops remediate --yes`` acts only on an audit that is recent and covers every host it acts
-on: real audits over SSH into a real history database, then the real command."""
+"""``fleetops remediate`` plans each node from its newest result across the recorded audits, only
+when that result is recent; ``--yes`` acts only when every node in scope has one: real audits
+over SSH into a real history database, then the real command."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def audit(f: Any, db: str, *extra: str) -> None:
     assert proc.stdout.strip().startswith("{"), proc.stderr  # recorded whatever its exit code
 
 
-def test_yes_refuses_an_audit_older_than_the_limit_and_resets_nothing(clean_fleet: Any, tmp_path: Path) -> None:
+def test_yes_refuses_a_result_older_than_the_limit_and_resets_nothing(clean_fleet: Any, tmp_path: Path) -> None:
     f = clean_fleet
     fleet.inject(f.directory, "node001", "ecc-dbe", 1)
     db = str(tmp_path / "history.db")
@@ -47,8 +48,8 @@ def test_yes_refuses_an_audit_older_than_the_limit_and_resets_nothing(clean_flee
     proc = fleetops("remediate", "-i", f.inventory_path, "--limit", "node001", "--db", db, "--yes",
                     "--max-audit-age", "1s")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "refusing --yes" in proc.stderr and "older than the limit of 1s" in proc.stderr
-    assert "Nothing was reset" in proc.stderr
+    assert "refusing --yes: 1 node(s) have no audit within 1s" in proc.stderr
+    assert "node001 (last result audit #1, " in proc.stderr and "Nothing was reset or drained" in proc.stderr
     assert state_path(f, "node001").read_bytes() == before
     # the same audit within the default limit (15 min) is acted on
     proc = fleetops("remediate", "-i", f.inventory_path, "--limit", "node001", "--db", db, "--yes", timeout=300)
@@ -56,7 +57,7 @@ def test_yes_refuses_an_audit_older_than_the_limit_and_resets_nothing(clean_flee
     assert [x["name"] for x in sim.read_state(str(state_path(f, "node001")))["faults"]] == []
 
 
-def test_yes_refuses_an_audit_that_misses_hosts_and_names_them(clean_fleet: Any, tmp_path: Path) -> None:
+def test_yes_refuses_while_nodes_have_no_result_and_names_them(clean_fleet: Any, tmp_path: Path) -> None:
     f = clean_fleet
     fleet.inject(f.directory, "node001", "ecc-dbe", 2)
     db = str(tmp_path / "history.db")
@@ -64,14 +65,15 @@ def test_yes_refuses_an_audit_that_misses_hosts_and_names_them(clean_fleet: Any,
     before = state_path(f, "node001").read_bytes()
     proc = fleetops("remediate", "-i", f.inventory_path, "--db", db, "--yes", "--format", "json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    missing = "node003, node004, node005, node006"
-    assert f"did not cover {missing}" in proc.stderr
+    missing = ["node003", "node004", "node005", "node006"]
+    assert "4 node(s) have no audit within 15m" in proc.stderr
+    assert ", ".join(f"{n} (never audited)" for n in missing) in proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["source"]["missing"] == missing.split(", ") and doc["executed"] == []
+    assert doc["source"]["missing"] == missing and doc["executed"] == []
     assert state_path(f, "node001").read_bytes() == before
 
 
-def test_dry_run_on_a_stale_audit_still_shows_the_plan_with_a_warning(clean_fleet: Any, tmp_path: Path) -> None:
+def test_a_stale_result_is_not_planned_and_every_unplanned_node_is_named(clean_fleet: Any, tmp_path: Path) -> None:
     f = clean_fleet
     fleet.inject(f.directory, "node003", "ecc-dbe", 0)
     db = str(tmp_path / "history.db")
@@ -79,10 +81,16 @@ def test_dry_run_on_a_stale_audit_still_shows_the_plan_with_a_warning(clean_flee
     time.sleep(1.5)
     before = state_path(f, "node003").read_bytes()
     proc = fleetops("remediate", "-i", f.inventory_path, "--db", db, "--dry-run", "--max-audit-age", "1s")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "WARNING: audit #1 is" in proc.stdout and "older than the limit of 1s" in proc.stdout
-    assert "WARNING: audit #1 did not cover node001, node002, node004, node005, node006" in proc.stdout
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a warning: not every node was looked at
+    assert "WARNING: 6 node(s) have no audit within 1s (--max-audit-age)" in proc.stdout
+    assert "node003 (last result audit #1, " in proc.stdout and "node006 (never audited)" in proc.stdout
+    assert "Nothing to do" not in proc.stdout and ": would-reset" not in proc.stdout
+    assert "No finding in the results for 0 node(s); 6 node(s) have no audit within 1s" in proc.stdout
+    # within the limit the same result is planned, and the nodes never audited are still named
+    proc = fleetops("remediate", "-i", f.inventory_path, "--db", db, "--dry-run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert ": would-reset" in proc.stdout
+    assert "Not planned: 5 node(s) have no audit within 15m, so nothing is planned for them: " in proc.stdout
     assert state_path(f, "node003").read_bytes() == before
 
 

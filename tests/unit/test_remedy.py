@@ -326,3 +326,129 @@ def test_remediate_yes_with_expect_pids_drains_ends_exactly_those_resets_and_res
     assert slurm.nodes()["node001"]["state"] == "IDLE"
     assert sim.read_state(str(states["node001"]))["faults"] == []
     assert {f["name"] for f in sim.read_state(str(states["node002"]))["faults"]} == {"xid:79", "row-remap-pending"}
+
+
+def _remediate(states, tmp_path, *extra):
+    db = tmp_path / "history.db"
+    if not db.exists():
+        _record_audit(db, states)
+    return cli.main(["remediate", "-i", "node001,node002,", "--db", str(db), *extra])
+
+
+def test_a_process_nobody_confirmed_refuses_that_gpus_reset_before_it_is_sent(two_nodes, tmp_path, capsys,
+                                                                              monkeypatch):
+    states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
+    before = states["node001"].read_bytes()
+    assert _remediate(states, tmp_path, "--yes", "--kill-processes", "--expect-pids", "node001:3=999999") == 1
+    out = capsys.readouterr().out
+    assert f"processes nobody confirmed run on the GPU: pid {sim.STRAY_PID} (python3 train.py" in out
+    assert [c[1] for c in agent.calls if c[1] == "reset"] == []  # nothing sent
+    # drained for the reset, and lifted again: nothing was touched under it
+    assert [c[2] for c in slurm.updates()] == ["State=DRAIN", "State=RESUME"]
+    assert states["node001"].read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("reason", "goes_ahead"),
+    [
+        ("[fleetops] rollout/20261206T071502Z-3f9a: driver rollout 580.163.01", False),  # a run works on it
+        ("[fleetops] reset/20261206T070000Z-aaaa: reset GPU 1", False),  # another remediate run
+        ("[fleetops] operator/alice@ctl01: GPU 3 hangs, ticket 4411", True),  # a fault drain: no jobs there
+        ("bad DIMM", True),  # someone outside fleetops
+    ],
+)
+def test_a_node_someone_else_drained_is_never_resumed(two_nodes, tmp_path, capsys, monkeypatch, reason, goes_ahead):
+    states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
+    nodes = slurm.nodes()
+    nodes["node001"].update(state="IDLE+DRAIN", reason=reason, by="alice")
+    slurm.set(nodes)
+    code = _remediate(states, tmp_path, "--yes", "--kill-processes", "--expect-pids", f"node001:3={sim.STRAY_PID}")
+    out = capsys.readouterr().out
+    assert slurm.updates() == []  # their drain is kept: not re-marked, not lifted
+    assert slurm.nodes()["node001"]["reason"] == reason
+    resets = [c for c in agent.calls if c[1] == "reset"]
+    if goes_ahead:
+        assert code == 0 and len(resets) == 1 and "the reset goes ahead" in out
+        assert sim.read_state(str(states["node001"]))["faults"] == []
+    else:
+        assert code == 1 and resets == [] and "could not be drained first" in out and "left as it is" in out
+
+
+def test_the_capacity_guard_stops_the_resets_that_would_end_processes(two_nodes, tmp_path, capsys, monkeypatch):
+    states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch, node005="IDLE+DRAIN")  # 1 of 10 out: the 10% share is used
+    assert _remediate(states, tmp_path, "--yes", "--kill-processes", "--expect-pids",
+                      f"node001:3={sim.STRAY_PID}") == 1
+    out = capsys.readouterr().out
+    assert "could not be drained first" in out and "partition gpu" in out
+    assert slurm.updates() == [] and [c for c in agent.calls if c[1] == "reset"] == []
+
+
+def test_no_slurm_to_drain_with_means_no_process_is_ended(two_nodes, tmp_path, capsys, monkeypatch):
+    states, agent = two_nodes
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no scontrol anywhere
+    assert _remediate(states, tmp_path, "--yes", "--kill-processes", "--expect-pids",
+                      f"node001:3={sim.STRAY_PID}") == 1
+    out = capsys.readouterr().out
+    assert "cannot drain it first: scontrol not found" in out
+    assert [c for c in agent.calls if c[1] == "reset"] == []
+
+
+def test_the_dry_run_shows_the_drain_it_would_make_and_sends_nothing(two_nodes, tmp_path, capsys, monkeypatch):
+    states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
+    assert _remediate(states, tmp_path, "--dry-run", "--kill-processes") == 0
+    out = capsys.readouterr().out
+    run = out.split("; run ", 1)[1].split()[0]
+    assert f"Slurm: node001: would be drained with Reason '[fleetops] reset/{run}: reset GPU 3" in out
+    assert ": would-reset (would end: pid" in out
+    assert slurm.updates() == [] and all("--dry-run" in c for c in agent.calls if c[1] == "reset")
+
+
+def test_on_a_terminal_each_gpus_processes_are_listed_and_asked_about(two_nodes, tmp_path, capsys, monkeypatch):
+    states, agent = two_nodes
+    _fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "stdin", Tty("y\n"))
+    assert _remediate(states, tmp_path, "--yes", "--kill-processes") == 0
+    err = capsys.readouterr().err
+    assert "runs 1 process(es):" in err and f"pid {sim.STRAY_PID} (python3 train.py" in err
+    assert "End exactly these and reset the GPU on node001? [y/N]" in err
+    (reset,) = [c for c in agent.calls if c[1] == "reset"]
+    assert reset[reset.index("--expect-pids") + 1] == str(sim.STRAY_PID)
+
+
+def test_a_terminal_answer_of_no_leaves_the_gpu_alone(two_nodes, tmp_path, capsys, monkeypatch):
+    states, agent = two_nodes
+    slurm = _fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "stdin", Tty("n\n"))
+    before = states["node001"].read_bytes()
+    assert _remediate(states, tmp_path, "--yes", "--kill-processes") == 1
+    out = capsys.readouterr().out
+    assert "its processes were not confirmed" in out and "processes nobody confirmed" in out
+    assert slurm.updates() == [] and [c for c in agent.calls if c[1] == "reset"] == []
+    assert states["node001"].read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("node001:3=4242", ("node001", "3", (4242,))),
+        ("node001:GPU-abc=4242,4243", ("node001", "GPU-abc", (4242, 4243))),
+        ("node001:0000:18:00.0=7", ("node001", "0000:18:00.0", (7,))),
+        ("node001:3=", ("node001", "3", ())),
+    ],
+)
+def test_expect_pids_takes_node_gpu_and_pids(value, parsed):
+    got = remedy_cli.parse_expect_pids([value])
+    ((node, [(sel, pids)]),) = got.items()
+    assert (node, sel.text, pids) == parsed
+
+
+@pytest.mark.parametrize("value", ["node001=4242", "node001:3", "node001:3=abc", ":3=1", "node001:MIG-x=1"])
+def test_a_malformed_expect_pids_is_a_usage_error(value):
+    from fleetops.ops.errors import UsageError
+
+    with pytest.raises(UsageError, match="--expect-pids"):
+        remedy_cli.parse_expect_pids([value])
