@@ -40,6 +40,20 @@ def batch_size(text: str) -> str:
     return text.strip()
 
 
+def drain_share(text: str) -> float:
+    """``--max-drain-share``: a fraction (0.1) or a percentage (10%), above 0 and at most 1 (100%)."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a fraction above 0 and at most 1 (e.g. 0.1) nor a percentage (e.g. 10%)"
+        )
+    return value
+
+
 def driver_version(text: str) -> str:
     if not _VERSION.match(text.strip()):
         raise argparse.ArgumentTypeError(f"{text!r} is not an exact driver version such as 580.159.04")
@@ -83,6 +97,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="extra variable for the playbook (JSON values accepted)",
+    )
+    p.add_argument(
+        "--max-drain-share",
+        type=drain_share,
+        default=0.1,
+        metavar="SHARE",
+        help="largest share of a Slurm partition out of service at once, counting every node already out: "
+        "a fraction or a percentage (default 10%%; never fewer than one node)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print unchanged task results")
     p.add_argument(
@@ -239,6 +261,8 @@ def _printer(stream: TextIO) -> Callable[[str, str], None]:
         "failed": "bold red",
         "unreachable": "bold magenta",
         "ok": "green",
+        "held": "bold yellow",
+        "note": "cyan",
     }
     if stream.isatty():
         from rich.console import Console
@@ -268,11 +292,25 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
             return _usage(f"inventory {inv} does not exist")
     if not confirm(action, args):
         return _usage(f"refusing to {action} without --yes (or run with --check to see what would change)")
-    extravars = {**extravars, **dict(args.extra_vars)}
+    from fleetops.catalog.slurm import check_owner, new_run_id
+
+    extravars = {
+        **extravars,
+        "fleetops_max_drain_share": args.max_drain_share,
+        **dict(args.extra_vars),
+    }
+    # One id for the whole run: every drain it makes carries it in its Slurm Reason, and its
+    # resumes lift only drains that carry it.
+    run_id = str(extravars.setdefault("fleetops_run_id", new_run_id()))
+    try:
+        check_owner("rollout", run_id)
+    except ValueError as exc:
+        return _usage(f"fleetops_run_id: {exc}")
     out = sys.stdout
     emit = _printer(out)
     mode = "CHECK (nothing is changed)" if args.check else "APPLY"
     emit("play", f"{mode}: {action} — playbooks/{playbook}")
+    emit("play", f"run id {run_id}")
     try:
         result = run_playbook(
             playbook,
@@ -291,11 +329,13 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
     out.write("\n" + summary_text(result.rows) + "\n")
     for error in result.errors:
         out.write(error + "\n")
+    for host, why in sorted(result.held.items()):
+        out.write(f"HELD (left drained, not changed, not failed): {host}: {why}\n")
     if result.failed_hosts:
         out.write(f"FAILED: {', '.join(result.failed_hosts)}\n")
     if result.not_reached:
         out.write(f"NOT REACHED (run stopped): {', '.join(result.not_reached)}\n")
-    out.write(f"{result.elapsed_s:.1f}s; artifacts in {result.artifacts}\n")
+    out.write(f"run id {run_id}; {result.elapsed_s:.1f}s; artifacts in {result.artifacts}\n")
     out.flush()
     if result.failed_hosts or result.not_reached:
         return EXIT_HOSTS_FAILED

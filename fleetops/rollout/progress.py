@@ -17,6 +17,11 @@ FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed", "runner_on_async_f
 SKIPPED_EVENTS = ("runner_on_skipped", "runner_item_on_skipped")
 MAX_MSG = 300
 TALKATIVE = ("fleetops.gpu.", "fleetops_", "ansible.builtin.debug", "debug", "ansible.builtin.reboot")
+DEBUG_ACTIONS = ("ansible.builtin.debug", "debug")
+# The slurm_drain role's lines for a node left in another owner's drain, and for a host whose
+# Slurm is skipped on purpose (fleetops_slurm_managed: false): shown even when not verbose.
+HELD_PREFIX = "held: "
+UNMANAGED_MARK = "fleetops_slurm_managed is false"
 
 
 @dataclass
@@ -32,6 +37,7 @@ class HostRecord:
     plays: list[str] = field(default_factory=list)
     changed_tasks: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # failures, rescued ones included, in order
+    held: str | None = None  # another owner's drain left in place: the role's "held: ..." line
     last_task: str | None = None
     finished: bool = False
 
@@ -41,6 +47,8 @@ class HostRecord:
             return "unreachable"
         if self.failed:
             return "failed"
+        if self.held:
+            return "held"
         if self.changed:
             return "changed"
         return "ok"
@@ -49,6 +57,8 @@ class HostRecord:
     def note(self) -> str:
         if self.status in ("failed", "unreachable") and self.errors:
             return self.errors[-1]
+        if self.status == "held" and self.held:
+            return self.held
         if self.changed_tasks:
             shown = ", ".join(dict.fromkeys(self.changed_tasks))
             return f"changed: {shown}"
@@ -75,7 +85,7 @@ def _message(res: dict[str, Any]) -> str:
 
 class Tracker:
     """Follows one playbook run. ``emit(kind, line)`` receives each progress line; ``kind`` is
-    one of play, changed, failed, unreachable, rescued, ok (ok lines only when verbose)."""
+    one of play, changed, failed, unreachable, rescued, held, note, ok (ok lines only when verbose)."""
 
     def __init__(self, emit: Callable[[str, str], None] | None = None, verbose: bool = False) -> None:
         self.emit = emit or (lambda kind, line: None)
@@ -121,6 +131,15 @@ class Tracker:
             record.plays.append(self.plays[-1])
         res = data.get("res") or {}
         if kind in OK_EVENTS:
+            said_by_debug = str(data.get("task_action", "")) in DEBUG_ACTIONS and kind == "runner_on_ok"
+            msg = str(res.get("msg") or "") if said_by_debug else ""
+            if msg.startswith(HELD_PREFIX):
+                record.held = " ".join(msg.split())
+                self._line("held", record.name, record.held)
+                return
+            if UNMANAGED_MARK in msg:
+                self._line("note", record.name, " ".join(msg.split()))
+                return
             if kind == "runner_on_ok" and res.get("changed"):
                 record.changed_tasks.append(label)
                 # Our modules say what changed (per GPU, per node); others' messages are noise
@@ -163,6 +182,10 @@ class Tracker:
             record.finished = True
 
     # --- results ---------------------------------------------------------------------------
+
+    def held(self) -> dict[str, str]:
+        """Hosts left in another owner's drain (not changed, not failed) and the role's line."""
+        return {h.name: h.held for h in self.hosts.values() if h.held and h.status == "held"}
 
     def failed_hosts(self) -> list[str]:
         return sorted(h.name for h in self.hosts.values() if h.status in ("failed", "unreachable"))

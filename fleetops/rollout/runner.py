@@ -102,6 +102,8 @@ class RunResult:
     artifacts: str
     stats: dict[str, dict[str, int]] | None = None
     errors: list[str] = field(default_factory=list)
+    # host -> why: left drained by another owner's drain, not changed, not failed
+    held: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -247,4 +249,5 @@ def run_playbook(
         artifacts=str(data_dir / "artifacts" / ident),
         stats=tracker.stats,
         errors=errors,
+        held=tracker.held(),
     )

@@ -328,7 +328,7 @@ elif args[:1] == ["update"]:
     with open(db + ".tmp", "w") as fh:
         json.dump(nodes, fh)
     os.replace(db + ".tmp", db)
-    drained = sorted(k for k, v in nodes.items() if "DRAIN" in v["state"].split("+"))
+    drained = {k: v.get("reason") for k, v in sorted(nodes.items()) if "DRAIN" in v["state"].split("+")}
     with open(db + ".log", "a") as fh:
         fh.write(json.dumps({"t": time.time(), "node": name, "state": want, "drained": drained}) + "\n")
 else:
@@ -706,3 +706,97 @@ def test_gpu_facts_names_an_agent_without_check(run_module, sim_state: str, tmp_
     rc, result = run_module("fleetops_gpu_facts", {"sim_state": sim_state, "agent": str(old)})
     assert rc == 1 and result["kind"] == "usage"
     assert "has no check command" in result["msg"] and "fleetops_agent role" in result["msg"]
+
+
+# --- the MIG play's batches on a simulated fleet ---------------------------------------------
+
+MIG_NODES = 12
+MIG_BATCH = 3
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_mig_play_never_has_more_than_its_batch_drained(tmp_path: Path) -> None:
+    """Twelve simulated nodes (real sshd per loopback address, real agents) and the strict fake
+    scontrol on the controller (slurm_drain_delegate_to: localhost), which logs every update with
+    the drains standing after it: the MIG play drains batch by batch, so at no moment does it hold
+    more than fleetops_mig_batch drains; node005, drained by the health program, is held (not
+    changed, Reason kept, named) and every other node is changed and resumed."""
+    import socket
+
+    import yaml
+
+    from fleetops.rollout.runner import run_playbook
+    from fleetops.sim import fleet
+
+    if os.geteuid() != 0 or fleet.find_sshd() is None:
+        pytest.skip("needs root and sshd: the simulated fleet runs real sshd processes")
+    first = os.environ.get("FLEETOPS_MIG_BATCH_TEST_ADDRESS", "127.0.47.1")
+    with socket.socket() as sock:
+        sock.bind((first, 0))
+        port = sock.getsockname()[1]
+    directory = tmp_path / "fleet"
+    info = fleet.up(MIG_NODES, str(directory), first_address=first, port=port)
+    try:
+        nodes = sorted(info["nodes"])
+        held = nodes[4]
+        db = tmp_path / "slurm.json"
+        table: dict[str, dict[str, Any]] = {n: {"state": "IDLE", "partitions": ["gpu"]} for n in nodes}
+        table[held] = {"state": "IDLE+DRAIN", "reason": HEALTH, "partitions": ["gpu"]}
+        db.write_text(json.dumps(table))
+        fake = tmp_path / "scontrol.py"
+        fake.write_text(STRICT_SCONTROL)
+        wrapper = tmp_path / "scontrol"
+        wrapper.write_text(f'#!/bin/sh\nFAKE_SLURM={db} exec {sys.executable} {fake} "$@"\n')
+        wrapper.chmod(0o755)
+        group_vars = directory / "group_vars"
+        group_vars.mkdir(exist_ok=True)
+        (group_vars / "sim.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "fleetops_baseline": {"mig": {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}},
+                    "slurm_drain_scontrol": str(wrapper),
+                    "slurm_drain_delegate_to": "localhost",
+                    "slurm_drain_wait": False,
+                    "slurm_drain_poll_interval": 1,
+                }
+            )
+        )
+        lines: list[str] = []
+        result = run_playbook(
+            "mig.yml",
+            [str(directory / "inventory.yml")],
+            # 4 of 12 may be out: the held node and one batch
+            extravars={
+                "fleetops_mig_batch": MIG_BATCH,
+                "fleetops_max_drain_share": 0.34,
+                "fleetops_run_id": RUN_A,
+            },
+            emit=lambda kind, line: lines.append(line),
+            private_data_dir=str(tmp_path / "runner"),
+        )
+        out = "\n".join(lines)
+        assert result.ok, out + "\n" + "\n".join(result.errors)
+        log = [json.loads(line) for line in Path(str(db) + ".log").read_text().splitlines()]
+        ours = [
+            [n for n, r in entry["drained"].items() if r.startswith(f"[fleetops] mig/{RUN_A}:")]
+            for entry in log
+        ]
+        assert max(len(d) for d in ours) == MIG_BATCH, log
+        # every node but the held one drained once and resumed once, batch after batch (serial
+        # over the hosts in name order; within a batch the nodes go in parallel)
+        drains = [e["node"] for e in log if e["state"] == "DRAIN"]
+        assert sorted(drains) == [n for n in nodes if n != held], log
+        assert sorted(e["node"] for e in log if e["state"] == "RESUME") == sorted(drains)
+        batches = [nodes.index(e["node"]) // MIG_BATCH for e in log]
+        assert batches == sorted(batches), log
+        final = json.loads(db.read_text())
+        assert final[held] == table[held]
+        assert all(final[n]["state"] == "IDLE" for n in nodes if n != held)
+        assert result.held == {
+            held: f"held: {held} drained by the health program (run 20261206T031207Z-node017): "
+            "memory.ecc_dbe_volatile on GPU GPU-5d3e 0000:18:00.0; left drained, Reason unchanged"
+        }
+        assert sorted(result.changed_hosts()) == [n for n in nodes if n != held]
+    finally:
+        fleet.down(str(directory))
