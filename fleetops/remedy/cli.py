@@ -7,12 +7,21 @@ reset by mistake. It shows the GPU and the processes on it (a fresh snapshot) an
 (default No) on a terminal; without a terminal it needs ``--yes``. With ``--kill-processes`` the
 agent may end exactly the processes shown (``--expect-pids``) and refuses if others appeared.
 
-``fleetops remediate -i INVENTORY`` plans from the latest audit in the history store (a fresh
-audit when there is none for these hosts): which GPUs to reset, which nodes to drain, reboot or
-send for inspection. ``--dry-run`` asks each node's agent whether each planned reset could run
-(``reset --dry-run``); ``--yes`` carries out the GPU resets, one node at a time and one GPU at a
-time, and is refused when the audit is older than ``--max-audit-age`` or misses a host it would
-act on. Reboots, drains and inspections are printed as instructions, never done.
+``fleetops remediate -i INVENTORY`` plans from each host's newest result across the audits in the
+history store, taken only when younger than ``--max-audit-age`` (a fresh audit when no host was
+ever audited, or with ``--fresh``): which GPUs to reset, which nodes to drain, reboot or send for
+inspection, which need a command (apply power, rollout driver, ...), which cannot be planned
+(hung, unreachable) and which have no recent result (named, never taken for healthy).
+``--dry-run`` asks each node's agent whether each planned reset could run (``reset --dry-run``);
+``--yes`` carries out the GPU resets, one node at a time and one GPU at a time, and is refused
+while any host in scope has no recent result. Reboots, drains, inspections and commands are
+printed as instructions, never done.
+
+With ``--kill-processes`` a reset may end only processes somebody confirmed: ``--expect-pids
+NODE:GPU=PID[,PID]`` or, on a terminal, a question per GPU after a fresh look at its processes;
+without either the run is refused before anything is sent. Before a reset that ends processes
+the node is drained in Slurm under remediate's own ownership (kind ``reset``, one run id per
+invocation) and resumed once its resets are verified; another owner's drain is never lifted.
 """
 
 from __future__ import annotations
@@ -440,7 +449,7 @@ def _resume_after(slurm: Any, host: Any, node_results: list[dict[str, Any]], run
         return {"node": host.name, "action": "resume", "outcome": res.outcome, "message": res.message}
     return {"node": host.name, "action": "resume", "outcome": results.REFUSED,
             "message": f"{host.name}: left drained (reset/{run_id}): a reset it was drained for is not verified; "
-                       f"resume it once the GPU is fixed: fleetops resume {host.name}"}
+                       f"once the GPU is fixed an operator lifts it: fleetops resume {host.name} --force"}
 
 
 def _remediate_node(

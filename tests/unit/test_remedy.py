@@ -452,3 +452,36 @@ def test_a_malformed_expect_pids_is_a_usage_error(value):
 
     with pytest.raises(UsageError, match="--expect-pids"):
         remedy_cli.parse_expect_pids([value])
+
+
+class RecordingSlurm:
+    def __init__(self):
+        self.resumed = []
+
+    def resume(self, host, *, kind, run, force=False):
+        from fleetops.ops.results import DONE, ActionResult
+
+        self.resumed.append((host.name, kind, run))
+        return ActionResult(host.name, "resume", DONE, f"{host.name}: resumed")
+
+
+@pytest.mark.parametrize(
+    ("done", "resumed"),
+    [
+        ([{"drained_for": True, "result": "reset", "verified": True, "outcome": "done"}], True),
+        ([{"drained_for": True, "result": "refused", "outcome": "refused"}], True),  # nothing touched
+        ([{"drained_for": True, "result": "reset", "verified": False, "outcome": "done"}], False),
+        ([{"drained_for": True, "result": "failed", "outcome": "failed"}], False),
+        ([{"drained_for": True, "result": "unknown", "outcome": "unknown"}], False),
+    ],
+)
+def test_this_runs_drain_is_lifted_only_after_verified_resets(done, resumed):
+    from fleetops.fleet.inventory import Host
+
+    slurm = RecordingSlurm()
+    step = remedy_cli._resume_after(slurm, Host(name="node001", address="127.0.0.1"), done, "RUN-1")
+    assert bool(slurm.resumed) == resumed
+    if resumed:
+        assert slurm.resumed == [("node001", "reset", "RUN-1")]
+    else:
+        assert "left drained (reset/RUN-1)" in step["message"] and "fleetops resume node001 --force" in step["message"]
