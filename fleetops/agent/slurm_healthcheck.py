@@ -30,18 +30,17 @@ neither drains nor resumes: action ``held-by-lock``, naming the holder's action 
 whose holder is dead is stale and holds nothing.
 
 The circuit breaker (``catalog.slurm.breaker``, read from ``scontrol show nodes -o`` just before
-a drain): when one more drain would make the health program's drains started within
-``--breaker-window`` (default 600 s) more than ``--breaker-share`` (default 20 %, never fewer
-than one node) of the nodes it watches (the nodes of this node's partitions), it does not drain:
-action ``held-by-breaker``, with the counts. Many nodes turning crit at once is more likely one
-common cause (a driver or firmware push, a baseline typo, a broken monitor, a cooling or power
-event) than that many independent GPU faults, and draining them would take the partition's
-capacity out for a cause no drain fixes. NVSentinel's breaker (cordons in Kubernetes) defaults
-to 50 % in 5 minutes; ours is tighter in share because a Slurm health program has no central
-place to be reset by hand and a drained Slurm node stops taking jobs for as long as the drain
-stays, and longer in time because slurmd runs it only every ``HealthCheckInterval`` (often 60
-to 300 s, staggered over the nodes with ``HealthCheckNodeState=CYCLE``): five minutes would see
-only one or two passes of the fleet, ten see enough of them to notice a wave.
+a drain): when one more drain would make the health program's standing drains more than
+``--breaker-share`` (default 20 %, never fewer than one node) of the nodes it watches (the nodes
+of this node's partitions), it does not drain: action ``held-by-breaker``, with the counts. Many
+nodes turning crit at once is more likely one common cause (a driver or firmware push, a
+baseline typo, a broken monitor, a cooling or power event) than that many independent GPU
+faults, and draining them would take the partition's capacity out for a cause no drain fixes.
+Every standing health drain counts, however old: with a window of recent drains only (NVSentinel
+counts cordons within 5 minutes, 50 % of the nodes), a false positive that lasts would drain
+another share every window until the partition is empty. Ours is tighter in share because a
+drained Slurm node takes no jobs for as long as the drain stays; it closes when drains are
+lifted (by the program itself once nodes are clean, or by an operator).
 
 Each run (not ``--dry-run``) writes its report atomically as JSON to ``--report-file`` (default
 ``/run/fleetops/slurm-healthcheck.json``, or ``$FLEETOPS_SLURM_HEALTHCHECK_REPORT``; with the
@@ -83,9 +82,8 @@ DEFAULT_COLLECT_TIMEOUT_S = 30.0
 # A daemon snapshot older than this is not current enough to act on (the daemon samples every
 # few seconds; an older one means its sampler is stuck).
 DEFAULT_MAX_AGE_S = 60.0
-# The circuit breaker (see the module's docstring for why these and not NVSentinel's 50 % / 5 min).
+# The circuit breaker (see the module's docstring for why this and not NVSentinel's 50 % / 5 min).
 DEFAULT_BREAKER_SHARE = 0.20
-DEFAULT_BREAKER_WINDOW_S = 600.0
 DEFAULT_REPORT = "/run/fleetops/slurm-healthcheck.json"
 REPORT_ENV = "FLEETOPS_SLURM_HEALTHCHECK_REPORT"
 LOCK_ENV = "FLEETOPS_LOCK"  # the reset's and MIG's override of the lock's path (agent.reset.backends)
@@ -408,14 +406,9 @@ def run(args: Any) -> tuple[dict[str, Any], int]:
             action = "held-by-lock"
     if action == "drain":
         is_open, breaker_why = rule.breaker(
-            show_nodes(args.scontrol, args.scontrol_timeout), name, args.breaker_share, args.breaker_window
+            show_nodes(args.scontrol, args.scontrol_timeout), name, args.breaker_share
         )
-        breaker = {
-            "open": is_open,
-            "why": breaker_why,
-            "share": args.breaker_share,
-            "window_s": args.breaker_window,
-        }
+        breaker = {"open": is_open, "why": breaker_why, "share": args.breaker_share}
         if is_open:
             action = "held-by-breaker"
             why = f"would drain ({why}), but the health program's circuit breaker is open: {breaker_why}"
@@ -484,12 +477,8 @@ def add_parser(sub: Any, common: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--breaker-share", type=float, default=DEFAULT_BREAKER_SHARE,
-        help="circuit breaker: no drain that would make the health program's drains within --breaker-window "
+        help="circuit breaker: no drain that would make the health program's standing drains "
         f"more than this share of the nodes it watches, never fewer than one (default {DEFAULT_BREAKER_SHARE:g})",
-    )  # fmt: skip
-    p.add_argument(
-        "--breaker-window", type=float, default=DEFAULT_BREAKER_WINDOW_S,
-        help=f"circuit breaker: seconds a health drain counts as recent (default {DEFAULT_BREAKER_WINDOW_S:g})",
     )  # fmt: skip
     p.add_argument("--lock-file", help="maintenance lock, read only (default /run/fleetops/maintenance.lock; "
                    "sim: by the state)")  # fmt: skip
@@ -516,7 +505,7 @@ def _failed_report(args: Any, exc: HealthcheckError) -> dict[str, Any]:
 
 def main_args(args: Any) -> tuple[dict[str, Any], int]:
     """Entry from ``fleetops-agent``: the report and the exit code, or HealthcheckError."""
-    for flag in ("max_age", "scontrol_timeout", "collect_timeout", "breaker_window"):
+    for flag in ("max_age", "scontrol_timeout", "collect_timeout"):
         if getattr(args, flag) <= 0:
             raise HealthcheckError(
                 "usage", f"--{flag.replace('_', '-')} must be a positive number of seconds"

@@ -317,33 +317,27 @@ def capacity_problems(nodes: list[SlurmNode], to_drain: list[str], share: float)
     return problems
 
 
-def breaker(
-    nodes: list[SlurmNode], node: str, share: float, window_s: float, now: float | None = None
-) -> tuple[bool, str]:
+def breaker(nodes: list[SlurmNode], node: str, share: float) -> tuple[bool, str]:
     """The health program's circuit breaker: (open, why). Open when one more health drain would
-    make the health program's drains within ``window_s`` more than ``share`` of the nodes it
-    watches (the nodes of this node's partitions, every node when it has none)."""
-    now = time.time() if now is None else now
+    make the health program's standing drains more than ``share`` of the nodes it watches (the
+    nodes of this node's partitions, every node when it has none). Every standing health drain
+    counts, however old: a fleet-wide false positive that lasts must not drain another share of
+    the partition every few minutes, so the breaker stays open until drains are lifted."""
     me = next((n for n in nodes if n.name == node), None)
     parts = set(me.partitions) if me else set()
     watched = [n for n in nodes if not parts or parts & set(n.partitions)] or nodes
-    recent = []
-    for n in watched:
-        if n.name == node or not is_drained(n.state):
-            continue
-        owner = owner_of(n.reason)
-        if owner.kind != "health":
-            continue
-        at = run_time(owner.run)
-        if at is None or now - at <= window_s:  # a drain of unknown age counts as recent
-            recent.append(n.name)
-    limit = allowed_out(len(watched), share)
-    names = ", ".join(sorted(recent)[:8]) or "none"
-    text = (
-        f"{len(recent)} of {len(watched)} watched nodes drained by the health program in the last {window_s:g}s "
-        f"({names}); the limit is {limit} ({share * 100:g}%)"
+    standing = sorted(
+        n.name
+        for n in watched
+        if n.name != node and is_drained(n.state) and owner_of(n.reason).kind == "health"
     )
-    return len(recent) + 1 > limit, text
+    limit = allowed_out(len(watched), share)
+    names = ", ".join(standing[:8]) + (" ..." if len(standing) > 8 else "") if standing else "none"
+    text = (
+        f"{len(standing)} of {len(watched)} watched nodes stand drained by the health program ({names}); "
+        f"the limit is {limit} ({share * 100:g}%)"
+    )
+    return len(standing) + 1 > limit, text
 
 
 # --- before owners (removed once every caller names an owner) ---------------------------------

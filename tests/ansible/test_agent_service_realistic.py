@@ -21,6 +21,7 @@ from typing import Any
 import nspawn_hosts
 import pytest
 
+from fleetops.catalog import slurm as rule
 from fleetops.gpu import sim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -220,7 +221,8 @@ def test_healthcheck_drains_a_dbe_resumes_after_it_and_leaves_an_operators_drain
     assert drained["action"] == "drain" and drained["outcome"] == "done", drained
     state, reason = cluster.slurm.show("node201")
     assert "DRAIN" in state, state
-    assert reason is not None and reason.startswith("[fleetops] healthcheck: ")
+    assert reason is not None and reason.startswith("[fleetops] health/"), reason
+    assert rule.owner_of(reason).kind == "health" and rule.owner_of(reason).run == drained["run"], reason
     assert gpu["uuid"] in reason and gpu["bus_id"] in reason, reason
 
     sim.clear(str(n1.state), "ecc-dbe", 3)
@@ -234,7 +236,8 @@ def test_healthcheck_drains_a_dbe_resumes_after_it_and_leaves_an_operators_drain
     subprocess.run([scontrol, "update", "NodeName=node202", "State=DRAIN", "Reason=maintenance by alice"], check=True)
     try:
         left = _healthcheck(cluster, n2)
-        assert left["action"] == "none" and "someone else" in left["why"], left
+        assert left["action"] == "none" and left["owner"]["kind"] == "other", left
+        assert "someone outside fleetops (reason 'maintenance by alice')" in left["why"], left
         state, reason = cluster.slurm.show("node202")
         assert "DRAIN" in state and reason == "maintenance by alice", (state, reason)
     finally:

@@ -5,7 +5,7 @@ machine, and a DBE on every node at once.
 ``fleetops-agent slurm-healthcheck`` runs here, on the controller, once for each node, one after
 the other (as slurmd's HealthCheckInterval would, staggered), each with its own simulated node's
 state and the cluster's scontrol: the first node drains, and every later one finds the health
-program's recent drains at the breaker's share (20 % of five nodes: one) and is held, exit 0,
+program's standing drains at the breaker's share (20 % of five nodes: one) and is held, exit 0,
 with the breaker open in its report file. Then the drained node, clean again, is resumed by the
 next pass, and an operator's drain on a clean node is left alone.
 """
@@ -110,7 +110,9 @@ def test_a_dbe_on_every_node_drains_at_most_the_breakers_share_and_the_breaker_r
     for node in NODES[1:]:
         doc = passes[node][1]
         assert doc["action"] == "held-by-breaker" and doc["argv"] is None, doc
-        assert f"1 of {len(NODES)} watched nodes drained by the health program" in doc["why"], doc["why"]
+        assert f"1 of {len(NODES)} watched nodes stand drained by the health program" in doc["why"], doc[
+            "why"
+        ]
         report = _report(states[node])
         assert report["action"] == "held-by-breaker" and report["breaker"]["open"] is True, report
         assert slurm[node][0] == "IDLE" and slurm[node][1] is None
