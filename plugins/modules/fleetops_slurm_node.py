@@ -8,22 +8,28 @@ DOCUMENTATION = r"""
 module: fleetops_slurm_node
 short_description: Drain or resume a Slurm node under a named owner and run
 description:
-  - Every drain names its owner in Slurm's Reason, C([fleetops] KIND/RUN: PURPOSE) (e.g.
+  - >-
+    Every drain names its owner in Slurm's Reason, C([fleetops] KIND/RUN: PURPOSE) (e.g.
     C([fleetops] rollout/20261206T071502Z-3f9a: driver rollout 580.163.01)). Whose drain it is, and
     who may lift it, is read from that Reason by the collection's slurm_rule (the same file as
     fleetops/catalog/slurm.py), never from a file on some host.
-  - C(state=drained) drains a node that is not drained. A node already drained by this owner and
+  - >-
+    C(state=drained) drains a node that is not drained. A node already drained by this owner and
     run is left as it is; one drained by an earlier run of the same planned kind (a rollout rerun
     after a failure) is taken over (its Reason re-marked with this run); one drained by anyone else
     (the health program, an operator, another kind of run, someone outside fleetops) is C(held)
     and left as it is, Reason unchanged.
-  - C(state=resumed) resumes the node only when its drain is this owner's (this run's; the health
+  - >-
+    C(state=resumed) resumes the node only when its drain is this owner's (this run's; the health
     program and operators own theirs by kind). Any other drain stays, and the result says whose.
-  - C(state=capacity) reads every node (C(scontrol show nodes -o)) and waits until draining
+  - >-
+    C(state=capacity) reads every node (C(scontrol show nodes -o)) and waits until draining
     O(names) would keep each of their partitions within O(max_share) out of service (counting every
     node out, whoever took it out); fails with the partitions and counts at O(wait_timeout).
-  - C(state=query) reports the node's state, Reason and drain owner.
-  - A node Slurm does not know, a host without a Slurm configuration, no scontrol, or a controller
+  - >-
+    C(state=query) reports the node's state, Reason and drain owner.
+  - >-
+    A node Slurm does not know, a host without a Slurm configuration, no scontrol, or a controller
     that does not answer is a failure naming the node. Only O(managed=false) skips Slurm.
 options:
   name:
@@ -45,7 +51,7 @@ options:
     description: This run's id, written into the Reason (required for C(drained) and C(resumed)).
     type: str
   reason:
-    description: The drain's purpose, written after C([fleetops] KIND/RUN:).
+    description: "The drain's purpose, written after C([fleetops] KIND/RUN:)."
     type: str
     default: ""
   managed:
