@@ -46,14 +46,20 @@ class Slurm:
         self.bin.mkdir()
         self.times = folder / "times.jsonl"
         wrapper = self.bin / "scontrol"
-        wrapper.write_text(WRAPPER.format(python=sys.executable, log=str(self.times), real=str(self.fake.scontrol)))
+        wrapper.write_text(
+            WRAPPER.format(python=sys.executable, log=str(self.times), real=str(self.fake.scontrol))
+        )
         wrapper.chmod(0o755)
         self.conf = folder / "slurm.conf"
         self.conf.write_text("ClusterName=sim\n")
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, **self.fake.env(), "SLURM_CONF": str(self.conf),
-                "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        return {
+            **os.environ,
+            **self.fake.env(),
+            "SLURM_CONF": str(self.conf),
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+        }
 
     def updates(self) -> list[tuple[float, list[str]]]:
         if not self.times.exists():
@@ -62,9 +68,19 @@ class Slurm:
         return [(t, argv) for t, argv in calls if argv[:1] == ["update"]]
 
 
-def fleetops(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=timeout, cwd=REPO,
-                          stdin=subprocess.DEVNULL, env=env)
+def fleetops(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def state_path(f: Any, node: str) -> Path:
@@ -97,11 +113,23 @@ def busy(clean_fleet: Any, tmp_path: Path) -> Iterator[tuple[Any, str, Slurm]]:
 def test_kill_processes_without_confirmed_pids_is_refused_and_nothing_is_sent(busy: Any) -> None:
     f, db, slurm = busy
     before = state_path(f, NODE).read_bytes()
-    proc = fleetops("remediate", "-i", f.inventory_path, "--limit", NODE, "--db", db, "--yes", "--kill-processes",
-                    env=slurm.env())
+    proc = fleetops(
+        "remediate",
+        "-i",
+        f.inventory_path,
+        "--limit",
+        NODE,
+        "--db",
+        db,
+        "--yes",
+        "--kill-processes",
+        env=slurm.env(),
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     uuid = sim.read_state(str(state_path(f, NODE)))["gpus"][GPU]["uuid"]
-    assert "refusing --kill-processes" in proc.stderr and f"pid {sim.STRAY_PID} (python3 train.py" in proc.stderr
+    assert (
+        "refusing --kill-processes" in proc.stderr and f"pid {sim.STRAY_PID} (python3 train.py" in proc.stderr
+    )
     assert f"--expect-pids {NODE}:{uuid}={sim.STRAY_PID}" in proc.stderr
     assert processes(f, NODE, GPU) == [sim.STRAY_PID]  # the process is still there
     assert journal(f, NODE) == []  # no reset was attempted
@@ -112,8 +140,22 @@ def test_kill_processes_without_confirmed_pids_is_refused_and_nothing_is_sent(bu
 def test_confirmed_pids_drain_the_node_first_reset_and_resume_it(busy: Any) -> None:
     f, db, slurm = busy
     uuid = sim.read_state(str(state_path(f, NODE)))["gpus"][GPU]["uuid"]
-    proc = fleetops("remediate", "-i", f.inventory_path, "--limit", NODE, "--db", db, "--yes", "--kill-processes",
-                    "--expect-pids", f"{NODE}:{GPU}={sim.STRAY_PID}", "--format", "json", env=slurm.env())
+    proc = fleetops(
+        "remediate",
+        "-i",
+        f.inventory_path,
+        "--limit",
+        NODE,
+        "--db",
+        db,
+        "--yes",
+        "--kill-processes",
+        "--expect-pids",
+        f"{NODE}:{GPU}={sim.STRAY_PID}",
+        "--format",
+        "json",
+        env=slurm.env(),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     run = doc["run"]
@@ -136,8 +178,20 @@ def test_confirmed_pids_drain_the_node_first_reset_and_resume_it(busy: Any) -> N
 def test_a_process_that_appeared_unconfirmed_refuses_the_reset(busy: Any) -> None:
     f, db, slurm = busy
     before = processes(f, NODE, GPU)
-    proc = fleetops("remediate", "-i", f.inventory_path, "--limit", NODE, "--db", db, "--yes", "--kill-processes",
-                    "--expect-pids", f"{NODE}:{GPU}=4242", env=slurm.env())
+    proc = fleetops(
+        "remediate",
+        "-i",
+        f.inventory_path,
+        "--limit",
+        NODE,
+        "--db",
+        db,
+        "--yes",
+        "--kill-processes",
+        "--expect-pids",
+        f"{NODE}:{GPU}=4242",
+        env=slurm.env(),
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"processes nobody confirmed run on the GPU: pid {sim.STRAY_PID}" in proc.stdout
     assert processes(f, NODE, GPU) == before and journal(f, NODE) == []

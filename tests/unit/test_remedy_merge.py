@@ -27,8 +27,16 @@ def record(db, started_at, nodes):
     for name, faults in nodes.items():
         if faults == "timeout":
             results.append(audit.NodeResult(name, False, "timed out", None, 30.0))
-            found.append(model.Finding(check="transport.timeout", severity="unknown", node=name,
-                                       message="no answer within 30s", observed="timeout", expected="snapshot"))
+            found.append(
+                model.Finding(
+                    check="transport.timeout",
+                    severity="unknown",
+                    node=name,
+                    message="no answer within 30s",
+                    observed="timeout",
+                    expected="snapshot",
+                )
+            )
             continue
         path = db.parent / f"{name}-{started_at}.json"
         sim.init_state(str(path), name, {"faults": faults})
@@ -55,8 +63,11 @@ def test_latest_results_is_each_nodes_newest_result_whatever_its_age(history):
     db, ids = history
     with Store(str(db)) as store:
         latest = store.latest_results(["node001", "node002", "node003", "node004"])
-    assert {n: r.audit_id for n, r in latest.items()} == {"node001": ids["limited"], "node002": ids["old"],
-                                                         "node003": ids["hung"]}
+    assert {n: r.audit_id for n, r in latest.items()} == {
+        "node001": ids["limited"],
+        "node002": ids["old"],
+        "node003": ids["hung"],
+    }
     assert latest["node003"].reachable is False and latest["node003"].error == "timed out"
     assert latest["node002"].started_at == pytest.approx(NOW - 7200)
 
@@ -66,9 +77,14 @@ def test_coverage_sorts_nodes_by_the_age_of_their_newest_result(history):
     with Store(str(db)) as store:
         latest = store.latest_results(["node001", "node002", "node003", "node004"])
     cov = remediate.coverage(latest, ["node001", "node002", "node003", "node004"], 900, "15m", now=NOW)
-    assert sorted(cov.recent) == ["node001", "node003"] and cov.audit_ids == sorted([ids["limited"], ids["hung"]])
+    assert sorted(cov.recent) == ["node001", "node003"] and cov.audit_ids == sorted(
+        [ids["limited"], ids["hung"]]
+    )
     assert list(cov.stale) == ["node002"] and cov.never == ("node004",)
-    assert cov.unplanned == {"node002": f"last result audit #{ids['old']}, 2.0 h ago", "node004": "never audited"}
+    assert cov.unplanned == {
+        "node002": f"last result audit #{ids['old']}, 2.0 h ago",
+        "node004": "never audited",
+    }
     assert not cov.ok
     (problem,) = cov.problems()
     assert "2 node(s) have no audit within 15m" in problem and "node004 (never audited)" in problem
@@ -91,7 +107,9 @@ def no_ssh(monkeypatch):
 
 def test_the_plan_merges_audits_and_names_every_node_it_has_no_recent_result_for(history, capsys, no_ssh):
     db, ids = history
-    code = cli.main(["remediate", "-i", "node001,node002,node003,node004,", "--db", str(db), "--format", "json"])
+    code = cli.main(
+        ["remediate", "-i", "node001,node002,node003,node004,", "--db", str(db), "--format", "json"]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 1  # nodes without a recent result: a warning, never "all clear"
     nodes = {n["node"]: n for n in doc["plan"]["nodes"]}
@@ -111,8 +129,10 @@ def test_a_limited_audit_is_not_taken_for_the_fleet(tmp_path, capsys, no_ssh):
     out = capsys.readouterr().out
     assert code == 1
     assert "Nothing to do" not in out
-    assert (f"No finding in the results for 1 node(s); 1 node(s) have no audit within 15m: "
-            f"node002 (last result audit #{old}, 60 min ago)") in out
+    assert (
+        f"No finding in the results for 1 node(s); 1 node(s) have no audit within 15m: "
+        f"node002 (last result audit #{old}, 60 min ago)"
+    ) in out
     assert "WARNING: 1 node(s) have no audit within 15m (--max-audit-age)" in out
 
 
@@ -123,7 +143,9 @@ def test_yes_is_refused_while_any_node_has_no_recent_result_and_names_them(histo
     assert code == 1 and no_ssh == []
     assert "refusing --yes: 2 node(s) have no audit within 15m" in err
     assert "node002 (last result audit #1, 2.0 h ago), node004 (never audited)" in err
-    assert "fleetops audit -i INVENTORY --limit node002,node004" in err and "Nothing was reset or drained" in err
+    assert (
+        "fleetops audit -i INVENTORY --limit node002,node004" in err and "Nothing was reset or drained" in err
+    )
 
 
 def test_within_a_wider_limit_the_older_result_is_planned(history, capsys, no_ssh):
