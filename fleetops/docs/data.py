@@ -261,10 +261,10 @@ ACTION_COMMANDS: dict[str, str] = {
     "restart_app": "No fleetops command: the job's owner (or the scheduler) restarts the job. "
     "`fleetops tui` (XIDs view, key `4`) shows the pid and process name the XID line names.",
     "reset_gpu": "`fleetops reset NODE GPU` for one GPU (GPU: UUID, bus id or index; it asks first), "
-    "or `fleetops remediate -i INVENTORY --yes` for every reset the latest audit calls for, one node "
+    "or `fleetops remediate -i INVENTORY --yes` for every reset the nodes' latest audit results call for, one node "
     "at a time; in `fleetops tui`, select the GPU and press `r`. From Ansible: `playbooks/gpu_reset.yml`.",
     "reboot_node": "Drain, then reboot: fleetops never reboots a node. Drain it in Slurm (`fleetops tui`, "
-    "key `d`, or `scontrol update NodeName=NODE State=DRAIN Reason=...`), reboot it once its jobs are "
+    "key `d`, or `fleetops drain NODE --reason TEXT -i INVENTORY`), reboot it once its jobs are "
     "gone, then `fleetops audit -i INVENTORY --limit NODE`. `fleetops remediate` lists it under "
     '"Reboot".',
     "drain_and_inspect": "Drain the node (`fleetops tui`, key `d`, or `scontrol`) and open a hardware "
