@@ -4,8 +4,9 @@ on the machine and slurmd in every host (see nspawn_hosts.py for how they are bu
 
 The tests run in file order and build on each other (one cluster per module):
 agent install -> the installed wheel's `fleetops` checks power caps and the driver rollout (check
-mode, nothing changes) -> power caps -> a rollout that a failing host stops -> the fixed rerun ->
-a rerun that changes nothing. The first run on a machine spends 1.5-2.5 minutes on debootstrap
+mode, nothing changes) -> power caps -> a rollout whose inventory names a node Slurm does not know
+stops before any drain -> a rollout that a failing host stops -> the fixed rerun, with a node the
+health program drained held through it -> the rerun that finishes -> a rerun that changes nothing. The first run on a machine spends 1.5-2.5 minutes on debootstrap
 (cached in /var/tmp/fleetops-nspawn afterwards); the rest takes about 5 minutes on two cores.
 """
 
@@ -80,13 +81,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         print("\nrealistic tier timings (s):", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
 
 
-def _cli(c, *argv: str) -> tuple[int, str]:
+def _cli(c, *argv: str, inventory: Path | None = None) -> tuple[int, str]:
     import contextlib
     import io
 
     parser = cli.argparse.ArgumentParser(prog="fleetops")
     cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args([*argv, "-i", str(c.inventory), "--artifacts", str(c.directory / "runner")])
+    args = parser.parse_args(
+        [*argv, "-i", str(inventory or c.inventory), "--artifacts", str(c.directory / "runner")]
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = args.func(args)
@@ -252,7 +255,11 @@ def test_the_installed_wheel_checks_power_and_the_driver_rollout_and_changes_not
     assert root.endswith("/fleetops/collections/ansible_collections/fleetops/gpu"), root
     events = WheelVenv.events(artifacts / "power") + WheelVenv.events(artifacts / "rollout")
     # events that are only output (verbose lines, warnings) carry no event_data
-    paths = {e["event_data"]["task_path"].rsplit(":", 1)[0] for e in events if e.get("event_data", {}).get("task_path")}
+    paths = {
+        e["event_data"]["task_path"].rsplit(":", 1)[0]
+        for e in events
+        if e.get("event_data", {}).get("task_path")
+    }
     assert paths and [p for p in paths if not p.startswith(root + "/")] == [], sorted(paths)
     actions = ("fleetops.gpu.fleetops_gpu_set", "fleetops.gpu.fleetops_gpu_facts", "ansible.builtin.apt")
     ran = {
@@ -286,7 +293,12 @@ def test_power_caps_set_the_cap_and_enable_the_boot_unit(cluster) -> None:
     assert code == 0 and all(f"{host.name}  changed" in out for host in cluster.hosts), out
     for host in cluster.hosts:
         assert _caps(cluster, host.name) == {700}, out
-        assert cluster.ssh(host, "test -e /etc/systemd/system/fleetops-gpu-power.service", check=False).returncode == 1
+        assert (
+            cluster.ssh(
+                host, "test -e /etc/systemd/system/fleetops-gpu-power.service", check=False
+            ).returncode
+            == 1
+        )
     with _timed("power_caps_s"):
         code, out = _cli(cluster, "apply", "power", "--yes")
     units = ("fleetops-gpu-power", "fleetops-agent")
@@ -298,16 +310,50 @@ def test_power_caps_set_the_cap_and_enable_the_boot_unit(cluster) -> None:
         )
 
 
+def test_a_host_slurm_does_not_know_stops_the_rollout_before_any_drain(cluster) -> None:
+    """node103's inventory maps it to a Slurm name the cluster does not have: the run asks Slurm
+    about every host first and stops there, naming the host and the name; nothing is drained."""
+    if not cluster.slurm:
+        pytest.skip(f"no Slurm on this machine: {nspawn_hosts.slurm_skip_reason()}")
+    import yaml
+
+    doc = yaml.safe_load(cluster.inventory.read_text())
+    doc["all"]["children"]["gpu"]["hosts"]["node103"]["fleetops_slurm_node_name"] = "ghost211"
+    ghost = cluster.directory / "ghost-inventory.yml"
+    ghost.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = _untouched(cluster)
+    code, out = _cli(cluster, "rollout", "driver", "--version", NEW, "--batch", "1", "--yes", inventory=ghost)
+    assert code == cli.EXIT_HOSTS_FAILED, out
+    assert "node103 (Slurm node name ghost211): Slurm does not know a node named ghost211" in out, out
+    assert "Drain the node" not in out and "Name the driver" not in out, out
+    assert _untouched(cluster) == before
+    assert all(cluster.slurm.show(n)[0] == "IDLE" for n in NODES)
+
+
 def test_rollout_stops_at_a_host_whose_driver_fails_to_load_and_leaves_it_drained(cluster) -> None:
     # node102's new driver will not load after its reboot (as a DKMS build failure would).
     fail = cluster.host("node102").root / "etc/nvidia-sim/fail-load"
     fail.parent.mkdir(parents=True, exist_ok=True)
     fail.write_text("test: the driver does not load\n")
+    # a GPU client the rollout stops before the upgrade: its rescue must start it again
+    n2 = cluster.host("node102")
+    (n2.root / "etc/systemd/system/dcgm-exporter.service").write_text(
+        "[Unit]\nDescription=stand-in DCGM exporter\n[Service]\nExecStart=/bin/sleep infinity\n"
+    )
+    cluster.ssh(n2, "systemctl daemon-reload && systemctl start dcgm-exporter.service")
     with _timed("rollout_with_failure_s"):
         code, out = _cli(cluster, "rollout", "driver", "--version", NEW, "--batch", "1", "--yes")
     assert code == cli.EXIT_HOSTS_FAILED, out
     assert "FAILED: node102" in out and "NOT REACHED (run stopped): node103" in out, out
     assert "ROLLOUT FAILED on node102" in out and "stays drained" in out
+    # the whole failure message is in the run's events (the progress line is cut at 300 characters)
+    artifacts = Path(out.rsplit("artifacts in ", 1)[1].split()[0])
+    events = "".join(p.read_text() for p in (artifacts / "job_events").glob("*.json"))
+    assert "Started again: dcgm-exporter.service." in events, out
+    assert (
+        cluster.ssh(n2, "systemctl is-active dcgm-exporter.service", check=False).stdout.strip() == "active"
+    )
+    run = next(line.split()[2].rstrip(";") for line in out.splitlines() if line.startswith("run id "))
 
     # The canary is done: new driver loaded, fabric manager equal to it, both held, services on.
     n1 = cluster.host("node101")
@@ -343,12 +389,57 @@ def test_rollout_stops_at_a_host_whose_driver_fails_to_load_and_leaves_it_draine
     if cluster.slurm:
         assert cluster.slurm.show("node101")[0] == "IDLE"
         state, reason = cluster.slurm.show("node102")
-        assert "DRAIN" in state and reason == "[fleetops] fleetops driver rollout"
+        assert "DRAIN" in state and reason == f"[fleetops] rollout/{run}: driver rollout {NEW}"
         assert cluster.slurm.show("node103")[0] == "IDLE"
 
 
-def test_rerun_after_the_fix_finishes_the_rollout_and_resumes_the_node(cluster) -> None:
+HEALTH_DBE = (
+    "[fleetops] health/20261206T031207Z-node103: memory.ecc_dbe_volatile on GPU "
+    "GPU-5d3e0000-0000-0000-0000-000000000003 0000:18:00.0"
+)
+
+
+def test_a_node_the_health_program_drained_is_held_through_the_rollout(cluster) -> None:
+    """The health program drained node103 for a DBE. The rerun after node102's fix upgrades
+    node102 (taking over the failed run's drain) and leaves node103 alone: still drained with the
+    health program's Reason, not upgraded, named as held, not failed; exit 0."""
+    if not cluster.slurm:
+        pytest.skip(f"no Slurm on this machine: {nspawn_hosts.slurm_skip_reason()}")
+    import subprocess
+
+    scontrol = str(cluster.slurm.scontrol)
     (cluster.host("node102").root / "etc/nvidia-sim/fail-load").unlink()
+    subprocess.run(
+        [scontrol, "update", "NodeName=node103", "State=DRAIN", f"Reason={HEALTH_DBE}"], check=True
+    )
+    try:
+        with _timed("rollout_held_s"):
+            code, out = _cli(cluster, "rollout", "driver", "--version", NEW, "--batch", "1", "--yes")
+        assert code == 0, out
+        assert _loaded(cluster, "node102") == NEW and _loaded(cluster, "node103") == OLD
+        state, reason = cluster.slurm.show("node103")
+        assert "DRAIN" in state and reason == HEALTH_DBE
+        held = [line for line in out.splitlines() if " HELD " in line and "node103" in line]
+        assert (
+            held and "held: node103 drained by the health program (run 20261206T031207Z-node103)" in held[0]
+        ), out
+        assert (
+            "HELD (left drained, not changed, not failed): node103: held: node103 drained by the health"
+            in out
+        )
+        assert "node103  held" in out and "FAILED" not in out, out
+        assert "taken over from a driver rollout" in out, out  # node102's drain from the failed run
+        deadline = time.monotonic() + 120
+        while "NOT_RESPONDING" in cluster.slurm.show("node102")[0] and time.monotonic() < deadline:
+            time.sleep(2)
+        assert cluster.slurm.show("node102")[0] == "IDLE"
+    finally:
+        # the fault is "fixed": an operator lifts the health drain for the next test
+        subprocess.run([scontrol, "update", "NodeName=node103", "State=RESUME"], check=False)
+
+
+def test_rerun_after_the_fix_finishes_the_rollout_and_resumes_the_node(cluster) -> None:
+    (cluster.host("node102").root / "etc/nvidia-sim/fail-load").unlink(missing_ok=True)
     with _timed("rollout_rerun_s"):
         code, out = _cli(cluster, "rollout", "driver", "--version", NEW, "--batch", "1", "--yes")
     assert code == 0, out
@@ -462,7 +553,10 @@ def test_tui_drains_a_hung_node_and_resumes_it_through_the_real_slurmctld(cluste
         assert drained.ok and drained.detail["outcome"] == "done", drained
         assert drained.detail["where"] == "the controller"
         state, reason = cluster.slurm.show("node103")
-        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] operator/"), (state, reason)
+        assert "DRAIN" in state and reason is not None and reason.startswith("[fleetops] operator/"), (
+            state,
+            reason,
+        )
         resumed = await _act(pilot, app, "node103", "u")
         assert resumed.ok and "resumed" in resumed.message, resumed
         state, reason = cluster.slurm.show("node103")
