@@ -1,4 +1,5 @@
 """Audit history in SQLite: one transaction per audit, WAL so readers (the TUI) never block it.
+Beside the audits: ``fleetops validate`` runs, and every drain and resume fleetops made in Slurm.
 
 The latest reachable snapshot of each node feeds the growth and rate checks of the next audit;
 ``diff`` tells which findings are new, resolved or persisting between two audits.
@@ -27,8 +28,9 @@ from fleetops.fleet import escalation
 
 # Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
 # 2 stores snapshots compressed with their schema id beside them and vacuums incrementally;
-# 3 adds the validation runs (``fleetops validate``) and each GPU's result.
-LAYOUT_VERSION = 3
+# 3 adds the validation runs (``fleetops validate``) and each GPU's result; 4 adds the drains and
+# resumes fleetops made in Slurm, each with its owner and outcome.
+LAYOUT_VERSION = 4
 DEFAULT_KEEP_S = 30 * 86400.0
 _ZLIB_LEVEL = 6  # level 9 saves under 1 % more on snapshots and costs a third more time
 
@@ -92,7 +94,31 @@ CREATE TABLE IF NOT EXISTS validations (
 );
 CREATE INDEX IF NOT EXISTS validations_node ON validations(node, gpu_uuid, run_id);
 """
-TABLES = _AUDIT_TABLES + VALIDATION_TABLES
+# One row per drain or resume fleetops sent (or was refused) from the controller: the owner
+# (kind, run, purpose) it wrote, what came of it, the Reason Slurm keeps after it, and the owner
+# of a drain it met (held, taken over, forced over). Slurm forgets a Reason once it is lifted;
+# this is where "who drained gpu17 last Tuesday, and who lifted it" is answered.
+DRAIN_TABLES = """
+CREATE TABLE IF NOT EXISTS drains (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    node TEXT NOT NULL,
+    slurm_name TEXT,
+    action TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    run TEXT NOT NULL,
+    purpose TEXT,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    previous_owner TEXT,
+    message TEXT NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS drains_at ON drains(at);
+CREATE INDEX IF NOT EXISTS drains_node ON drains(node, at);
+"""
+TABLES = _AUDIT_TABLES + VALIDATION_TABLES + DRAIN_TABLES
+DRAIN_ACTIONS = ("drain", "resume")
 
 
 def default_path() -> str:
@@ -161,6 +187,13 @@ def _migrate_2_to_3(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+def _migrate_3_to_4(db: sqlite3.Connection) -> None:
+    """Add the drains table (nothing earlier to convert: drains were only in Slurm)."""
+    for statement in DRAIN_TABLES.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
 def _audit_point(
     audit_id: int, collected_at: float | None, blob: bytes | str, findings: list[model.Finding]
 ) -> escalation.AuditPoint:
@@ -186,7 +219,11 @@ def _audit_point(
 
 
 # from layout N to N+1; each runs inside one transaction
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+}
 
 
 @dataclass
@@ -242,6 +279,36 @@ class ValidationRow:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class DrainRow:
+    """One drain or resume fleetops made (or was refused) in Slurm. ``reason``: the Reason Slurm
+    keeps after it (None once a resume lifted it); ``previous_owner``: the drain it met, as
+    ``Owner.describe()`` says it (held, taken over, lifted or forced over); ``source``: the
+    front end (cli, tui, remediate, rollout, mig, ...)."""
+
+    at: float
+    node: str
+    action: str  # drain | resume
+    kind: str
+    run: str
+    outcome: str  # done | refused | failed | unknown (ops.results)
+    message: str
+    source: str
+    slurm_name: str | None = None
+    purpose: str | None = None
+    reason: str | None = None
+    previous_owner: str | None = None
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_DRAIN_COLUMNS = (
+    "at, node, slurm_name, action, kind, run, purpose, outcome, reason, previous_owner, message, source"
+)
 
 
 _VALIDATION_COLUMNS = "run_id, node, gpu_uuid, bus_id, gpu_index, model, level, status, started_at, expires, result"
@@ -379,11 +446,25 @@ class Store:
         self.prune(now=time.time(), spare_run=run_id)
         return run_id
 
+    def record_drain(self, row: DrainRow) -> int:
+        """Write one drain or resume; returns its id. Not pruned here: drains go with the audits'
+        retention when an audit or validation is written (a drain must not prune a longer
+        ``--keep`` than its own)."""
+        if row.action not in DRAIN_ACTIONS:
+            raise ValueError(f"drain action {row.action!r}: one of {', '.join(DRAIN_ACTIONS)}")
+        with self._transaction():
+            cur = self.db.execute(
+                f"INSERT INTO drains ({_DRAIN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (row.at, row.node, row.slurm_name, row.action, row.kind, row.run, row.purpose, row.outcome,
+                 row.reason, row.previous_owner, row.message, row.source),
+            )
+        return int(cur.lastrowid or 0)
+
     def prune(self, now: float | None = None, spare: int | None = None, spare_run: int | None = None) -> int:
-        """Delete audits older than the retention window (with their snapshots and findings) and
-        hand the freed pages back to the file system; returns how many audits and validation
-        runs went. The audit ``spare`` and the run ``spare_run`` (the one just written) are kept
-        whatever their start time."""
+        """Delete audits older than the retention window (with their snapshots and findings), and
+        the drains older than it, and hand the freed pages back to the file system; returns how
+        many audits, validation runs and drains went. The audit ``spare`` and the run
+        ``spare_run`` (the one just written) are kept whatever their start time."""
         if self.keep_s is None:
             return 0
         cutoff = (time.time() if now is None else now) - self.keep_s
@@ -397,6 +478,8 @@ class Store:
                 "(SELECT MAX(run_id) FROM validations GROUP BY node, gpu_uuid)",
                 (cutoff, spare_run or -1),
             )
+            gone += cur.rowcount
+            cur = self.db.execute("DELETE FROM drains WHERE at < ?", (cutoff,))
             gone += cur.rowcount
         if gone:
             # executescript steps the pragma to the end (execute() frees only its first page)
@@ -448,6 +531,25 @@ class Store:
             "SELECT id, started_at, duration_s, inventory, worst, exit_code, summary FROM audits",
             "id IN (SELECT audit_id FROM snapshots WHERE node = ?)", node, since, limit)
         return [AuditRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+
+    def drains(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[DrainRow]:
+        """Drains and resumes, newest first; ``node``: the inventory name or Slurm's name."""
+        where: list[str] = []
+        args: list[str | float | int] = []
+        if node:
+            where.append("(node = ? OR slurm_name = ?)")
+            args += [node, node]
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        sql = f"SELECT {_DRAIN_COLUMNS}, id FROM drains" + (" WHERE " + " AND ".join(where) if where else "")
+        args.append(limit)
+        rows = self.db.execute(sql + " ORDER BY at DESC, id DESC LIMIT ?", args).fetchall()
+        return [
+            DrainRow(at=r[0], node=r[1], slurm_name=r[2], action=r[3], kind=r[4], run=r[5], purpose=r[6],
+                     outcome=r[7], reason=r[8], previous_owner=r[9], message=r[10], source=r[11], id=r[12])
+            for r in rows
+        ]
 
     def findings(self, audit_id: int, node: str | None = None) -> list[model.Finding]:
         sql = "SELECT finding FROM findings WHERE audit_id = ?"
