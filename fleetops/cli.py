@@ -153,6 +153,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         return _validate_history(args, since)
     if args.kind == "escalation":
         return _escalation_history(args)
+    if args.kind == "drains":
+        return _drain_history(args, since)
     with Store(args.db) as store:
         rows = store.audits(args.node, since, args.last)
         if args.format == "json":
@@ -241,6 +243,38 @@ def _escalation_history(args: argparse.Namespace, show_empty: bool = True) -> in
                 print(f"{line}  p90 {_span_text(m.p90)}")
         p50, p90 = _span_text(fleet.p50), _span_text(fleet.p90)
         print(f"    {'fleet':16} {fleet.incidents} incidents  p50 {p50}  p90 {p90}")
+    return 0
+
+
+def _drain_history(args: argparse.Namespace, since: float | None) -> int:
+    """``fleetops history --kind drains``: every drain and resume fleetops made in Slurm, newest
+    first, with its owner (kind/run), outcome and purpose, and the drain it met."""
+    import time as _t
+
+    from fleetops.fleet.store import Store
+
+    with Store(args.db) as store:
+        rows = store.drains(args.node, since, args.last)
+        path = store.path
+    if args.format == "json":
+        sys.stdout.write(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        return 0
+    if not rows:
+        print("no drains recorded" + (f" for {args.node}" if args.node else "") + f" in {path}")
+        return 0
+    print(f"{'TIME':19}  {'NODE':16} {'ACTION':7} {'OWNER':36} {'OUTCOME':8} {'SOURCE':10} PURPOSE")
+    for r in rows:
+        stamp = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(r.at))
+        owner = f"{r.kind}/{r.run}"
+        print(f"{stamp:19}  {r.node:16} {r.action:7} {owner:36} {r.outcome:8} {r.source:10} {r.purpose or '-'}")
+        if r.previous_owner:
+            if r.outcome == "refused":
+                met = "held by"
+            else:
+                met = "lifted" if r.action == "resume" and r.outcome == "done" else "drain there"
+            print(f"    {met}: {r.previous_owner}")
+        if args.verbose:
+            print(f"    {r.message}")
     return 0
 
 
@@ -482,18 +516,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings; "
-                       "or past validations (--kind validate)")
+                       "or past validations (--kind validate), or drains and resumes (--kind drains)")
     p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs)")
-    p.add_argument("--kind", choices=("audit", "validate", "escalation"), default="audit",
+    p.add_argument("--kind", choices=("audit", "validate", "escalation", "drains"), default="audit",
                    help="audit: fleetops audit runs (default; the text view ends with the escalation summary); "
                    "validate: fleetops validate runs and each GPU's verdict and expiry; escalation: faults that "
-                   "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90)")
+                   "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90); "
+                   "drains: every drain and resume fleetops made in Slurm, with its owner (kind/run), outcome, "
+                   "purpose and the drain it met")
     p.add_argument("--since", help="2h, 7d, or an ISO date")
-    p.add_argument("--last", type=int, default=20, help="how many audits or validate runs (default 20)")
+    p.add_argument("--last", type=int, default=20,
+                   help="how many audits, validate runs or drains (default 20)")
     p.add_argument("--db", help="history database")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="also list persisting findings (with --kind validate: every GPU, not only those not ok)")
+                   help="also list persisting findings (with --kind validate: every GPU, not only those not ok; "
+                   "with --kind drains: each one's message)")
     escalation.add_arguments(p)
     p.set_defaults(func=cmd_history)
 

@@ -15,6 +15,9 @@ and who set it when; ``--force`` lifts it anyway: read why it was drained first
 
 More than one node needs ``--yes`` or a confirmation on a terminal (default No). ``--dry-run``
 shows each node's decision and the Reason it would get, and sends nothing.
+
+Every drain and resume (done, refused, failed or unanswered; not a dry run) is recorded in the
+history database (``--db``) with its owner, run and purpose: ``fleetops history --kind drains``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 from typing import Any
 
 from fleetops.fleet import sshopts
-from fleetops.ops import results
+from fleetops.ops import drain_log, results
 from fleetops.ops.errors import EXIT_OK, EXIT_WARN, FleetopsError, UsageError
 
 INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
@@ -187,6 +190,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if not _confirmed(args, "drain", hosts, f" with Reason {reason!r}"):
         return EXIT_WARN
     done = _control(args, every, share).drain_many(hosts, purpose, kind=KIND, run=run, dry_run=args.dry_run)
+    drain_log.record_all(args.db, done, kind=KIND, run=run, purpose=purpose, source="cli")
     return _report(args, "drain", run, done, reason=reason, max_share=share)
 
 
@@ -201,6 +205,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return EXIT_WARN
     control = _control(args, every)
     done = [control.resume(h, kind=KIND, run=run, force=args.force, dry_run=args.dry_run) for h in hosts]
+    drain_log.record_all(args.db, done, kind=KIND, run=run, source="cli")
     return _report(args, "resume", run, done, force=bool(args.force))
 
 
@@ -215,6 +220,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (several nodes)")
     p.add_argument("--json", action="store_true", help="print every node's result as JSON")
+    p.add_argument(
+        "--db",
+        help="history database where each drain and resume is recorded "
+        "(default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for each scontrol call (default 30)")
     p.add_argument(
         "--connect-timeout", type=float, default=5.0, help="seconds to connect to a Slurm host over SSH"

@@ -25,6 +25,7 @@ def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> fake_scontrol.FakeSlu
     fake = fake_scontrol.FakeSlurm(tmp_path)
     monkeypatch.setenv("FAKE_SLURM", str(fake.db))
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FLEETOPS_DB", str(tmp_path / "history.db"))  # each drain is recorded there
     nodes = fake_scontrol.cluster(30)
     nodes["gpu03"].update(state="MIXED+DRAIN", reason=HEALTH, by="slurm", at="2026-12-06T03:12:07")
     nodes["gpu04"].update(state="IDLE+DRAIN", reason="[fleetops] operator/carol@ctl02: cabling")

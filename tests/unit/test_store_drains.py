@@ -17,7 +17,9 @@ def _audit(started: float) -> AuditResult:
     return AuditResult(started_at=started, duration_s=1.0, nodes=[], findings=[], inventory="inv.yml")
 
 
-def _drain(at: float, node: str = "gpu01", action: str = "drain", outcome: str = "done", **kw: str) -> DrainRow:
+def _drain(
+    at: float, node: str = "gpu01", action: str = "drain", outcome: str = "done", **kw: str
+) -> DrainRow:
     return DrainRow(
         at=at,
         node=node,
@@ -64,8 +66,9 @@ def test_drains_read_back_newest_first_by_node_slurm_name_and_time(tmp_path: Pat
     held = "the health program (run 20261206T031207Z-7c1e-gpu03): memory.ecc_dbe_volatile"
     with Store(str(tmp_path / "h.db")) as store:
         first = store.record_drain(_drain(now - 3 * 3600))
-        store.record_drain(_drain(now - 3600, node="gpu03.example", action="resume", outcome="refused",
-                                  previous_owner=held))
+        store.record_drain(
+            _drain(now - 3600, node="gpu03.example", action="resume", outcome="refused", previous_owner=held)
+        )
         last = store.record_drain(_drain(now, action="resume", reason=""))
         every = store.drains()
         gpu01 = store.drains("gpu01")
