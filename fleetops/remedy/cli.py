@@ -413,12 +413,23 @@ def _purpose(items: list[plan_mod.Item]) -> str:
     return f"reset {gpus}" + (f" ({', '.join(checks)})" if checks else "")
 
 
+def _drain_log(db: str | None, run_id: str) -> Any:
+    """Records each drain and resume of this run in the history (``fleetops history --kind
+    drains``); a dry run's are not recorded, and a store that cannot be written only warns."""
+    from fleetops.ops import drain_log
+
+    def log(res: results.ActionResult, purpose: str | None = None) -> None:
+        drain_log.record(db, res, kind="reset", run=run_id, purpose=purpose, source="remediate")
+
+    return log
+
+
 def _drain_first(
-    slurm: Any, host: Any, items: list[plan_mod.Item], run_id: str, dry_run: bool
+    slurm: Any, host: Any, items: list[plan_mod.Item], run_id: str, dry_run: bool, log: Any = None
 ) -> dict[str, Any]:
     """Drain the node under remediate's ownership (kind reset, this run) before resets that end
     processes. ``go``: whether those resets may run; ``ours``: whether this run's drain is to be
-    lifted after them (never another owner's)."""
+    lifted after them (never another owner's). ``log`` records the drain (``_drain_log``)."""
     from fleetops.ops.slurm import slurm_managed
 
     out: dict[str, Any] = {"node": host.name, "action": "drain", "go": False, "ours": False}
@@ -426,7 +437,10 @@ def _drain_first(
     if why is not None and slurm_managed(host):
         out.update(outcome=results.REFUSED, message=f"{host.name}: cannot drain it first: {why}")
         return out
-    res = slurm.drain(host, _purpose(items), kind="reset", run=run_id, dry_run=dry_run)
+    purpose = _purpose(items)
+    res = slurm.drain(host, purpose, kind="reset", run=run_id, dry_run=dry_run)
+    if log is not None:
+        log(res, purpose)
     detail = res.detail or {}
     owner = detail.get("owner") or {}
     out.update(outcome=res.outcome, message=res.message, detail=detail)
@@ -440,12 +454,16 @@ def _drain_first(
     return out
 
 
-def _resume_after(slurm: Any, host: Any, node_results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+def _resume_after(
+    slurm: Any, host: Any, node_results: list[dict[str, Any]], run_id: str, log: Any = None
+) -> dict[str, Any]:
     """Lift this run's drain once every reset it was made for is verified (or was refused,
     nothing touched); leave it after one that failed, went unanswered or was not verified."""
     done = [r for r in node_results if r.get("drained_for")]
     if all((r.get("result") == "reset" and r.get("verified")) or r.get("outcome") == results.REFUSED for r in done):
         res = slurm.resume(host, kind="reset", run=run_id)
+        if log is not None:
+            log(res)
         return {"node": host.name, "action": "resume", "outcome": res.outcome, "message": res.message}
     return {"node": host.name, "action": "resume", "outcome": results.REFUSED,
             "message": f"{host.name}: left drained (reset/{run_id}): a reset it was drained for is not verified; "
@@ -483,9 +501,10 @@ def _remediate_node(
             emit(_line(r))
         return executed, slurm_steps
     ending = [i for i in n.resets if picks[str((i.gpu or {}).get("uuid"))]] if args.kill_processes else []
+    log = _drain_log(args.db, run_id)
     drain = None
     if ending:
-        drain = _drain_first(slurm, host, ending, run_id, False)
+        drain = _drain_first(slurm, host, ending, run_id, False, log)
         slurm_steps.append(drain)
         emit(f"  Slurm: {drain['message']}")
     good = results.DONE
@@ -504,7 +523,7 @@ def _remediate_node(
             emit(f"  {n.node}: stopping this node's resets after a {r['result']} reset")
             break
     if drain is not None and drain["ours"]:
-        step = _resume_after(slurm, host, executed, run_id)
+        step = _resume_after(slurm, host, executed, run_id, log)
         slurm_steps.append(step)
         emit(f"  Slurm: {step['message']}")
     return executed, slurm_steps

@@ -157,6 +157,7 @@ def _exit_on_hangup() -> Any:
 
 
 def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -> int:
+    from fleetops.fleet.store import default_path
     from fleetops.tui.app import FleetApp
     from fleetops.tui.source import previous_snapshots, resolve_hosts
     from fleetops.tui.stream import StreamSource
@@ -183,6 +184,7 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
             known_hosts=args.known_hosts,
             accept_new_hostkeys=args.accept_new_hostkeys,
             previous=previous_snapshots(store, [h.name for h in hosts]),
+            drain_db=store.path if store is not None else default_path(),
         )
         if source.open_files_warning:  # before the screen takes the terminal
             print(f"fleetops tui: {source.open_files_warning}", file=sys.stderr)

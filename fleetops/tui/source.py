@@ -66,11 +66,14 @@ class SshSource:
         accept_new_hostkeys: bool = False,
         previous: dict[str, model.Node] | None = None,
         clock: Callable[[], float] = time.time,
+        drain_db: str | None = None,
     ) -> None:
         from fleetops.fleet import transport
 
         self.hosts = {h.name: h for h in hosts}
         self.baselines = baselines or {}
+        # where drains and resumes from this screen are recorded (None: not recorded)
+        self.drain_db = drain_db
         self.interval = float(interval)
         self.clock = clock
         self._connect_timeout = float(connect_timeout)
@@ -297,9 +300,19 @@ class SshSource:
             done = control.drain(host, purpose, kind=OPERATOR, run=run)
         else:
             done = control.resume(host, kind=OPERATOR, run=run)
-        return ActionResult(
-            done.ok, done.message, {"outcome": done.outcome, "check": done.check, **done.detail}
-        )
+        message = done.message
+        if self.drain_db is not None:
+            import io
+
+            from fleetops.ops import drain_log
+
+            # stderr lies under the screen: a store that cannot be written is said in the
+            # action's message instead (the action itself stands)
+            warned = io.StringIO()
+            drain_log.record(self.drain_db, done, kind=OPERATOR, run=run, purpose=purpose, source="tui", warn=warned)
+            if warned.getvalue():
+                message += " (" + warned.getvalue().strip().removeprefix("fleetops: warning: ") + ")"
+        return ActionResult(done.ok, message, {"outcome": done.outcome, "check": done.check, **done.detail})
 
     @functools.cached_property
     def _slurm_control(self) -> Any:

@@ -107,3 +107,20 @@ def test_an_unmanaged_host_is_refused_before_the_dialog(live) -> None:
     assert "fleetops_slurm_managed: false" in (source.slurm_refusal("ws01", "drain") or "")
     assert not source.drain("ws01", "x").ok
     assert fs.calls() == []
+
+
+def test_the_sources_drains_and_resumes_are_recorded_in_the_history(live, tmp_path) -> None:
+    from fleetops.fleet.store import Store
+
+    source, _fs = live
+    source.drain_db = str(tmp_path / "history.db")
+    assert source.drain("gpu01", "xid.79").ok
+    assert not source.resume("gpu02").ok
+    with Store(source.drain_db) as store:
+        rows = store.drains()
+    assert [(r.node, r.action, r.outcome, r.kind, r.run, r.source) for r in rows] == [
+        ("gpu02", "resume", "refused", "operator", "alice@ctl01", "tui"),
+        ("gpu01", "drain", "done", "operator", "alice@ctl01", "tui"),
+    ]
+    assert rows[0].previous_owner is not None and rows[0].previous_owner.startswith("the health program")
+    assert rows[1].reason == "[fleetops] operator/alice@ctl01: xid.79"

@@ -326,6 +326,14 @@ def test_remediate_yes_with_expect_pids_drains_ends_exactly_those_resets_and_res
     assert slurm.nodes()["node001"]["state"] == "IDLE"
     assert sim.read_state(str(states["node001"]))["faults"] == []
     assert {f["name"] for f in sim.read_state(str(states["node002"]))["faults"]} == {"xid:79", "row-remap-pending"}
+    # both recorded in the history as this run's (fleetops history --kind drains)
+    from fleetops.fleet.store import Store
+
+    with Store(str(db)) as store:
+        rows = store.drains("node001")
+    assert [(r.action, r.outcome, r.kind, r.run, r.source) for r in rows] == [
+        ("resume", "done", "reset", run, "remediate"), ("drain", "done", "reset", run, "remediate")]
+    assert rows[1].purpose.startswith(f"reset GPU 3 {uuid}") and rows[1].reason == seen["reason"]
 
 
 def _remediate(states, tmp_path, *extra):
