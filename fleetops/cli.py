@@ -517,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings; "
                        "or past validations (--kind validate), or drains and resumes (--kind drains)")
-    p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs)")
+    p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs); "
+                   "with --kind drains: its drains and resumes (inventory or Slurm name)")
     p.add_argument("--kind", choices=("audit", "validate", "escalation", "drains"), default="audit",
                    help="audit: fleetops audit runs (default; the text view ends with the escalation summary); "
                    "validate: fleetops validate runs and each GPU's verdict and expiry; escalation: faults that "
