@@ -339,18 +339,3 @@ def breaker(nodes: list[SlurmNode], node: str, share: float) -> tuple[bool, str]
     )
     return len(standing) + 1 > limit, text
 
-
-# --- before owners (removed once every caller names an owner) ---------------------------------
-
-DEFAULT_REASON = "fleetops maintenance"
-
-
-def marked_reason(reason: str | None) -> str:
-    """A Reason with the marker and no owner (read back as an operator's drain)."""
-    text = " ".join((reason or "").split()) or DEFAULT_REASON
-    return text if text.startswith(MARKER) else f"{MARKER} {text}"
-
-
-def is_ours(reason: str | None) -> bool:
-    """The Reason carries the marker."""
-    return owner_of(reason).ours
