@@ -589,8 +589,13 @@ def _inventory_yaml(fleet: dict[str, Any]) -> str:
             "fleetops_sim_state": node["state"],
             "fleetops_agent_metrics_port": int(fleet.get("metrics_port") or METRICS_PORT),
         }
-    header = f"# simulated fleet in {fleet['directory']}; written by fleetops.sim.fleet.up\n"
-    return header + yaml.safe_dump({"all": {"children": {"sim": {"hosts": hosts}}}}, sort_keys=False)
+    header = (
+        f"# simulated fleet in {fleet['directory']}; written by fleetops.sim.fleet.up\n"
+        "# fleetops_slurm_managed: false -- the simulator runs no Slurm; set it true where a site\n"
+        "# or a test provides scontrol\n"
+    )
+    group = {"hosts": hosts, "vars": {"fleetops_slurm_managed": False}}
+    return header + yaml.safe_dump({"all": {"children": {"sim": group}}}, sort_keys=False)
 
 
 # --- public API ----------------------------------------------------------------------------
