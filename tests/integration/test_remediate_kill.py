@@ -1,7 +1,9 @@
 """``fleetops remediate --yes --kill-processes`` over real SSH to a simulated fleet: it ends only
 processes somebody confirmed, and only on a node it drained in Slurm first (as reset/RUN),
 resumed after the verified reset. Slurm is the strict stand-in scontrol (tests/fake_scontrol.py)
-first on PATH, with SLURM_CONF naming a file that exists; a wrapper notes when each call ran."""
+first on PATH, with SLURM_CONF naming a file that exists; a wrapper notes when each call ran. The
+simulator's inventory says its nodes are outside Slurm (fleetops_slurm_managed: false); these
+tests run a copy of it that says they are managed."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import fake_scontrol
 import pytest
+import yaml
 
 from fleetops.gpu import sim
 from fleetops.sim import fleet
@@ -92,31 +95,44 @@ def journal(f: Any, node: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def managed_inventory(f: Any, folder: Path) -> str:
+    """A copy of the simulator's inventory with its nodes in Slurm (the fake scontrol here)."""
+    doc = yaml.safe_load(Path(f.inventory_path).read_text())
+    group = doc["all"]["children"]["sim"]
+    assert group["vars"]["fleetops_slurm_managed"] is False
+    group["vars"]["fleetops_slurm_managed"] = True
+    path = folder / "inventory.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
 def processes(f: Any, node: str, gpu: int) -> list[int]:
     return sorted(p["pid"] for p in sim.gpu_processes(sim.read_state(str(state_path(f, node))), gpu))
 
 
 @pytest.fixture
-def busy(clean_fleet: Any, tmp_path: Path) -> Iterator[tuple[Any, str, Slurm]]:
-    """node002's GPU 1 with an uncorrectable ECC error and a training process on it, audited."""
+def busy(clean_fleet: Any, tmp_path: Path) -> Iterator[tuple[Any, str, Slurm, str]]:
+    """node002's GPU 1 with an uncorrectable ECC error and a training process on it, audited;
+    the last item is the inventory that puts the nodes in Slurm."""
     f = clean_fleet
     fleet.inject(f.directory, NODE, "ecc-dbe", GPU)
     fleet.inject(f.directory, NODE, "stray-process", GPU)
     db = str(tmp_path / "history.db")
     proc = fleetops("audit", "-i", f.inventory_path, "--db", db, "-q", "--format", "json", "--limit", NODE)
     assert proc.stdout.strip().startswith("{"), proc.stderr
-    yield f, db, Slurm(tmp_path / "slurm", sorted(f.info["nodes"]))
+    inv = managed_inventory(f, tmp_path)
+    yield f, db, Slurm(tmp_path / "slurm", sorted(f.info["nodes"])), inv
     path = state_path(f, NODE).with_suffix(".reset.jsonl")
     path.unlink(missing_ok=True)
 
 
 def test_kill_processes_without_confirmed_pids_is_refused_and_nothing_is_sent(busy: Any) -> None:
-    f, db, slurm = busy
+    f, db, slurm, inv = busy
     before = state_path(f, NODE).read_bytes()
     proc = fleetops(
         "remediate",
         "-i",
-        f.inventory_path,
+        inv,
         "--limit",
         NODE,
         "--db",
@@ -138,12 +154,12 @@ def test_kill_processes_without_confirmed_pids_is_refused_and_nothing_is_sent(bu
 
 
 def test_confirmed_pids_drain_the_node_first_reset_and_resume_it(busy: Any) -> None:
-    f, db, slurm = busy
+    f, db, slurm, inv = busy
     uuid = sim.read_state(str(state_path(f, NODE)))["gpus"][GPU]["uuid"]
     proc = fleetops(
         "remediate",
         "-i",
-        f.inventory_path,
+        inv,
         "--limit",
         NODE,
         "--db",
@@ -176,12 +192,12 @@ def test_confirmed_pids_drain_the_node_first_reset_and_resume_it(busy: Any) -> N
 
 
 def test_a_process_that_appeared_unconfirmed_refuses_the_reset(busy: Any) -> None:
-    f, db, slurm = busy
+    f, db, slurm, inv = busy
     before = processes(f, NODE, GPU)
     proc = fleetops(
         "remediate",
         "-i",
-        f.inventory_path,
+        inv,
         "--limit",
         NODE,
         "--db",
