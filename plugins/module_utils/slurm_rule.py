@@ -338,4 +338,3 @@ def breaker(nodes: list[SlurmNode], node: str, share: float) -> tuple[bool, str]
         f"the limit is {limit} ({share * 100:g}%)"
     )
     return len(standing) + 1 > limit, text
-
