@@ -86,54 +86,37 @@ def sim_state(tmp_path: Path) -> str:
     return path
 
 
-FAKE_SCONTROL = r'''#!/usr/bin/env python3
-"""A stand-in for scontrol: node states in a JSON file ($FAKE_SLURM), every call logged."""
-import json, os, sys
-db = os.environ["FAKE_SLURM"]
-with open(db) as fh:
-    nodes = json.load(fh)
-with open(db + ".log", "a") as fh:
-    fh.write(" ".join(sys.argv[1:]) + "\n")
+# scontrol reads its options with getopt_long, which takes them anywhere on the line: the
+# collection's module runs "show node NAME -o", tests/fake_scontrol.py answers "show node -o NAME"
+# only. This wrapper, named ``scontrol``, moves -o/--oneliner to where the fake reads it, as getopt
+# would, and changes nothing else (a call without -o stays without it).
+GETOPT_WRAPPER = """#!{python}
+import os, sys
 args = sys.argv[1:]
-if args[:2] == ["show", "node"]:
-    name = args[2]
-    if name not in nodes:
-        print(f"Node {name} not found", file=sys.stderr)
-        sys.exit(1)
-    n = nodes[name]
-    line = f"NodeName={name} Arch=x86_64 CoresPerSocket=56 CPUAlloc=0 State={n['state']} Gres=gpu:h200:8"
-    if n.get("reason"):
-        line += f" Reason={n['reason']} [root@2026-12-02T10:00:00]"
-    print(line)
-elif args[0] == "update":
-    kv = dict(a.split("=", 1) for a in args[1:])
-    n = nodes[kv["NodeName"]]
-    if kv["State"] == "DRAIN":
-        base = n["state"].split("+")[0]
-        n["state"] = base + "+DRAIN"
-        n["reason"] = kv["Reason"]
-    elif kv["State"] == "RESUME":
-        n["state"] = n["state"].split("+")[0]
-        n["reason"] = None
-    with open(db, "w") as fh:
-        json.dump(nodes, fh)
-'''
+if args[:1] == ["show"] and ("-o" in args or "--oneliner" in args):
+    args = [a for a in args if a not in ("-o", "--oneliner")]
+    args.insert(2, "-o")
+os.execv({real!r}, [{real!r}, *args])
+"""
 
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path):
-    script = tmp_path / "scontrol"
-    script.write_text(FAKE_SCONTROL)
-    script.chmod(0o755)
-    db = tmp_path / "slurm.json"
+    """The strict stand-in scontrol (tests/fake_scontrol.py): ``FakeSlurm`` in tmp_path/slurm.
+    Give it nodes with ``.set(...)`` (or ``fake_scontrol.cluster``), its ``.env()`` to the
+    process that runs it, ``.scontrol`` as the command (the getopt wrapper above, in front of
+    the fake); ``.calls()``/``.updates()`` read its log (one JSON argv per line)."""
+    import fake_scontrol
 
-    def setup(nodes: dict[str, dict[str, Any]]) -> tuple[str, Path]:
-        db.write_text(json.dumps(nodes))
-        os.environ["FAKE_SLURM"] = str(db)
-        return str(script), db
-
-    yield setup
-    os.environ.pop("FAKE_SLURM", None)
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    slurm = fake_scontrol.FakeSlurm(folder)
+    (folder / "bin").mkdir()
+    wrapper = folder / "bin" / "scontrol"
+    wrapper.write_text(GETOPT_WRAPPER.format(python=sys.executable, real=str(slurm.scontrol)))
+    wrapper.chmod(0o755)
+    slurm.scontrol = wrapper
+    return slurm
 
 
 # --- the simulated fleet ------------------------------------------------------------------

@@ -9,6 +9,12 @@ GPU degraded. Before the block, as in driver_rollout_node.yml, the rollout's pre
 measure there at all, and refuses a node without a validation backend before draining it.
 A structural test holds driver_rollout_node.yml to including the preflight before its block and
 the tail inside it.
+
+Slurm is the strict stand-in scontrol (tests/fake_scontrol.py), run on the controller; the nodes
+are in Slurm (a copy of the simulator's inventory with fleetops_slurm_managed: true), the batch
+passes the partition's capacity check first (one of three nodes: the 10% share, never fewer than
+one node), and the drain is the rollout's: owner rollout, run RUN, so its Reason is
+"[fleetops] rollout/RUN: fleetops driver rollout".
 """
 
 from __future__ import annotations
@@ -28,7 +34,22 @@ from fleetops.gpu import sim
 REPO = Path(__file__).resolve().parents[2]
 BIN = os.path.dirname(sys.executable)
 REASON = "fleetops driver rollout"
+RUN = "20261206T071502Z-3f9a"
+SLURM_REASON = f"[fleetops] rollout/{RUN}: {REASON}"
 DEGRADED = ("node002", 3, "slow-pcie")  # 44 GB/s to the host: under the 48 GB/s floor
+
+
+def _inventory(fleet: Any, tmp_path: Path) -> Path:
+    """The simulator's inventory with its nodes in Slurm (it says fleetops_slurm_managed: false)."""
+    doc = yaml.safe_load(Path(fleet.inventory).read_text())
+    group = doc["all"]["children"]["sim"]
+    assert group["vars"]["fleetops_slurm_managed"] is False
+    group["vars"]["fleetops_slurm_managed"] = True
+    folder = tmp_path / "inventory"
+    folder.mkdir()
+    path = folder / "inventory.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def _playbook(tmp_path: Path, scontrol: str) -> Path:
@@ -41,18 +62,23 @@ def _playbook(tmp_path: Path, scontrol: str) -> Path:
         "max_fail_percentage": 0,
         "vars": {
             "slurm_drain_scontrol": scontrol, "slurm_drain_delegate_to": "localhost", "slurm_drain_wait": False,
-            "slurm_drain_marker_dir": str(tmp_path / "markers"),
             "fleetops_audit_command": os.path.join(BIN, "fleetops"), "fleetops_audit_history": False,
         },
         "tasks": [{
             "name": "Check the node can pass the validation gate before draining it",
             "ansible.builtin.include_tasks": str(REPO / "playbooks" / "tasks" / "driver_rollout_preflight.yml"),
         }, {
+            "name": "Check the batch against the partitions' capacity",
+            "ansible.builtin.include_role": {"name": "slurm_drain", "tasks_from": "capacity"},
+            "vars": {"slurm_drain_capacity_hosts": "{{ ansible_play_batch }}"},
+        }, {
             "name": "Upgrade one node",
             "block": [
                 {"name": "Drain the node in Slurm", "ansible.builtin.include_role": {"name": "slurm_drain"},
-                 "vars": {"slurm_drain_state": "drained", "slurm_drain_reason": REASON}},
+                 "vars": {"slurm_drain_state": "drained", "slurm_drain_owner": "rollout",
+                          "slurm_drain_reason": REASON}},
                 {"name": "Pass the gates and resume the node",
+                 "when": "not (slurm_drain_result.held | default(false))",
                  "ansible.builtin.include_tasks": str(REPO / "playbooks" / "tasks" / "driver_rollout_resume.yml")},
             ],
             "rescue": [{"name": "Leave the failed node drained and name it", "ansible.builtin.fail": {
@@ -65,11 +91,12 @@ def _playbook(tmp_path: Path, scontrol: str) -> Path:
     return path
 
 
-def _run(fleet: Any, book: Path, driver: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+def _run(inventory: Path, slurm: Any, book: Path, driver: str,
+         check: bool = False) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    argv = [os.path.join(BIN, "ansible-playbook"), "-v", "-i", fleet.inventory, str(book),
-            "-e", json.dumps({"fleetops_rollout_driver_version": driver})]
+               PATH=BIN + os.pathsep + os.environ.get("PATH", ""), **slurm.env())
+    argv = [os.path.join(BIN, "ansible-playbook"), "-v", "-i", str(inventory), str(book),
+            "-e", json.dumps({"fleetops_rollout_driver_version": driver}), "-e", f"fleetops_run_id={RUN}"]
     if check:
         argv.append("--check")
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False,
@@ -87,26 +114,35 @@ def test_a_degraded_node_stays_drained_is_named_and_stops_the_rollout(sim_fleet,
     sim.write_state(path, state)
     uuid = state["gpus"][gpu]["uuid"]
     driver = str(state["node"]["driver_version"])
-    scontrol, db = fake_slurm({n: {"state": "MIXED"} for n in fleet.nodes})
-    book = _playbook(tmp_path, scontrol)
+    slurm = fake_slurm
+    slurm.set({n: {"state": "MIXED", "partitions": ["gpu"]} for n in fleet.nodes})
+    inventory = _inventory(fleet, tmp_path)
+    book = _playbook(tmp_path, str(slurm.scontrol))
 
     # check mode: says it would validate, drains nothing, changes no node
     before = fleet.state_bytes()
-    check = _run(fleet, book, driver, check=True)
+    check = _run(inventory, slurm, book, driver, check=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count("would validate (quick) and judge against the floors") == 3, check.stdout
     assert fleet.state_bytes() == before
-    assert {n: v["state"] for n, v in json.loads(db.read_text()).items()} == {n: "MIXED" for n in fleet.nodes}
+    assert {n: v["state"] for n, v in slurm.nodes().items()} == {n: "MIXED" for n in fleet.nodes}
+    assert slurm.updates() == []
 
-    real = _run(fleet, book, driver)
+    real = _run(inventory, slurm, book, driver)
     out = real.stdout + real.stderr
     assert real.returncode == 2, out  # ansible-playbook: a host failed
-    nodes = json.loads(db.read_text())
-    # node001 passed both gates and is back; node002 failed validation and stays drained; the
-    # rollout stopped there (max_fail_percentage 0), so node003 was never drained
-    assert nodes["node001"]["state"] == "MIXED"
-    assert nodes["node002"]["state"] == "MIXED+DRAIN" and REASON in nodes["node002"]["reason"]
-    assert nodes["node003"] == {"state": "MIXED"}
+    nodes = slurm.nodes()
+    # node001 passed both gates and is back; node002 failed validation and stays drained under
+    # this run's rollout Reason; the rollout stopped there (max_fail_percentage 0), so node003
+    # was never drained
+    assert nodes["node001"]["state"] == "MIXED" and "reason" not in nodes["node001"]
+    assert nodes["node002"]["state"] == "MIXED+DRAIN" and nodes["node002"]["reason"] == SLURM_REASON
+    assert nodes["node003"] == {"state": "MIXED", "partitions": ["gpu"]}
+    assert slurm.updates() == [
+        ["update", "NodeName=node001", "State=DRAIN", f"Reason={SLURM_REASON}"],
+        ["update", "NodeName=node001", "State=RESUME"],
+        ["update", "NodeName=node002", "State=DRAIN", f"Reason={SLURM_REASON}"],
+    ]
     failed = [line for line in out.splitlines() if "ROLLOUT FAILED on node002" in line]
     assert failed, out
     assert "Validate the node's GPUs against their floors" in failed[0]
@@ -127,29 +163,33 @@ def test_a_node_without_a_validation_backend_is_refused_before_it_is_drained(sim
         pytest.skip("CuPy is installed here: the simulated node would have the backend")
     fleet = sim_fleet
     driver = str(sim.read_state(str(fleet.state_path("node001")))["node"]["driver_version"])
-    scontrol, db = fake_slurm({n: {"state": "MIXED"} for n in fleet.nodes})
-    book = _playbook(tmp_path, scontrol)
+    slurm = fake_slurm
+    slurm.set({n: {"state": "MIXED", "partitions": ["gpu"]} for n in fleet.nodes})
+    inventory = _inventory(fleet, tmp_path)
+    book = _playbook(tmp_path, str(slurm.scontrol))
     (tmp_path / "host_vars").mkdir()
     (tmp_path / "host_vars" / "node002.yml").write_text(yaml.safe_dump({"fleetops_agent_validate_backend": "cupy"}))
     before = fleet.state_bytes()
 
-    check = _run(fleet, book, driver, check=True)  # the probe reads only: check mode refuses too
+    check = _run(inventory, slurm, book, driver, check=True)  # the probe reads only: check mode refuses too
     assert check.returncode == 2, check.stdout + check.stderr
     assert "ROLLOUT REFUSED on node002 before draining" in check.stdout
 
-    real = _run(fleet, book, driver)
+    real = _run(inventory, slurm, book, driver)
     out = real.stdout + real.stderr
     assert real.returncode == 2, out
     refused = [line for line in out.splitlines() if "ROLLOUT REFUSED on node002 before draining" in line]
     assert refused, out
     assert "--backend cupy: cupy is not installed" in refused[0] and "CuPy" in refused[0]
     assert "fleetops_agent_validate_backend" in refused[0] and "The node was not drained" in refused[0]
-    calls = Path(str(db) + ".log").read_text().splitlines()
-    assert not [c for c in calls if c.startswith("update") and "NodeName=node002" in c], calls
-    assert [c for c in calls if c.startswith("update") and "NodeName=node001" in c]  # drained and resumed
-    nodes = json.loads(db.read_text())
-    assert nodes == {n: {"state": "MIXED", "reason": None} if n == "node001" else {"state": "MIXED"}
-                     for n in fleet.nodes}, nodes
+    # node001 drained under this run's rollout Reason and resumed; node002 never drained
+    assert slurm.updates() == [
+        ["update", "NodeName=node001", "State=DRAIN", f"Reason={SLURM_REASON}"],
+        ["update", "NodeName=node001", "State=RESUME"],
+    ]
+    nodes = slurm.nodes()
+    assert {n: v["state"] for n, v in nodes.items()} == {n: "MIXED" for n in fleet.nodes}, nodes
+    assert not [n for n, v in nodes.items() if "reason" in v], nodes
     assert "ROLLOUT FAILED" not in out and "node003" not in out.split("PLAY RECAP")[0]
     assert fleet.state_bytes() == before  # validation reads; nothing on any node changed
 
@@ -163,13 +203,27 @@ def test_the_rollout_runs_the_gate_inside_its_block_before_resuming() -> None:
     [probe] = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_preflight.yml").read_text())
     assert probe["block"][0]["ansible.builtin.include_role"] == {"name": "fleetops_audit",
                                                                   "tasks_from": "validate_probe"}
+    # the batch's capacity check before the block, outside it (a refused batch has nothing to restore)
+    capacity = names.index("Check the batch against the partitions' capacity")
+    assert preflight < capacity < names.index("Upgrade a node that differs from the pins")
+    assert node_tasks[capacity]["ansible.builtin.include_role"] == {"name": "slurm_drain", "tasks_from": "capacity"}
     [upgrade] = [t for t in node_tasks if t.get("name") == "Upgrade a node that differs from the pins"]
-    includes = [t.get("ansible.builtin.include_tasks") for t in upgrade["block"]]
-    assert includes[-1] == "driver_rollout_resume.yml"
-    assert upgrade["rescue"][0]["name"] == "Leave the failed node drained and name it"
+    # inside the block: the rollout's own drain, then (unless another owner's drain holds the
+    # node) the upgrade, whose last step is the tail: the gates and the resume
+    order = [t["name"] for t in upgrade["block"]]
+    steps = {t["name"]: t for t in upgrade["block"]}
+    drain = steps["Drain the node in Slurm"]
+    assert drain["ansible.builtin.include_role"] == {"name": "slurm_drain"}
+    assert drain["vars"]["slurm_drain_state"] == "drained" and drain["vars"]["slurm_drain_owner"] == "rollout"
+    drained = steps["Upgrade the drained node"]
+    assert drained["when"] == "not (slurm_drain_result.held | default(false))"
+    assert order.index("Drain the node in Slurm") < order.index("Upgrade the drained node")
+    assert drained["block"][-1]["ansible.builtin.include_tasks"] == "driver_rollout_resume.yml"
+    assert "Leave the failed node drained and name it" in [t["name"] for t in upgrade["rescue"]]
     tail = yaml.safe_load((REPO / "playbooks" / "tasks" / "driver_rollout_resume.yml").read_text())
     names = [t["name"] for t in tail]
     assert names == ["Pass the audit gate", "Pass the validation gate", "Resume the node in Slurm"]
+    assert tail[2]["vars"]["slurm_drain_state"] == "resumed" and tail[2]["vars"]["slurm_drain_owner"] == "rollout"
     gate = tail[1]["ansible.builtin.include_role"]
     assert gate == {"name": "fleetops_audit", "tasks_from": "validate"}
     assert "when" not in tail[1]  # it runs in check mode too, to say it would validate
