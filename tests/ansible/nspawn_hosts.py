@@ -727,16 +727,17 @@ def write_inventory(cluster: Cluster, wheelhouse: Path, extra: dict | None = Non
             "power_limit_w": 700,
             "mig": {"mode": False},
         },
+        # With slurmctld the hosts are Slurm nodes (drained through its scontrol on the
+        # controller); without it Slurm does not manage them, which the strict drain rule needs
+        # said (fleetops_slurm_managed: false), else every drain fails on the missing scontrol.
         **(
             {
                 "slurm_drain_scontrol": str(cluster.slurm.scontrol),
                 "slurm_drain_delegate_to": "localhost",
-                "slurm_drain_marker_dir": str(cluster.directory / "drain-markers"),
-                "slurm_drain_required": True,
                 "slurm_drain_poll_interval": 1,
             }
             if cluster.slurm
-            else {}
+            else {"fleetops_slurm_managed": False}
         ),
         **(extra or {}),
     }
