@@ -755,6 +755,9 @@ def test_mig_play_never_has_more_than_its_batch_drained(tmp_path: Path) -> None:
             yaml.safe_dump(
                 {
                     "fleetops_baseline": {"mig": {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}},
+                    # the simulator's inventory says its nodes are outside Slurm; here they are in
+                    # the fake's (group_vars/ files win over the inventory's own group vars)
+                    "fleetops_slurm_managed": True,
                     "slurm_drain_scontrol": str(wrapper),
                     "slurm_drain_delegate_to": "localhost",
                     "slurm_drain_wait": False,
