@@ -214,7 +214,7 @@ class Slurm:
         return out
 
     def show(self):
-        cmd = [self.scontrol, "show", "node", self.name, "-o"]
+        cmd = [self.scontrol, "show", "node", "-o", self.name]
         rc, out, err = self.module.run_command(cmd)
         if rc != 0:
             text = " ".join(("%s %s" % (out, err)).split()) or "no output"

@@ -86,37 +86,17 @@ def sim_state(tmp_path: Path) -> str:
     return path
 
 
-# scontrol reads its options with getopt_long, which takes them anywhere on the line: the
-# collection's module runs "show node NAME -o", tests/fake_scontrol.py answers "show node -o NAME"
-# only. This wrapper, named ``scontrol``, moves -o/--oneliner to where the fake reads it, as getopt
-# would, and changes nothing else (a call without -o stays without it).
-GETOPT_WRAPPER = """#!{python}
-import os, sys
-args = sys.argv[1:]
-if args[:1] == ["show"] and ("-o" in args or "--oneliner" in args):
-    args = [a for a in args if a not in ("-o", "--oneliner")]
-    args.insert(2, "-o")
-os.execv({real!r}, [{real!r}, *args])
-"""
-
-
 @pytest.fixture
 def fake_slurm(tmp_path: Path):
     """The strict stand-in scontrol (tests/fake_scontrol.py): ``FakeSlurm`` in tmp_path/slurm.
     Give it nodes with ``.set(...)`` (or ``fake_scontrol.cluster``), its ``.env()`` to the
-    process that runs it, ``.scontrol`` as the command (the getopt wrapper above, in front of
-    the fake); ``.calls()``/``.updates()`` read its log (one JSON argv per line)."""
+    process that runs it, ``.scontrol`` as the command; ``.calls()``/``.updates()`` read its log
+    (one JSON argv per line)."""
     import fake_scontrol
 
     folder = tmp_path / "slurm"
     folder.mkdir()
-    slurm = fake_scontrol.FakeSlurm(folder)
-    (folder / "bin").mkdir()
-    wrapper = folder / "bin" / "scontrol"
-    wrapper.write_text(GETOPT_WRAPPER.format(python=sys.executable, real=str(slurm.scontrol)))
-    wrapper.chmod(0o755)
-    slurm.scontrol = wrapper
-    return slurm
+    return fake_scontrol.FakeSlurm(folder)
 
 
 # --- the simulated fleet ------------------------------------------------------------------
