@@ -18,7 +18,12 @@ from fleetops.gpu import sim
 from fleetops.ops import remediate
 from fleetops.remedy import cli as remedy_cli
 
-NOW = time.time()
+
+@pytest.fixture
+def now() -> float:
+    """The time the test runs (not the time the module was imported: a whole suite takes
+    minutes, and the ages below are measured against the clock the command reads)."""
+    return time.time()
 
 
 def record(db, started_at, nodes):
@@ -49,17 +54,17 @@ def record(db, started_at, nodes):
 
 
 @pytest.fixture
-def history(tmp_path):
+def history(tmp_path, now):
     db = tmp_path / "history.db"
     ids = {
-        "old": record(db, NOW - 7200, {"node001": ["ecc-dbe@1"], "node002": ["ecc-dbe@2"]}),
-        "limited": record(db, NOW - 120, {"node001": []}),  # an audit --limit node001
-        "hung": record(db, NOW - 60, {"node003": "timeout"}),
+        "old": record(db, now - 7200, {"node001": ["ecc-dbe@1"], "node002": ["ecc-dbe@2"]}),
+        "limited": record(db, now - 120, {"node001": []}),  # an audit --limit node001
+        "hung": record(db, now - 60, {"node003": "timeout"}),
     }
     return db, ids
 
 
-def test_latest_results_is_each_nodes_newest_result_whatever_its_age(history):
+def test_latest_results_is_each_nodes_newest_result_whatever_its_age(history, now):
     db, ids = history
     with Store(str(db)) as store:
         latest = store.latest_results(["node001", "node002", "node003", "node004"])
@@ -69,14 +74,14 @@ def test_latest_results_is_each_nodes_newest_result_whatever_its_age(history):
         "node003": ids["hung"],
     }
     assert latest["node003"].reachable is False and latest["node003"].error == "timed out"
-    assert latest["node002"].started_at == pytest.approx(NOW - 7200)
+    assert latest["node002"].started_at == pytest.approx(now - 7200)
 
 
-def test_coverage_sorts_nodes_by_the_age_of_their_newest_result(history):
+def test_coverage_sorts_nodes_by_the_age_of_their_newest_result(history, now):
     db, ids = history
     with Store(str(db)) as store:
         latest = store.latest_results(["node001", "node002", "node003", "node004"])
-    cov = remediate.coverage(latest, ["node001", "node002", "node003", "node004"], 900, "15m", now=NOW)
+    cov = remediate.coverage(latest, ["node001", "node002", "node003", "node004"], 900, "15m", now=now)
     assert sorted(cov.recent) == ["node001", "node003"] and cov.audit_ids == sorted(
         [ids["limited"], ids["hung"]]
     )
@@ -88,7 +93,7 @@ def test_coverage_sorts_nodes_by_the_age_of_their_newest_result(history):
     assert not cov.ok
     (problem,) = cov.problems()
     assert "2 node(s) have no audit within 15m" in problem and "node004 (never audited)" in problem
-    wider = remediate.coverage(latest, ["node001", "node002", "node003"], 3 * 3600, "3h", now=NOW)
+    wider = remediate.coverage(latest, ["node001", "node002", "node003"], 3 * 3600, "3h", now=now)
     assert sorted(wider.recent) == ["node001", "node002", "node003"] and wider.ok
 
 
@@ -121,10 +126,10 @@ def test_the_plan_merges_audits_and_names_every_node_it_has_no_recent_result_for
     assert doc["plan"]["unaudited"]["node004"] == "never audited"
 
 
-def test_a_limited_audit_is_not_taken_for_the_fleet(tmp_path, capsys, no_ssh):
+def test_a_limited_audit_is_not_taken_for_the_fleet(tmp_path, capsys, no_ssh, now):
     db = tmp_path / "history.db"
-    old = record(db, NOW - 3600, {"node001": [], "node002": ["xid:79@5"]})
-    record(db, NOW - 30, {"node001": []})
+    old = record(db, now - 3600, {"node001": [], "node002": ["xid:79@5"]})
+    record(db, now - 30, {"node001": []})
     code = cli.main(["remediate", "-i", "node001,node002,", "--db", str(db)])
     out = capsys.readouterr().out
     assert code == 1
