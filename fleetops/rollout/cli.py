@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from fleetops.ops.errors import EXIT_CRIT as EXIT_RUN_FAILED
-from fleetops.ops.errors import EXIT_OK, EXIT_USAGE
-from fleetops.ops.errors import EXIT_WARN as EXIT_HOSTS_FAILED
+from fleetops.common.errors import EXIT_CRIT as EXIT_RUN_FAILED
+from fleetops.common.errors import EXIT_OK, EXIT_USAGE
+from fleetops.common.errors import EXIT_WARN as EXIT_HOSTS_FAILED
 
 __all__ = ["EXIT_HOSTS_FAILED", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "register"]
 
@@ -105,6 +105,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="largest share of a Slurm partition out of service at once, counting every node already out: "
         "a fraction or a percentage (default 10%%; never fewer than one node)",
+    )
+    p.add_argument(
+        "--db",
+        help="history database where the run's Slurm drains and resumes are recorded "
+        "(default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print unchanged task results")
     p.add_argument(
@@ -335,6 +340,13 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
         out.write(f"FAILED: {', '.join(result.failed_hosts)}\n")
     if result.not_reached:
         out.write(f"NOT REACHED (run stopped): {', '.join(result.not_reached)}\n")
+    if not args.check:
+        record_drains(
+            args.db,
+            result.slurm,
+            source="rollout" if ident == "rollout-driver" else ident.removeprefix("apply-"),
+            stream=out,
+        )
     out.write(f"run id {run_id}; {result.elapsed_s:.1f}s; artifacts in {result.artifacts}\n")
     out.flush()
     if result.failed_hosts or result.not_reached:
@@ -342,6 +354,51 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
     if result.errors or result.rc not in (0, None) or result.status != "successful":
         return EXIT_RUN_FAILED
     return EXIT_OK
+
+
+def record_drains(db: str | None, events: list[dict[str, Any]], *, source: str, stream: TextIO) -> int:
+    """Write the run's drains and resumes (as the drain module reported them) to the history
+    store, where ``fleetops history --kind drains`` reads them; the number written. The nodes
+    were drained already: a store that cannot be written is a warning, not a failed run."""
+    import sqlite3
+
+    from fleetops.catalog import slurm as rule
+    from fleetops.fleet.store import DrainRow, Store, StoreError
+
+    rows = []
+    for e in events:
+        if e.get("kind") not in rule.OWNER_KINDS or not e.get("run"):
+            continue
+        reason = None
+        if e["action"] == "drain" and e["outcome"] == "done":
+            reason = rule.drain_reason(e["kind"], e["run"], e.get("purpose"))
+        rows.append(
+            DrainRow(
+                at=e["at"],
+                node=e["host"],
+                action=e["action"],
+                kind=e["kind"],
+                run=e["run"],
+                outcome=e["outcome"],
+                message=e.get("message") or "",
+                source=source,
+                slurm_name=e.get("slurm_name"),
+                purpose=e.get("purpose"),
+                reason=reason,
+                previous_owner=e.get("previous_owner"),
+            )  # fmt: skip
+        )
+    if not rows:
+        return 0
+    try:
+        with Store(db, keep_s=None) as store:  # writing drains never prunes audits
+            for row in rows:
+                store.record_drain(row)
+    except (StoreError, sqlite3.Error, OSError) as exc:
+        stream.write(f"warning: {len(rows)} drain(s) and resume(s) of this run not recorded in the history "
+                     f"({db or 'the default database'}): {exc}\n")  # fmt: skip
+        return 0
+    return len(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ DEBUG_ACTIONS = ("ansible.builtin.debug", "debug")
 # The slurm_drain role's lines for a node left in another owner's drain, and for a host whose
 # Slurm is skipped on purpose (fleetops_slurm_managed: false): shown even when not verbose.
 HELD_PREFIX = "held: "
+SLURM_MODULE = "fleetops_slurm_node"
 UNMANAGED_MARK = "fleetops_slurm_managed is false"
 
 
@@ -95,6 +96,8 @@ class Tracker:
         self.stats: dict[str, dict[str, int]] | None = None
         self.started = time.monotonic()
         self.events = 0
+        # what the drain module did on each node, for the history store (slurm_events)
+        self.slurm: list[dict[str, Any]] = []
 
     def host(self, name: str) -> HostRecord:
         record = self.hosts.get(name)
@@ -130,6 +133,8 @@ class Tracker:
         if self.plays and (not record.plays or record.plays[-1] != self.plays[-1]):
             record.plays.append(self.plays[-1])
         res = data.get("res") or {}
+        if kind == "runner_on_ok" and str(data.get("task_action", "")).endswith(SLURM_MODULE):
+            self._slurm(record.name, res)
         if kind in OK_EVENTS:
             said_by_debug = str(data.get("task_action", "")) in DEBUG_ACTIONS and kind == "runner_on_ok"
             msg = str(res.get("msg") or "") if said_by_debug else ""
@@ -163,6 +168,28 @@ class Tracker:
             message = f"{label}: {_message(res)}"
             record.errors.append(message)
             self._line("unreachable", record.name, message)
+
+    def _slurm(self, host: str, res: dict[str, Any]) -> None:
+        """Keep a drain or resume the module made, took over or was held from (not its queries,
+        its capacity checks, or a drain that was already this run's)."""
+        args = (res.get("invocation") or {}).get("module_args") or {}
+        state, action = args.get("state"), res.get("action")
+        if state not in ("drained", "resumed") or action not in ("drain", "adopt", "held", "resume", "leave"):
+            return
+        self.slurm.append(
+            {
+                "at": time.time(),
+                "host": host,
+                "slurm_name": res.get("node") or args.get("name"),
+                "action": "drain" if state == "drained" else "resume",
+                "outcome": "refused" if action in ("held", "leave") else "done",
+                "kind": args.get("owner"),
+                "run": args.get("run"),
+                "purpose": args.get("reason"),
+                "previous_owner": res.get("held_by") or res.get("adopted_from"),
+                "message": " ".join(str(res.get("msg") or "").split()),
+            }
+        )
 
     def _stats(self, data: dict[str, Any]) -> None:
         keys = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored", "processed")

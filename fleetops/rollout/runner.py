@@ -104,6 +104,8 @@ class RunResult:
     errors: list[str] = field(default_factory=list)
     # host -> why: left drained by another owner's drain, not changed, not failed
     held: dict[str, str] = field(default_factory=dict)
+    # the drain module's drains and resumes (Progress.slurm), for the history store
+    slurm: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -250,4 +252,5 @@ def run_playbook(
         stats=tracker.stats,
         errors=errors,
         held=tracker.held(),
+        slurm=list(tracker.slurm),
     )

@@ -801,5 +801,23 @@ def test_mig_play_never_has_more_than_its_batch_drained(tmp_path: Path) -> None:
             "memory.ecc_dbe_volatile on GPU GPU-5d3e 0000:18:00.0; left drained, Reason unchanged"
         }
         assert sorted(result.changed_hosts()) == [n for n in nodes if n != held]
+        # what the run did in Slurm, as the history store keeps it (fleetops history --kind drains)
+        import io
+
+        from fleetops.fleet.store import Store
+        from fleetops.rollout.cli import record_drains
+
+        history = tmp_path / "history.db"
+        assert record_drains(str(history), result.slurm, source="mig", stream=io.StringIO()) == 23
+        with Store(str(history)) as store:
+            rows = store.drains(limit=100)
+        done = sorted((r.node, r.action) for r in rows if r.outcome == "done")
+        assert done == sorted([(n, a) for n in nodes if n != held for a in ("drain", "resume")])
+        assert {(r.kind, r.run, r.source) for r in rows} == {("mig", RUN_A, "mig")}
+        drained = [r for r in rows if r.action == "drain" and r.outcome == "done"]
+        assert all(r.reason and r.reason.startswith(f"[fleetops] mig/{RUN_A}: ") for r in drained)
+        (refused,) = [r for r in rows if r.outcome == "refused"]
+        assert refused.node == held and refused.action == "drain" and refused.reason is None
+        assert refused.previous_owner and refused.previous_owner.startswith("the health program (run ")
     finally:
         fleet.down(str(directory))
