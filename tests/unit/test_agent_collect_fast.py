@@ -148,4 +148,6 @@ def test_an_answered_collect_imports_no_json_socket_typing_or_argparse(
     assert json.loads(proc.stdout)["daemon"]["age_s"] == 1.0
     imported = set(proc.stderr.split())
     assert imported & {"json", "socket", "typing", "argparse", "re", "enum", "fleetops.model"} == set(), imported
-    assert "_socket" in imported or "_socket" in sys.builtin_module_names
+    # the answer came through _socket, which enters sys.modules on its import whether it is
+    # an extension module or built into the interpreter
+    assert "_socket" in imported
