@@ -88,7 +88,8 @@ def _cli(c, *argv: str, inventory: Path | None = None) -> tuple[int, str]:
     parser = cli.argparse.ArgumentParser(prog="fleetops")
     cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(
-        [*argv, "-i", str(inventory or c.inventory), "--artifacts", str(c.directory / "runner")]
+        [*argv, "-i", str(inventory or c.inventory), "--artifacts", str(c.directory / "runner"),
+         "--db", str(c.directory / "history.db")]  # fmt: skip
     )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
