@@ -112,10 +112,16 @@ def test_sighup_reloads_the_baseline_and_a_bad_one_keeps_the_running_one(node: P
         proc.send_signal(signal.SIGHUP)
         daemon = _until("the refusal", lambda: (lambda d: d if d and d["reload_error"] else None)(_daemon(node)))
         assert daemon["reload_error"].startswith(f"{baseline}:2: gpu_count:")
-        time.sleep(1.5)  # full snapshots judged after the refusal
-        found = _findings(node, "thermal_power.power_limit")  # still judged by the 650 W baseline
-        assert found and {f["expected"] for f in found} == {650.0}
-        assert (_daemon(node) or {})["baseline"]["source"] == str(baseline)
+        refused_by = time.time()  # the refusal was already made when this clock was read
+        # a full snapshot collected after the refusal, and the findings judged on it
+        doc = _until("a full snapshot collected after the refusal",
+                     lambda: (lambda d: d if d.get("collected_at", 0) > refused_by else None)(
+                         _ask(node, "snapshot") or {}))
+        found = [f for f in doc["daemon"]["findings"] if f["check"] == "thermal_power.power_limit"]
+        assert len(found) == len(sim.read_state(str(node))["gpus"])  # still judged by the 650 W baseline
+        assert {f["expected"] for f in found} == {650.0}
+        assert doc["daemon"]["baseline"]["source"] == str(baseline)
+        assert doc["daemon"]["reload_error"] == daemon["reload_error"]
     finally:
         err = _stop(proc)
     assert f"reload refused: {baseline}:2: gpu_count:" in err
