@@ -88,9 +88,13 @@ class Tracker:
     """Follows one playbook run. ``emit(kind, line)`` receives each progress line; ``kind`` is
     one of play, changed, failed, unreachable, rescued, held, note, ok (ok lines only when verbose)."""
 
-    def __init__(self, emit: Callable[[str, str], None] | None = None, verbose: bool = False) -> None:
+    def __init__(
+        self, emit: Callable[[str, str], None] | None = None, verbose: bool = False, check: bool = False
+    ) -> None:
         self.emit = emit or (lambda kind, line: None)
         self.verbose = verbose
+        # check mode: nothing changed; a task that reports "changed" would change (said so)
+        self.check = check
         self.hosts: dict[str, HostRecord] = {}
         self.plays: list[str] = []
         self.stats: dict[str, dict[str, int]] | None = None
@@ -107,7 +111,8 @@ class Tracker:
 
     def _line(self, kind: str, host: str, text: str) -> None:
         elapsed = time.monotonic() - self.started
-        self.emit(kind, f"[{elapsed:6.1f}s] {host:<14} {kind.upper():<11} {text}")
+        shown = "WOULD CHANGE" if self.check and kind == "changed" else kind.upper()
+        self.emit(kind, f"[{elapsed:6.1f}s] {host:<14} {shown:<11} {text}")
 
     def handle(self, event: dict[str, Any]) -> bool:
         self.events += 1
@@ -235,6 +240,8 @@ class Tracker:
         for record in sorted(self.hosts.values(), key=lambda h: h.name):
             status = "not reached" if record.name in stopped else record.status
             note = "the run stopped before this host" if record.name in stopped else record.note
+            if self.check and status == "changed":
+                status, note = "would change", "would change" + note.removeprefix("changed")
             rows.append(
                 {
                     "host": record.name,
@@ -256,11 +263,11 @@ def summary_text(rows: list[dict[str, Any]], width: int = 120) -> str:
     if not rows:
         return "no host took part in the run"
     name_w = max(4, max(len(r["host"]) for r in rows))
-    head = f"{'HOST':<{name_w}}  {'STATUS':<11} {'OK':>3} {'CHG':>3} {'FAIL':>4} {'UNR':>3} {'SKIP':>4}  NOTE"
+    head = f"{'HOST':<{name_w}}  {'STATUS':<12} {'OK':>3} {'CHG':>3} {'FAIL':>4} {'UNR':>3} {'SKIP':>4}  NOTE"
     lines = [head]
     for r in rows:
         line = (
-            f"{r['host']:<{name_w}}  {r['status']:<11} {r['ok']:>3} {r['changed']:>3} "
+            f"{r['host']:<{name_w}}  {r['status']:<12} {r['ok']:>3} {r['changed']:>3} "
             f"{r['failed']:>4} {r['unreachable']:>3} {r['skipped']:>4}  {r['note']}"
         )
         lines.append(line if len(line) <= width else line[: width - 3] + "...")

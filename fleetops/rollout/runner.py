@@ -207,7 +207,7 @@ def run_playbook(
             dict.fromkeys([os.path.dirname(sys.executable)] + os.environ.get("PATH", "").split(os.pathsep))
         ),
     }
-    tracker = Tracker(emit=emit, verbose=verbose)
+    tracker = Tracker(emit=emit, verbose=verbose, check=check)
     ident = f"{ident_prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     started = time.monotonic()
     kwargs: dict[str, Any] = {

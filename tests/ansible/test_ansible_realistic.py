@@ -181,12 +181,13 @@ def _untouched(c) -> dict[str, Any]:
 
 
 def _sections(out: str, what: str) -> list[tuple[str, list[str]]]:
-    """The run's plays in order, each with the nodes whose CHANGED line for ``what`` it printed."""
+    """A check run's plays in order, each with the nodes whose WOULD CHANGE line for ``what`` it
+    printed (a check run changes nothing: its lines say what would change)."""
     sections: list[tuple[str, list[str]]] = []
     for line in out.splitlines():
         if line.startswith("PLAY "):
             sections.append((line[5:], []))
-        elif f" CHANGED     {what}" in line:
+        elif f" WOULD CHANGE {what}" in line:
             sections[-1][1].append(line.split()[2])
     return sections
 
@@ -215,13 +216,13 @@ def test_the_installed_wheel_checks_power_and_the_driver_rollout_and_changes_not
     caps = {
         line.split()[2]: line.split("Set the GPU power cap: ", 1)[1]
         for line in out.splitlines()
-        if " CHANGED     gpu_power : Set the GPU power cap: " in line
+        if " WOULD CHANGE gpu_power : Set the GPU power cap: " in line
     }
     assert caps == {n: f"power {CAP_W} W: would change 8 of 8 GPUs ({every_gpu})" for n in NODES}, out
     units = _sections(out, "gpu_power : Install the boot-time power cap unit")
     assert [(play, sorted(nodes)) for play, nodes in units] == [("Enforce GPU power caps", NODES)], out
-    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("node1")]
-    assert rows == [[n, "changed"] for n in NODES], out
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("node1")]
+    assert rows == [[n, "would", "change"] for n in NODES], out
 
     out = rollout.stdout
     assert rollout.returncode == 0, out[-6000:] + rollout.stderr[-2000:]
@@ -244,8 +245,8 @@ def test_the_installed_wheel_checks_power_and_the_driver_rollout_and_changes_not
         drain = "slurm_drain : Set the node's Slurm drain state: "
         drains = [line.split(drain, 1)[1] for line in out.splitlines() if drain in line]
         assert drains == [f"{n} would be drained (is IDLE)" for n in NODES], out
-    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("node1")]
-    assert rows == [[n, "changed"] for n in NODES], out
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("node1")]
+    assert rows == [[n, "would", "change"] for n in NODES], out
     assert "FAILED" not in out and "NOT REACHED" not in out, out
 
     assert _untouched(cluster) == before

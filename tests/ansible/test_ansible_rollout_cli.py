@@ -141,6 +141,34 @@ def test_tracker_prints_changes_and_failures_and_builds_the_summary() -> None:
     assert "n1" in text.splitlines()[1] and "1 failed, 2 not reached (3 hosts)" in text
 
 
+def test_a_check_run_says_what_would_change_never_changed() -> None:
+    lines: list[tuple[str, str]] = []
+    t = Tracker(emit=lambda kind, line: lines.append((kind, line)), check=True)
+    for e in (
+        _ev("playbook_on_play_start", play="Enforce GPU power caps"),
+        _ev(
+            "runner_on_ok",
+            host="n1",
+            role="gpu_power",
+            task="Set the GPU power cap",
+            task_action="fleetops_gpu_set",
+            res={"changed": True, "msg": "power 650 W: would change 8 of 8 GPUs"},
+        ),
+        _ev("runner_on_ok", host="n2", task="Set the GPU power cap", res={"changed": False}),
+        _ev("playbook_on_stats", ok={"n1": 1, "n2": 1}, changed={"n1": 1}, failures={}, dark={},
+            skipped={}, rescued={}, ignored={}),  # fmt: skip
+    ):
+        t.handle(e)
+    (line,) = [line for kind, line in lines if kind == "changed"]
+    assert " n1             WOULD CHANGE gpu_power : Set the GPU power cap: power 650 W" in line
+    rows = {r["host"]: (r["status"], r["note"]) for r in t.summary_rows()}
+    assert rows == {
+        "n1": ("would change", "would change: gpu_power : Set the GPU power cap"),
+        "n2": ("ok", ""),
+    }
+    assert summary_text(t.summary_rows()).splitlines()[-1] == "1 ok, 1 would change (2 hosts)"
+
+
 def test_tracker_keeps_ignored_failures_out_of_the_errors() -> None:
     t = Tracker()
     t.handle(_ev("runner_on_failed", host="n1", task="probe", ignore_errors=True, res={"msg": "x"}))
