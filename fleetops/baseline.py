@@ -34,7 +34,6 @@ import dataclasses
 import difflib
 import math
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -674,23 +673,21 @@ def _make_loader(source: str) -> type:
     return _Loader
 
 
+def read_yaml(text: str, source: str) -> Any:
+    """``text`` as YAML (PyYAML's safe loader), every mapping remembering the line of each of its
+    keys: what the validator reads to say where a bad key is. ``source`` names the text in the
+    error for a key that is not a plain value. Raises PyYAML's errors for text that is not YAML."""
+    import yaml
+
+    return yaml.load(text, Loader=_make_loader(source))  # a SafeLoader subclass
+
+
 def _key_line(mapping: Any, key: Any) -> int | None:
-    """Line of ``key`` in ``mapping``: from our loader, or from Ansible's position tags."""
+    """Line of ``key`` in ``mapping``, where the mapping came from ``read_yaml`` (PyYAML's start
+    marks); None for a mapping from anywhere else."""
     lines = getattr(mapping, "key_lines", None)
     if lines and key in lines:
         return int(lines[key])
-    pos = getattr(key, "ansible_pos", None)  # ansible-core < 2.19
-    if isinstance(pos, tuple) and len(pos) >= 2 and isinstance(pos[1], int):
-        return pos[1]
-    if "ansible" in sys.modules:  # ansible-core >= 2.19 data tagging; never import it ourselves
-        try:
-            from ansible._internal._datatag._tags import Origin
-
-            origin = Origin.get_tag(key)
-            if origin is not None and origin.line_num is not None:
-                return int(origin.line_num)
-        except Exception:  # noqa: BLE001 - positions are a courtesy
-            return None
     return None
 
 
@@ -1061,7 +1058,7 @@ def load_text(text: str, path: str) -> Baseline:
         raise BaselineError(path, "", "PyYAML is not installed here: give the baseline as JSON, "
                             "or install PyYAML beside the agent") from exc
     try:
-        data = yaml.load(text, Loader=_make_loader(path))
+        data = read_yaml(text, path)
     except BaselineError:
         raise
     except yaml.MarkedYAMLError as exc:

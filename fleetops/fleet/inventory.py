@@ -89,8 +89,9 @@ class Host:
 
 @dataclass(frozen=True)
 class BaselineLayer:
-    """One inventory level's ``fleetops_baseline``, as loaded: ansible's position tags stay on
-    the values so that a bad key is reported at its file and line."""
+    """One inventory level's ``fleetops_baseline``: re-read with PyYAML where it reads the same
+    value as ansible (``fleetops.baseline.read_yaml``), so that a bad key is reported at its file
+    and line; otherwise as ansible loaded it, without lines."""
 
     level: str  # "group all", "group gpu_h200", "host node001"
     source: str  # the file that set it, or the inventory when ansible does not say
@@ -290,16 +291,52 @@ def _template(path: str, host: str, name: str, value: Any, templar: Any) -> Any:
     return value
 
 
-def _origin_path(value: Any) -> str | None:
-    """The file ansible read ``value`` from (ansible-core >= 2.19 tags loaded values)."""
-    try:
-        from ansible._internal._datatag._tags import Origin
+def _read_positioned(path: str) -> dict[str, Any] | None:
+    """``path``'s top-level mapping as PyYAML reads it, each mapping keeping its keys' lines
+    (``fleetops.baseline.read_yaml``); None when PyYAML cannot read it as a mapping (a vault,
+    ansible's own tags): the layer is then kept as ansible loaded it, without lines."""
+    import yaml
 
-        origin = Origin.get_tag(value)
-    except Exception:  # noqa: BLE001 - older ansible-core: no positions, the inventory is named instead
+    from fleetops.baseline import BaselineError, read_yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = read_yaml(fh.read(), path)
+    except (OSError, UnicodeError, BaselineError, yaml.YAMLError):  # ansible reads it, and says
         return None
-    path = getattr(origin, "path", None)
-    return str(path) if path else None
+    return data if isinstance(data, dict) else None
+
+
+def _inline_baselines(path: str) -> dict[tuple[str, str], Any]:
+    """``fleetops_baseline`` as written inline in a YAML inventory, by ("group"|"host", name).
+
+    Walks the YAML inventory layout (``group: {vars, hosts, children}``); a group written in
+    several places keeps the last one, as ansible does. Host ranges (``n[1:3]``) are not
+    expanded: those hosts keep ansible's value, without lines."""
+    found: dict[tuple[str, str], Any] = {}
+    if not path.lower().endswith((".yml", ".yaml")):
+        return found
+    top = _read_positioned(path)
+
+    def group(name: Any, body: Any) -> None:
+        if not isinstance(body, dict):
+            return
+        group_vars = body.get("vars")
+        if isinstance(group_vars, dict) and BASELINE_VAR in group_vars:
+            found[("group", str(name))] = group_vars[BASELINE_VAR]
+        hosts = body.get("hosts")
+        if isinstance(hosts, dict):
+            for host, host_vars in hosts.items():
+                if isinstance(host_vars, dict) and BASELINE_VAR in host_vars:
+                    found[("host", str(host))] = host_vars[BASELINE_VAR]
+        children = body.get("children")
+        if isinstance(children, dict):
+            for child, child_body in children.items():
+                group(child, child_body)
+
+    for name, body in (top or {}).items():
+        group(name, body)
+    return found
 
 
 class _Layers:
@@ -316,18 +353,53 @@ class _Layers:
         # the group_vars/host_vars files of one level, as VariableManager reads them for a task
         self._files: Any = lambda entity: read(loader, [source], [entity], "task")
         self._by_group: dict[str, tuple[BaselineLayer, ...]] = {}
+        self._loader = loader
+        # where the host_group_vars plugin looks: the inventory's folder (realpath, as it does)
+        host_list = "," in source and not os.path.exists(source)
+        self._basedir = None if host_list else os.path.realpath(
+            source if os.path.isdir(source) else os.path.dirname(source)
+        )
+        is_file = not host_list and os.path.isfile(source)
+        self._source = source if is_file else None
+        self._inline = _inline_baselines(source) if is_file else {}
 
     def _level(self, level: str, entity: Any) -> tuple[BaselineLayer, ...]:
+        kind, name = level.split(" ", 1)
         out = []
         for where, found in (("inventory", entity.get_vars()), ("files", self._files(entity))):
             if BASELINE_VAR not in found:
                 continue
             data = found[BASELINE_VAR]
-            source = _origin_path(data) or _origin_path(next((k for k in found if k == BASELINE_VAR), None))
+            if where == "inventory":
+                source, positioned = self._source, self._inline.get((kind, name))
+            else:
+                source, positioned = self._vars_file(kind, name)
             if source is None:
                 source = f"{self.shown}: {level}" + (" (group_vars/host_vars)" if where == "files" else "")
+            # PyYAML's reading carries the lines; it stands in for ansible's only where both read
+            # the same value (a vault or an ansible tag leaves ansible's, without lines)
+            if positioned is not None and _plain(positioned) == _plain(data):
+                data = positioned
             out.append(BaselineLayer(level, source, data))
         return tuple(out)
+
+    def _vars_file(self, kind: str, name: str) -> tuple[str | None, Any]:
+        """The group_vars/host_vars file whose ``fleetops_baseline`` ansible kept, and that
+        value as PyYAML reads it: the last file that sets it, in ansible's order (the
+        host_group_vars plugin's ``find_vars_files``, each file replacing the one before)."""
+        if self._basedir is None or name.startswith(os.sep):
+            return None, None
+        subdir = "host_vars" if kind == "host" else "group_vars"
+        files = self._loader.find_vars_files(os.path.join(self._basedir, subdir), name)
+        source: str | None = None
+        positioned: Any = None
+        for path in files:
+            data = _read_positioned(str(path))
+            if data is not None and BASELINE_VAR in data:
+                source, positioned = str(path), data[BASELINE_VAR]
+        if source is None and len(files) == 1:
+            source = str(files[0])
+        return source, positioned
 
     def for_host(self, ahost: Any) -> tuple[BaselineLayer, ...]:
         groups = [self._all] if self._all is not None else []
