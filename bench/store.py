@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fleetops import checks, model
-from fleetops.fleet.audit import AuditResult, NodeResult
+from fleetops.checks.verdict import NodeResult
+from fleetops.fleet.audit import AuditResult
 from fleetops.fleet.store import DEFAULT_KEEP_S, Store
 from fleetops.gpu import sim
 

@@ -2,7 +2,7 @@
 
 Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 only unknowns (e.g. unreachable hosts), 4 usage or
 input error. Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
-``fleetops.ops.errors``, shared by every command.
+``fleetops.common.errors``, shared by every command.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import os
 import sys
 from typing import Any
 
+from fleetops.catalog.durations import GRAMMAR, duration_arg, retention_arg
+from fleetops.common.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 from fleetops.fleet import escalation, sshopts
-from fleetops.ops.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -36,11 +37,12 @@ def _stderr_console() -> Any:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from fleetops.checks import verdict
     from fleetops.fleet import audit, inventory
-    from fleetops.fleet.store import Store, parse_keep
+    from fleetops.fleet.store import Store
     from fleetops.ops.baseline import resolve_baselines
 
-    keep_s = parse_keep(args.keep)
+    keep_s = args.keep
     if not args.max_age >= 0:  # also refuses nan
         raise UsageError(f"--max-age must be a number of seconds >= 0, not {args.max_age:g}")
     hosts = inventory.load(args.inventory, args.limit)
@@ -92,7 +94,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     finally:
         if bar_ctx is not None:
             bar_ctx.stop()
-    code = audit.exit_code(result.findings, args.fail_on)
+    code = verdict.exit_code(result.findings, args.fail_on)
     if store:
         store.record(result, code)
         store.close()
@@ -485,16 +487,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json", "junit", "prom"), default="table")
     p.add_argument("-o", "--output", help="write the report to this file (atomically)")
     p.add_argument("--forks", type=int, default=50, help="hosts collected in parallel (default 50)")
-    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the agent to answer")
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
+    p.add_argument("--timeout", type=duration_arg("--timeout"), default=30.0,
+                   help=f"how long the agent may take to answer ({GRAMMAR}; default 30)")
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
     p.add_argument(
         "--max-age",
-        type=float,
+        type=duration_arg("--max-age", allow_zero=True),
         default=30.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="oldest snapshot a node's resident agent (fleetops-agent serve) may answer with; older, or no "
-        "daemon, and the node collects now (default 30)",
+        f"daemon, and the node collects now ({GRAMMAR}; default 30)",
     )
     p.add_argument(
         "--fresh",
@@ -509,8 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep",
         default="30d",
+        type=retention_arg("--keep", unit_required=True),
+        metavar="DURATION",
         help="history retention: audits older than this are pruned when this one is recorded "
-        "(30d, 12h, 2w; 'forever' keeps all; default 30d)",
+        f"({GRAMMAR}, with a unit; 'forever' keeps all; default 30d)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_audit)
@@ -525,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90); "
                    "drains: every drain and resume fleetops made in Slurm, with its owner (kind/run), outcome, "
                    "purpose and the drain it met")
-    p.add_argument("--since", help="2h, 7d, or an ISO date")
+    p.add_argument("--since", help=f"a duration ago ({GRAMMAR}) or an ISO date")
     p.add_argument("--last", type=int, default=20,
                    help="how many audits, validate runs or drains (default 20)")
     p.add_argument("--db", help="history database")

@@ -28,9 +28,10 @@ import os
 import sys
 from typing import Any
 
+from fleetops.catalog.durations import GRAMMAR, duration_arg
+from fleetops.common.errors import EXIT_OK, EXIT_WARN, FleetopsError, UsageError
 from fleetops.fleet import sshopts
 from fleetops.ops import drain_log, results
-from fleetops.ops.errors import EXIT_OK, EXIT_WARN, FleetopsError, UsageError
 
 INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
 KIND = "operator"
@@ -225,10 +226,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="history database where each drain and resume is recorded "
         "(default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)",
     )
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds for each scontrol call (default 30)")
-    p.add_argument(
-        "--connect-timeout", type=float, default=5.0, help="seconds to connect to a Slurm host over SSH"
-    )
+    p.add_argument("--timeout", type=duration_arg("--timeout"), default=30.0,
+                   help=f"how long each scontrol call may take ({GRAMMAR}; default 30)")
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+                   help=f"how long to connect to a Slurm host over SSH ({GRAMMAR}; default 5)")
     p.add_argument(
         "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
     )

@@ -2,14 +2,14 @@
 
 Where no controller runs (an Ansible play, the ``fleetops_audit`` role's agent mode, a shell on
 the node) the desired state still has one judge: the node-scope checks of ``fleetops.checks``,
-run as ``fleetops audit`` runs them for one node (``fleetops.fleet.audit.node_findings``: with the
+run as ``fleetops audit`` runs them for one node (``fleetops.fleet.verdict.node_findings``: with the
 daemon's snapshot, its rate and held findings too). The Ansible modules take these findings
 instead of comparing values themselves, so a tolerance or a per-model rule lives in one place.
 
 Fleet-scope checks (drift from the fleet's majority, NUMA placement across nodes) need every
 node's snapshot and are not run here; the report says so (``scope``, ``fleet_checks_not_run``).
 
-Exit codes follow ``fleetops audit`` (``fleetops.ops.errors``): 0 nothing at or above
+Exit codes follow ``fleetops audit`` (``fleetops.common.errors``): 0 nothing at or above
 ``--fail-on``, 1 warn, 2 crit, 3 only unknowns or no snapshot could be taken (the JSON error line
 on stderr), 4 a usage error such as a baseline that does not validate (``FILE:LINE`` named).
 ``--exit-zero`` makes a printed report exit 0 (its ``exit_code`` keeps the verdict) for callers
@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from fleetops.ops.errors import EXIT_UNKNOWN, EXIT_USAGE
+from fleetops.common.errors import EXIT_UNKNOWN, EXIT_USAGE
 
 if TYPE_CHECKING:
     from fleetops import model
@@ -51,6 +51,8 @@ class CheckError(Exception):
 
 
 def add_parser(sub: Any) -> None:
+    from fleetops.catalog.durations import GRAMMAR, duration_arg
+
     p = sub.add_parser(
         "check",
         help="judge this node by the audit's node-scope checks against a baseline; exit 0/1/2 like fleetops audit",
@@ -84,7 +86,8 @@ def add_parser(sub: Any) -> None:
         "--fresh", action="store_true", help="always collect now; never take the daemon's snapshot"
     )
     p.add_argument(
-        "--max-age", type=float, default=30.0, help="oldest daemon snapshot accepted, seconds (default 30)"
+        "--max-age", type=duration_arg("--max-age", allow_zero=True), default=30.0,
+        help=f"oldest daemon snapshot accepted ({GRAMMAR}; default 30)",
     )
     p.add_argument(
         "--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)"
@@ -143,12 +146,12 @@ def report(node: model.Node, source: str, baseline: Baseline | None, baseline_na
            fail_on: str) -> tuple[dict[str, Any], list[model.Finding], int]:  # fmt: skip
     """The check document, its findings (worst first) and the exit code."""
     from fleetops import checks
-    from fleetops.fleet import audit
+    from fleetops.checks import verdict
 
-    result = audit.NodeResult(name=node.hostname, reachable=True, snapshot=node)
-    found = audit.node_findings(result, baseline, None)
+    result = verdict.NodeResult(name=node.hostname, reachable=True, snapshot=node)
+    found = verdict.node_findings(result, baseline, None)
     found.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), (f.gpu or {}).get("index") or -1, f.check))
-    code = audit.exit_code(found, fail_on)
+    code = verdict.exit_code(found, fail_on)
     counts: dict[str, int] = {}
     for f in found:
         counts[f.severity] = counts.get(f.severity, 0) + 1

@@ -67,6 +67,8 @@ def _parser_class() -> type:
 
 
 def build_parser() -> Any:
+    from fleetops.catalog.durations import GRAMMAR, duration_arg
+
     _Parser = _parser_class()
     parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -83,7 +85,8 @@ def build_parser() -> Any:
     p = sub.add_parser("collect", help="print one snapshot of this node as JSON")
     common(p)
     p.add_argument("--fresh", action="store_true", help="always collect now; never answer from the daemon")
-    p.add_argument("--max-age", type=float, default=30.0, help="oldest daemon snapshot accepted, seconds (default 30)")
+    p.add_argument("--max-age", type=duration_arg("--max-age", allow_zero=True), default=30.0,
+                   help=f"oldest daemon snapshot accepted ({GRAMMAR}; default 30)")
     p.add_argument("--resample", action="store_true",
                    help="after an action: the daemon samples now and answers with that snapshot; "
                         "without a daemon answering, a cold collect")
@@ -92,9 +95,12 @@ def build_parser() -> Any:
     p = sub.add_parser("serve", help="run the resident agent: sample, watch XIDs, serve snapshots on a socket")
     common(p)
     p.add_argument("--states", nargs="+", help="sim: state files or directories; one process serves them all")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples (default 2)")
-    p.add_argument("--full-interval", type=float, default=10.0, help="seconds between full snapshots (default 10)")
-    p.add_argument("--hang-timeout", type=float, default=10.0, help="a backend call longer than this is hung")
+    p.add_argument("--interval", type=duration_arg("--interval"), default=2.0,
+                   help=f"time between samples ({GRAMMAR}; default 2)")
+    p.add_argument("--full-interval", type=duration_arg("--full-interval"), default=10.0,
+                   help=f"time between full snapshots ({GRAMMAR}; default 10)")
+    p.add_argument("--hang-timeout", type=duration_arg("--hang-timeout"), default=10.0,
+                   help=f"a backend call longer than this is hung ({GRAMMAR}; default 10)")
     p.add_argument("--socket", help="socket path (default /run/fleetops/agent.sock; sim: <state>.agent/agent.sock)")
     p.add_argument("--metrics-address", help="HOST:PORT of the Prometheus endpoint (off unless given)")
     p.add_argument("--web-config-file", metavar="PATH",
@@ -117,7 +123,8 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("--gpu", required=True, metavar="UUID", help="the GPU's UUID")
     p.add_argument("--fields", help="comma-separated ring fields (default temp_gpu_c,temp_memory_c,power_draw_w,clock_sm_mhz)")
-    p.add_argument("--seconds", type=float, default=3600.0, help="how far back, seconds (default 3600)")
+    p.add_argument("--seconds", type=duration_arg("--seconds"), default=3600.0, metavar="DURATION",
+                   help=f"how far back ({GRAMMAR}; default 3600)")
     p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
     p = sub.add_parser("topology", help="print the GPU topology; check it against an expected file")
@@ -149,9 +156,12 @@ def build_parser() -> Any:
         help="the processes the operator confirmed may be ended; refused when the GPU runs any other "
         "or one of them is gone ('' confirms none)",
     )
-    p.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 10)")
-    p.add_argument("--timeout", type=float, default=None, help="deprecated spelling of --grace")
-    p.add_argument("--reset-timeout", type=float, default=120.0, help="seconds for the reset and the GPU's return")
+    p.add_argument("--grace", type=duration_arg("--grace", allow_zero=True), default=None,
+                   help=f"time between SIGTERM and SIGKILL ({GRAMMAR}; default 10)")
+    p.add_argument("--timeout", type=duration_arg("--timeout", allow_zero=True), default=None,
+                   help="deprecated spelling of --grace")
+    p.add_argument("--reset-timeout", type=duration_arg("--reset-timeout"), default=120.0,
+                   help=f"how long the reset and the GPU's return may take ({GRAMMAR}; default 120)")
     p.add_argument(
         "--clients",
         help="comma-separated systemd units stopped before and restarted after the reset "
@@ -311,13 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:
         if argv[:1] == ["check"] and exc.code == EXIT_USAGE:
-            from fleetops.ops.errors import EXIT_USAGE as CHECK_USAGE
+            from fleetops.common.errors import EXIT_USAGE as CHECK_USAGE
 
             return CHECK_USAGE  # check's codes are the audit's: 2 is crit there
         raise
     refused = _backend_refusal(getattr(args, "backend", None), bool(getattr(args, "sim_on_gpu_node", False)))
     if refused is not None:
-        from fleetops.ops.errors import EXIT_USAGE as CHECK_USAGE
+        from fleetops.common.errors import EXIT_USAGE as CHECK_USAGE
 
         return _fail("usage", refused, CHECK_USAGE if args.command == "check" else EXIT_USAGE)
     if args.command == "check":
@@ -428,7 +438,12 @@ def main(argv: list[str] | None = None) -> int:
             from fleetops.agent import mig
 
             try:
-                doc, code = mig.main_args(args)
+                if args.action == "apply":  # mig_apply builds on mig (its report kind, its error)
+                    from fleetops.agent import mig_apply
+
+                    doc, code = mig_apply.main_args(args)
+                else:
+                    doc, code = mig.main_args(args)
             except mig.MigError as exc:
                 return _fail(exc.kind, str(exc), exc.exit_code)
             if not doc.get("dry_run") and doc.get("changed"):

@@ -88,7 +88,7 @@ def _select(node: model.Node, selector: str) -> tuple[list[model.Gpu], bool]:
     text = (selector or "all").strip()
     if text == "all":
         return [g for g in node.gpus if g.mig_mode_current], False
-    from fleetops.ops import selectors
+    from fleetops.common import selectors
 
     try:
         sel = selectors.parse_identity(text)
@@ -197,10 +197,7 @@ def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, 
 
 
 def main_args(args: Any) -> tuple[dict[str, Any], int]:
-    if args.action == "apply":
-        from fleetops.agent import mig_apply
-
-        return mig_apply.main_args(args)
+    """``mig reset`` (``mig apply`` is ``mig_apply.main_args``: it builds on this module)."""
     if args.layout or args.config or args.select or getattr(args, "no_reset", False):
         raise MigError("--layout, --config, --select and --no-reset belong to mig apply; mig reset takes --profiles",
                        "usage", 2)

@@ -461,7 +461,7 @@ def _select(gpus: list[GpuMig], selector: str, host: str) -> list[GpuMig]:
     if text == "all":
         return gpus
     from fleetops import model
-    from fleetops.ops import selectors
+    from fleetops.common import selectors
 
     chosen = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:

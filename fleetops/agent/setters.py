@@ -52,7 +52,7 @@ def select(node: model.Node, selector: str) -> list[model.Gpu]:
     naming it and the GPUs present."""
     if selector == "all":
         return list(node.gpus)
-    from fleetops.ops import selectors
+    from fleetops.common import selectors
 
     try:
         sel = selectors.parse_identity(selector)

@@ -449,6 +449,8 @@ def run(args: Any) -> tuple[dict[str, Any], int]:
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    from fleetops.catalog.durations import GRAMMAR, duration_arg
+
     p = sub.add_parser(
         "slurm-healthcheck",
         help="slurm.conf HealthCheckProgram: drain this node on a crit finding (owner health), resume only "
@@ -462,18 +464,18 @@ def add_parser(sub: Any, common: Any) -> None:
         "--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)"
     )
     p.add_argument(
-        "--max-age", type=float, default=DEFAULT_MAX_AGE_S,
-        help=f"oldest daemon snapshot used, seconds (default {DEFAULT_MAX_AGE_S:g}); older: a cold collect",
+        "--max-age", type=duration_arg("--max-age", allow_zero=True), default=DEFAULT_MAX_AGE_S,
+        help=f"oldest daemon snapshot used ({GRAMMAR}; default {DEFAULT_MAX_AGE_S:g}); older: a cold collect",
     )  # fmt: skip
     p.add_argument("--fresh", action="store_true", help="always a cold collect; never ask the daemon")
     p.add_argument("--scontrol", default="scontrol", help="the scontrol to run (default: scontrol on PATH)")
     p.add_argument(
-        "--scontrol-timeout", type=float, default=DEFAULT_SCONTROL_TIMEOUT_S,
-        help=f"seconds for each scontrol call (default {DEFAULT_SCONTROL_TIMEOUT_S:g})",
+        "--scontrol-timeout", type=duration_arg("--scontrol-timeout"), default=DEFAULT_SCONTROL_TIMEOUT_S,
+        help=f"how long each scontrol call may take ({GRAMMAR}; default {DEFAULT_SCONTROL_TIMEOUT_S:g})",
     )  # fmt: skip
     p.add_argument(
-        "--collect-timeout", type=float, default=DEFAULT_COLLECT_TIMEOUT_S,
-        help=f"seconds for the cold collect (default {DEFAULT_COLLECT_TIMEOUT_S:g})",
+        "--collect-timeout", type=duration_arg("--collect-timeout"), default=DEFAULT_COLLECT_TIMEOUT_S,
+        help=f"how long the cold collect may take ({GRAMMAR}; default {DEFAULT_COLLECT_TIMEOUT_S:g})",
     )  # fmt: skip
     p.add_argument(
         "--breaker-share", type=float, default=DEFAULT_BREAKER_SHARE,

@@ -69,6 +69,7 @@ def example_audit() -> tuple[Any, int]:
     example baseline: the real audit, with the SSH transport replaced by the simulator's
     answers and the clock fixed."""
     from fleetops import baseline as bl
+    from fleetops.checks import verdict
     from fleetops.fleet import audit, inventory, transport
 
     hosts = [
@@ -110,7 +111,7 @@ def example_audit() -> tuple[Any, int]:
     result.duration_s = EXAMPLE_DURATION_S
     for node in result.nodes:
         node.elapsed_s = None
-    return result, audit.exit_code(result.findings, "warn")
+    return result, verdict.exit_code(result.findings, "warn")
 
 
 def _fields(cls: type) -> list[dict[str, str]]:
@@ -193,11 +194,11 @@ def _exit_codes() -> dict[str, Any]:
     from fleetops import cli, model
     from fleetops.agent import check as agent_check
     from fleetops.agent import main as agent_main
-    from fleetops.fleet import audit
+    from fleetops.checks import verdict
 
     def exit_for(severities: tuple[str, ...], fail_on: str) -> int:
         findings = [model.Finding(check="x", severity=s, node="n", message="") for s in severities]
-        return audit.exit_code(findings, fail_on)
+        return verdict.exit_code(findings, fail_on)
 
     try:
         from fleetops.rollout import cli as rollout_cli

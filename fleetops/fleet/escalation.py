@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetops import model
+from fleetops.catalog.durations import GRAMMAR, duration_arg, retention_arg
 
 DEFAULT_REBOOTS = 2  # gpud's reboot threshold
 DEFAULT_RESETS = 3
@@ -464,32 +465,29 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument(
         "--app-xid-window",
-        type=float,
+        type=duration_arg("--app-xid-window"),
         default=DEFAULT_APP_WINDOW_S,
-        metavar="SECONDS",
-        help=f"see --app-xid-nodes (default {DEFAULT_APP_WINDOW_S:g})",
+        metavar="DURATION",
+        help=f"see --app-xid-nodes ({GRAMMAR}; default {DEFAULT_APP_WINDOW_S:g})",
     )
     p.add_argument(
         "--escalation-lookback",
+        type=retention_arg("--escalation-lookback"),
         default="7d",
-        metavar="SPAN",
-        help="how far back the history counts reboots, resets and incidents (7d, 12h; 'forever': "
+        metavar="DURATION",
+        help=f"how far back the history counts reboots, resets and incidents ({GRAMMAR}; 'forever': "
         "every stored audit; default 7d)",
     )
 
 
 def policy_from_args(args: Any) -> Policy:
     """The policy the flags give (their defaults where a command has none of them)."""
-    from fleetops.fleet.store import StoreError, parse_keep
-    from fleetops.ops.errors import UsageError
+    from fleetops.common.errors import UsageError
 
     for name in ("escalate_reboots", "escalate_resets", "app_xid_nodes", "app_xid_window"):
         if getattr(args, name, 1) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
-    try:
-        lookback = parse_keep(getattr(args, "escalation_lookback", "7d"))
-    except StoreError as exc:
-        raise UsageError(str(exc).replace("--keep", "--escalation-lookback")) from exc
+    lookback = getattr(args, "escalation_lookback", DEFAULT_LOOKBACK_S)  # parsed by retention_arg
     return Policy(
         reboots=getattr(args, "escalate_reboots", DEFAULT_REBOOTS),
         resets=getattr(args, "escalate_resets", DEFAULT_RESETS),

@@ -24,8 +24,8 @@ def apply(args: argparse.Namespace) -> None:
     path = getattr(args, "ssh_config", None)
     if path is None:
         return
+    from fleetops.common.errors import UsageError
     from fleetops.fleet import sshconfig, transport
-    from fleetops.ops.errors import UsageError
 
     try:
         transport.set_default_ssh_config(path)

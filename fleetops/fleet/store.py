@@ -710,27 +710,20 @@ class _Transaction:
         self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_keep(text: str) -> float | None:
-    """``30d``, ``12h``, ``2w`` ... as seconds; ``0``, ``all`` or ``forever``: keep everything."""
-    t = text.strip().lower()
-    if t in ("0", "all", "forever"):
-        return None
-    if t and t[-1] in _UNITS and t[:-1].replace(".", "", 1).isdigit() and float(t[:-1]) > 0:
-        return float(t[:-1]) * _UNITS[t[-1]]
-    raise StoreError(f"--keep {text!r}: use 30d, 12h, 2w, or 'forever'")
-
-
 def parse_since(text: str) -> float:
-    """``2h``, ``30m``, ``7d``, ``90s`` ago, or an ISO date/time, to epoch seconds."""
-    text = text.strip()
-    if text and text[-1] in _UNITS and text[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(text[:-1]) * _UNITS[text[-1]]
+    """``history --since``: a duration ago (the one grammar, ``2h``, ``7d``, ``2w``) or an ISO
+    date/time, to epoch seconds."""
+    from fleetops.catalog.durations import GRAMMAR, DurationError, parse_duration
+
+    try:
+        return time.time() - parse_duration(text, flag="--since", allow_zero=True)
+    except DurationError:
+        pass
     from datetime import datetime
 
     try:
-        return datetime.fromisoformat(text).timestamp()
+        return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError as exc:
-        raise StoreError(f"--since {text!r}: use 2h, 30m, 7d or an ISO date like 2026-12-01T08:00") from exc
+        raise StoreError(
+            f"--since {text!r}: give a duration ago ({GRAMMAR}) or an ISO date like 2026-12-01T08:00"
+        ) from exc

@@ -43,6 +43,7 @@ Set ``FLEETOPS_NVML_TRACE=1`` to get each NVML call's time on stderr (profiling 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -119,6 +120,22 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace").strip("\x00").strip()
     return str(value).strip()
+
+
+NVML_MODULE_ENV = "FLEETOPS_AGENT_NVML_MODULE"  # test hook: a module used in place of pynvml
+
+
+def load_module() -> Any:
+    """``pynvml``, or the module ``$FLEETOPS_AGENT_NVML_MODULE`` names (a test's fake NVML), which
+    is then also ``sys.modules['pynvml']`` so every reader in this layer and the daemon's sees it."""
+    name = os.environ.get(NVML_MODULE_ENV)
+    if name:
+        module = importlib.import_module(name)
+        sys.modules["pynvml"] = module
+        return module
+    import pynvml
+
+    return pynvml
 
 
 def reason_of(exc: BaseException) -> str:
@@ -1050,8 +1067,6 @@ class MigControl:
 
     def __init__(self, nv: Any = None) -> None:
         if nv is None:
-            from fleetops.agent.serve.nvml_backend import load_module
-
             nv = load_module()
         self.nv = _Nvml(nv)
         self.N = nv

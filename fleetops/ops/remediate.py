@@ -9,28 +9,14 @@ named; ``--dry-run`` and the plain plan still show, with the same words as a war
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetops.ops.errors import Refused, UsageError
+from fleetops.common.errors import Refused
 
 DEFAULT_MAX_AUDIT_AGE_S = 15 * 60.0
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
-
-
-def parse_age(text: str, flag: str = "--max-audit-age") -> float:
-    """Seconds from ``900``, ``900s``, ``15m``, ``1h`` or ``1d``; a UsageError naming the flag."""
-    m = _AGE.match(str(text))
-    if not m:
-        raise UsageError(f"{flag} {text!r}: give a duration like 900s, 15m or 1h")
-    seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if seconds <= 0:
-        raise UsageError(f"{flag} {text!r}: must be more than 0")
-    return seconds
 
 
 def format_age(seconds: float) -> str:

@@ -29,8 +29,10 @@ from typing import Any
 
 from fleetops import model
 from fleetops.catalog import actions as catalog_actions
-from fleetops.ops import answers, results, selectors
-from fleetops.ops.errors import Refused
+from fleetops.common import selectors
+from fleetops.common.errors import Refused
+from fleetops.fleet import answers
+from fleetops.ops import results
 
 AGENT_VAR = "fleetops_agent_path"
 DEFAULT_AGENT = "fleetops-agent"

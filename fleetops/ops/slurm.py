@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops.catalog import slurm as rule
-from fleetops.ops.errors import UsageError
+from fleetops.common.errors import UsageError
 from fleetops.ops.results import DONE, DRY_RUN, FAILED, REFUSED, UNKNOWN, ActionResult
 
 SLURM_HOST_VAR = "fleetops_slurm_host"

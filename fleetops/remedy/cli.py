@@ -34,11 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
+from fleetops.catalog.durations import GRAMMAR, DurationError, duration_arg, parse_duration
+from fleetops.common import selectors
+from fleetops.common.errors import EXIT_OK, EXIT_WARN, FleetopsError, Refused, UsageError
 from fleetops.fleet import escalation, sshopts
 from fleetops.ops import remediate as fitness_mod
 from fleetops.ops import reset as ops_reset
-from fleetops.ops import results, selectors
-from fleetops.ops.errors import EXIT_OK, EXIT_WARN, FleetopsError, Refused, UsageError
+from fleetops.ops import results
 from fleetops.remedy import plan as plan_mod
 
 INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
@@ -50,7 +52,7 @@ def _usage(message: str) -> UsageError:
 
 def _guarded(func: Any) -> Any:
     """Errors of the operations layer become ``fleetops: error: ...`` and their exit code
-    (ops.errors) whichever way the CLI was started."""
+    (common.errors) whichever way the CLI was started."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -193,6 +195,7 @@ def _results(
     with Store(args.db) as store:
         latest = {} if args.fresh else store.latest_results(names)
         if not latest:
+            from fleetops.checks import verdict
             from fleetops.fleet import audit
             from fleetops.ops.baseline import resolve_baselines
 
@@ -209,7 +212,7 @@ def _results(
                 accept_new_hostkeys=args.accept_new_hostkeys,
                 inventory=os.path.abspath(inv) if os.path.exists(inv) else inv,
             )
-            store.record(result, audit.exit_code(result.findings, "warn"))
+            store.record(result, verdict.exit_code(result.findings, "warn"))
             fresh = True
             latest = store.latest_results(names)
         cov = fitness_mod.coverage(latest, names, max_age, args.max_audit_age)
@@ -533,7 +536,10 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     from fleetops.catalog import slurm as slurm_rule
     from fleetops.fleet import inventory
 
-    max_age = fitness_mod.parse_age(args.max_audit_age)
+    try:
+        max_age = parse_duration(args.max_audit_age, flag="--max-audit-age")
+    except DurationError as exc:
+        raise _usage(str(exc)) from exc
     parse_expect_pids(args.expect_pids)  # a malformed one is refused before anything else
     if args.expect_pids and not args.kill_processes:
         raise _usage("--expect-pids names the processes --kill-processes may end: give both")
@@ -661,7 +667,8 @@ def _dry_confirmations(
 
 
 def _ssh_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     sshopts.add_ssh_config(p)
@@ -670,15 +677,16 @@ def _ssh_args(p: argparse.ArgumentParser) -> None:
 def _action_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
-        type=float,
-        help="seconds to wait for each reset's answer (default: the agent's own reset budget plus SSH, "
-        f"{ops_reset.command_timeout_s():.0f})",
+        type=duration_arg("--timeout"),
+        help=f"how long to wait for each reset's answer ({GRAMMAR}; default: the agent's own reset budget "
+        f"plus SSH, {ops_reset.command_timeout_s():.0f})",
     )
     p.add_argument(
         "--collect-timeout",
-        type=float,
+        type=duration_arg("--collect-timeout"),
         default=ops_reset.DEFAULT_COLLECT_TIMEOUT_S,
-        help=f"seconds for the fresh snapshot taken before each reset (default {ops_reset.DEFAULT_COLLECT_TIMEOUT_S:g})",
+        help=f"how long the fresh snapshot taken before each reset may take ({GRAMMAR}; "
+        f"default {ops_reset.DEFAULT_COLLECT_TIMEOUT_S:g})",
     )
 
 
@@ -713,8 +721,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-audit-age",
         default="15m",
+        metavar="DURATION",
         help="plan each node from its newest result across the recorded audits when it is younger than this "
-        "(900s, 15m, 1h; default 15m); --yes refuses while any node has none, and names them",
+        f"({GRAMMAR}; default 15m); --yes refuses while any node has none, and names them",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="ask each node whether its planned resets could run")

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from typing import Any
 
+from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.fleet import sshopts
 
 SIM_FIRST_ADDRESS = "127.0.40.1"
@@ -33,15 +34,18 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
-        help="seconds between cold collections of a node without a daemon (default: 2, longer for big fleets: 6 ms per node)",
+        type=duration_arg("--interval"),
+        help=f"time between cold collections of a node without a daemon ({GRAMMAR}; default: 2, longer for "
+        "big fleets: 6 ms per node)",
     )
     p.add_argument("--db", help="history database for the node screen (default: the audit's, when it exists)")
     p.add_argument(
-        "--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner"
+        "--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+        help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)",
     )
     p.add_argument(
-        "--timeout", type=float, default=15.0, help="seconds for the agent to answer before a node is HUNG"
+        "--timeout", type=duration_arg("--timeout"), default=15.0,
+        help=f"how long the agent may take to answer before a node is HUNG ({GRAMMAR}; default 15)",
     )
     p.add_argument("--forks", type=int, default=64, help="nodes collected at the same time (default 64)")
     p.add_argument(
@@ -60,9 +64,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--stale-after",
-        type=float,
+        type=duration_arg("--stale-after"),
         default=30.0,
-        help="seconds without news from a node's daemon before it is shown STALE (default 30)",
+        help=f"time without news from a node's daemon before it is shown STALE ({GRAMMAR}; default 30)",
     )
     p.add_argument(
         "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
@@ -113,7 +117,7 @@ def open_store(path: str | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetops.ops.errors import UsageError
+    from fleetops.common.errors import UsageError
 
     if args.sim and args.inventory:
         raise UsageError("tui: give -i INVENTORY or --sim, not both")
@@ -165,7 +169,7 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
     try:
         hosts, baselines = resolve_hosts(inventory, args.baseline, args.limit)
         if not hosts:
-            from fleetops.ops.errors import UsageError
+            from fleetops.common.errors import UsageError
 
             raise UsageError(
                 f"{inventory}: no hosts" + (f" match --limit {args.limit}" if args.limit else "")

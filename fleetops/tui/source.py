@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetops import model
+from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.ops import results as ops_results
 from fleetops.tui import data
@@ -44,7 +45,7 @@ class ActionResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def failure_status(result: Any, node_result: audit.NodeResult) -> str:
+def failure_status(result: Any, node_result: verdict.NodeResult) -> str:
     if getattr(result, "error_kind", None) == "timeout":
         return "timeout"
     return "unreachable" if not node_result.reachable else "error"
@@ -233,8 +234,8 @@ class SshSource:
         checks every precondition, ends exactly ``pids`` (the processes the dialog showed; none
         shown: none ended, and a busy GPU is refused), resets, verifies. ``bus_id`` makes it
         refuse if the UUID has moved since the screen saw it."""
+        from fleetops.common import selectors
         from fleetops.ops import reset as ops_reset
-        from fleetops.ops import selectors
 
         host = self.hosts[name]
         gpu = selectors.ResolvedGpu(selectors.parse(uuid), uuid, bus_id)

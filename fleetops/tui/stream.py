@@ -45,7 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
-from fleetops.fleet import audit, transport
+from fleetops.checks import verdict
+from fleetops.fleet import transport
 from fleetops.tui import data
 from fleetops.tui.source import SshSource
 
@@ -495,11 +496,11 @@ class StreamSource(SshSource):
             entry = data.mark_failed(name, "error", problem, previous)
         else:
             snap.hostname = name
-            result = audit.NodeResult(name, True, None, snap)
+            result = verdict.NodeResult(name, True, None, snap)
             with self._lock:
                 base = self._rate_base.get(name)
             try:
-                findings = audit.node_findings(result, self.baselines.get(name), base)
+                findings = verdict.node_findings(result, self.baselines.get(name), base)
             except Exception:  # noqa: BLE001 - the parent's wording for a check bug
                 findings = self.run_checks(name, snap)
             # seen_at on the controller's clock: when the daemon took the data it shows

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from fleetops.ops.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
+from fleetops.catalog.durations import GRAMMAR, duration_arg, retention_arg
+from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
 from fleetops.validation.judge import GpuVerdict, NodeVerdict, judge, judge_nodes, overall
 
 # The agent's own time budget per level plus SSH; a node past it is unknown, not failed.
@@ -19,8 +20,7 @@ EXIT_BY_STATUS = {"ok": EXIT_OK, "warn": EXIT_WARN, "crit": EXIT_CRIT, "unknown"
 def _collect(
     args: argparse.Namespace,
 ) -> tuple[list[Any], list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
-    from fleetops.fleet import inventory, transport
-    from fleetops.ops import answers
+    from fleetops.fleet import answers, inventory, transport
 
     hosts = inventory.load(args.inventory, args.limit)
     if not hosts:
@@ -100,7 +100,7 @@ def _record(args: argparse.Namespace, started: float, status: str, code: int, gp
     import os
     import time
 
-    from fleetops.fleet.store import Store, parse_keep
+    from fleetops.fleet.store import Store
 
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
     summary = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
@@ -108,7 +108,7 @@ def _record(args: argparse.Namespace, started: float, status: str, code: int, gp
     run = {"started_at": started, "duration_s": round(time.time() - started, 3),
            "inventory": os.path.abspath(args.inventory), "level": args.level, "status": status,
            "exit_code": code, "summary": summary}
-    with Store(args.db, keep_s=parse_keep(args.keep)) as store:
+    with Store(args.db, keep_s=args.keep) as store:
         return store.record_validation(run, _records(gpus, verdicts))
 
 
@@ -145,8 +145,7 @@ def chosen_backend(host: Any) -> list[str]:
 def cmd_probe(args: argparse.Namespace) -> int:
     """``fleetops validate --probe``: each node's ``fleetops-agent validate --probe``. Nothing is
     measured; a node that has no backend is named with what to install, before anything drains it."""
-    from fleetops.fleet import inventory, transport
-    from fleetops.ops import answers
+    from fleetops.fleet import answers, inventory, transport
 
     try:
         hosts = inventory.load(args.inventory, args.limit)
@@ -293,14 +292,16 @@ def register(sub: Any) -> None:
     p.add_argument("--all", action="store_true",
                    help="table: list every GPU and node, ok ones too (default: only what is not ok, then the counts)")
     p.add_argument("--forks", type=int, default=50, help="nodes at a time")
-    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect and get the SSH banner")
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     p.add_argument("--baseline", help="baseline YAML whose validation.floors override the shipped floors "
                    "(default: fleetops_baseline from the inventory's group_vars)")
     p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
     p.add_argument("--no-history", action="store_true", help="do not record this run's results")
-    p.add_argument("--keep", default="30d", help="history retention, as fleetops audit --keep (default 30d)")
+    p.add_argument("--keep", default="30d", type=retention_arg("--keep", unit_required=True), metavar="DURATION",
+                   help="history retention, as fleetops audit --keep (default 30d)")
     p.add_argument("--probe", action="store_true",
                    help="measure nothing: ask each node which validation backend it has (fleetops-agent validate "
                    "--probe) and name what to install where it has none; exit 0 every node has one, 2 one has "

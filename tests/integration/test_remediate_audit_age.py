@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
+from fleetops.catalog.durations import parse_duration
 from fleetops.gpu import sim
-from fleetops.ops import remediate
-from fleetops.ops.errors import UsageError
 from fleetops.sim import fleet
 
 pytestmark = [pytest.mark.root]
@@ -95,12 +94,14 @@ def test_a_stale_result_is_not_planned_and_every_unplanned_node_is_named(clean_f
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("900", 900.0), ("900s", 900.0), ("15m", 900.0), ("1h", 3600.0),
-                                               ("1.5h", 5400.0), ("2d", 172800.0)])
-def test_max_audit_age_takes_seconds_minutes_hours_days(text: str, seconds: float) -> None:
-    assert remediate.parse_age(text) == seconds
+                                               ("1.5h", 5400.0), ("2d", 172800.0), ("1w", 604800.0)])
+def test_max_audit_age_takes_the_duration_grammar(text: str, seconds: float) -> None:
+    assert parse_duration(text, flag="--max-audit-age") == seconds
 
 
-@pytest.mark.parametrize("text", ["", "15 minutes", "-5m", "0", "1w"])
-def test_a_bad_max_audit_age_is_a_usage_error_naming_the_flag(text: str) -> None:
-    with pytest.raises(UsageError, match="--max-audit-age"):
-        remediate.parse_age(text)
+@pytest.mark.parametrize("text", ["", "15 minutes", "-5m", "0"])
+def test_a_bad_max_audit_age_is_a_usage_error_naming_the_flag(tmp_path: Path, text: str) -> None:
+    proc = fleetops("remediate", "-i", str(tmp_path / "none.ini"), "--db", str(tmp_path / "h.db"),
+                    "--max-audit-age", text)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "--max-audit-age" in proc.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetops.common.errors import EXIT_CRIT
 from fleetops.gpu import sim
-from fleetops.ops.errors import EXIT_CRIT
 from fleetops.sim import fleet
 
 pytestmark = pytest.mark.root

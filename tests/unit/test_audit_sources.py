@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fleetops import baseline, checks, model
+from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.gpu import sim
 
@@ -32,38 +33,38 @@ def _served(node: model.Node, window_start: model.Node | None, age_s: float = 1.
     return node
 
 
-def _result(snap: model.Node, name: str = "inv-name") -> audit.NodeResult:
-    return audit.NodeResult(name, True, None, snap)
+def _result(snap: model.Node, name: str = "inv-name") -> verdict.NodeResult:
+    return verdict.NodeResult(name, True, None, snap)
 
 
 def _rates(found: list[model.Finding]) -> dict[tuple[str, str | None], str]:
-    return {(f.check, (f.gpu or {}).get("uuid")): f.severity for f in found if f.check in audit.RATE_CHECKS}
+    return {(f.check, (f.gpu or {}).get("uuid")): f.severity for f in found if f.check in verdict.RATE_CHECKS}
 
 
 def test_rate_checks_are_the_registry_checks_that_read_two_snapshots() -> None:
     two = {cid for cid, spec in checks.REGISTRY.items() if "two snapshots" in spec.reads}
-    assert audit.RATE_CHECKS == two
+    assert verdict.RATE_CHECKS == two
 
 
 def test_rate_thresholds_are_threshold_fields() -> None:
     fields = {f.name for f in dataclasses.fields(baseline.Thresholds)}
-    assert set(audit.RATE_THRESHOLDS) <= fields
-    assert {n for n in fields if "per_min" in n or "per_hour" in n} <= set(audit.RATE_THRESHOLDS)
+    assert set(verdict.RATE_THRESHOLDS) <= fields
+    assert {n for n in fields if "per_min" in n or "per_hour" in n} <= set(verdict.RATE_THRESHOLDS)
 
 
 def test_a_daemon_snapshot_brings_its_window_rate_with_no_previous_audit(sim_node: Callable[..., model.Node]) -> None:
     start, now = _pair(sim_node, "pcie-replay-storm@2", dt=40.0)
     nr = _result(_served(now, start))
-    found = audit.node_findings(nr, None, previous=None)
+    found = verdict.node_findings(nr, None, previous=None)
     uuid = now.gpus[2].uuid
     assert _rates(found) == {("pcie.replay_rate", uuid): "warn"}
     assert {f.node for f in found if f.check == "pcie.replay_rate"} == {"inv-name"}
-    assert (nr.source, nr.age_s, nr.rates) == (audit.SOURCE_DAEMON, 1.5, audit.RATES_DAEMON)
+    assert (nr.source, nr.age_s, nr.rates) == (verdict.SOURCE_DAEMON, 1.5, verdict.RATES_DAEMON)
     # the same snapshot, collected cold: only the total, as info
     cold = dataclasses.replace(now, daemon=None)
     nr_cold = _result(cold)
-    assert _rates(audit.node_findings(nr_cold, None, previous=None)) == {("pcie.replay_rate", uuid): "info"}
-    assert (nr_cold.source, nr_cold.age_s, nr_cold.rates) == (audit.SOURCE_COLLECT, 0.0, None)
+    assert _rates(verdict.node_findings(nr_cold, None, previous=None)) == {("pcie.replay_rate", uuid): "info"}
+    assert (nr_cold.source, nr_cold.age_s, nr_cold.rates) == (verdict.SOURCE_COLLECT, 0.0, None)
 
 
 def test_the_daemons_quiet_window_wins_over_an_old_audits_growth(sim_node: Callable[..., model.Node]) -> None:
@@ -73,7 +74,7 @@ def test_the_daemons_quiet_window_wins_over_an_old_audits_growth(sim_node: Calla
     window_start = dataclasses.replace(now, collected_at=now.collected_at - 50.0)
     nr = _result(_served(now, window_start))
     assert _rates(checks.run_node_checks(now, None, old)) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
-    assert _rates(audit.node_findings(nr, None, previous=old)) == {}
+    assert _rates(verdict.node_findings(nr, None, previous=old)) == {}
 
 
 def test_a_baseline_with_its_own_rate_threshold_keeps_the_audits_judgement(
@@ -82,20 +83,20 @@ def test_a_baseline_with_its_own_rate_threshold_keeps_the_audits_judgement(
     start, now = _pair(sim_node, "pcie-replay-storm@2", dt=40.0)
     served = _served(now, start)
     strict = baseline.from_mapping({"thresholds": {"pcie_replays_per_min": 10000}}, "strict.yml")
-    assert not audit.daemon_judges_rates(strict)
-    assert audit.daemon_judges_rates(baseline.from_mapping({"thresholds": {"xid_window_hours": 12}}, "x.yml"))
+    assert not verdict.daemon_judges_rates(strict)
+    assert verdict.daemon_judges_rates(baseline.from_mapping({"thresholds": {"xid_window_hours": 12}}, "x.yml"))
     # a daemon started with that same baseline judges as the audit would; one with another does not
     judged_strict = {"baseline": {"source": "strict.yml", "thresholds": dataclasses.asdict(strict.thresholds)}}
-    assert audit.daemon_judges_rates(strict, judged_strict)
-    assert not audit.daemon_judges_rates(None, judged_strict)
+    assert verdict.daemon_judges_rates(strict, judged_strict)
+    assert not verdict.daemon_judges_rates(None, judged_strict)
     nr = _result(served)
-    found = audit.node_findings(nr, strict, previous=None)
+    found = verdict.node_findings(nr, strict, previous=None)
     # the daemon's warn was judged at 31/min; under 10000/min and with no previous audit: the total only
     assert _rates(found) == {("pcie.replay_rate", now.gpus[2].uuid): "info"}
-    assert (nr.source, nr.rates) == (audit.SOURCE_DAEMON, None)
+    assert (nr.source, nr.rates) == (verdict.SOURCE_DAEMON, None)
     nr2 = _result(served)
-    audit.node_findings(nr2, strict, previous=start)
-    assert nr2.rates == audit.RATES_PREVIOUS
+    verdict.node_findings(nr2, strict, previous=start)
+    assert nr2.rates == verdict.RATES_PREVIOUS
 
 
 def test_a_daemon_just_started_leaves_the_rate_to_the_previous_audit(sim_node: Callable[..., model.Node]) -> None:
@@ -103,11 +104,11 @@ def test_a_daemon_just_started_leaves_the_rate_to_the_previous_audit(sim_node: C
     old, now = _pair(sim_node, "pcie-replay-storm@2", dt=3600.0)
     served = _served(now, None)  # no window: the daemon started 5 s before this snapshot
     nr = _result(served)
-    found = audit.node_findings(nr, None, previous=old)
+    found = verdict.node_findings(nr, None, previous=old)
     assert _rates(found) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
-    assert (nr.source, nr.rates) == (audit.SOURCE_DAEMON, audit.RATES_PREVIOUS)
+    assert (nr.source, nr.rates) == (verdict.SOURCE_DAEMON, verdict.RATES_PREVIOUS)
     nr_alone = _result(served)
-    assert _rates(audit.node_findings(nr_alone, None, previous=None)) == {("pcie.replay_rate", now.gpus[2].uuid): "info"}
+    assert _rates(verdict.node_findings(nr_alone, None, previous=None)) == {("pcie.replay_rate", now.gpus[2].uuid): "info"}
     assert nr_alone.rates is None
 
 
@@ -123,13 +124,13 @@ def test_a_daemon_whose_rate_base_is_too_recent_leaves_the_rate_to_the_previous_
     assert served.daemon is not None
     served.daemon.update(started_at=now.collected_at - 60.0, rate_since=base.collected_at)
     nr = _result(served)
-    assert _rates(audit.node_findings(nr, None, previous=old)) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
-    assert nr.rates == audit.RATES_PREVIOUS
+    assert _rates(verdict.node_findings(nr, None, previous=old)) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
+    assert nr.rates == verdict.RATES_PREVIOUS
     # a daemon that does not report its base is judged by its start time: 60 s is a window
     del served.daemon["rate_since"]
     nr_old = _result(served)
-    audit.node_findings(nr_old, None, previous=old)
-    assert nr_old.rates == audit.RATES_DAEMON
+    verdict.node_findings(nr_old, None, previous=old)
+    assert nr_old.rates == verdict.RATES_DAEMON
 
 
 @pytest.mark.parametrize("bad", [{"check": "pcie.replay_rate", "severity": "bogus", "node": "x", "message": ""},
@@ -141,7 +142,7 @@ def test_a_daemon_finding_this_controller_cannot_rank_is_left_out(
     served = _served(now, start)
     assert served.daemon is not None
     served.daemon["findings"] = [bad, *served.daemon["findings"]]
-    found = audit.node_findings(_result(served), None, None)
+    found = verdict.node_findings(_result(served), None, None)
     assert _rates(found) == {("pcie.replay_rate", now.gpus[2].uuid): "warn"}
 
 

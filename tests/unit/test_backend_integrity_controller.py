@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from fleetops import cli
+from fleetops.common import selectors
 from fleetops.fleet import inventory
 from fleetops.fleet.transport import Result
 from fleetops.gpu import sim
-from fleetops.ops import reset, results, selectors
+from fleetops.ops import reset, results
 from fleetops.remedy import cli as remedy_cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -355,13 +355,14 @@ def test_the_exposition_and_the_json_report_print_every_digit_of_a_huge_counter(
 
 
 def test_the_audit_textfile_prints_a_counter_whole_not_in_six_significant_digits() -> None:
+    from fleetops.checks import verdict
     from fleetops.fleet import audit
     from fleetops.report import prometheus
 
     gpu = model.Gpu(index=0, uuid="GPU-0", bus_id="0000:18:00.0", ecc_corrected_volatile=PAST_2_53,
                     pcie_replay_counter=1_234_567, power_draw_w=77.4, pcie_width_current=16)
     node = model.Node(hostname="n1", backend="sim", collected_at=T0, gpus=[gpu])
-    result = audit.AuditResult(started_at=T0, duration_s=0.1, nodes=[audit.NodeResult("n1", True, None, node)],
+    result = audit.AuditResult(started_at=T0, duration_s=0.1, nodes=[verdict.NodeResult("n1", True, None, node)],
                                findings=[])
     lines = prometheus.render(result, 0).splitlines()
 

@@ -13,8 +13,8 @@ import fake_scontrol
 import pytest
 
 from fleetops import cli
+from fleetops.common.errors import EXIT_OK, EXIT_USAGE, EXIT_WARN
 from fleetops.ops import slurm
-from fleetops.ops.errors import EXIT_OK, EXIT_USAGE, EXIT_WARN
 
 HEALTH = "[fleetops] health/20261206T031207Z-7c1e-gpu03: memory.ecc_dbe_volatile on GPU-5d3e 0000:18:00.0"
 RUN = slurm.operator_run()

@@ -14,9 +14,9 @@ import fake_scontrol
 import pytest
 
 from fleetops import cli
+from fleetops.common.errors import EXIT_OK, EXIT_WARN
 from fleetops.fleet.store import Store
 from fleetops.ops import drain_log, slurm
-from fleetops.ops.errors import EXIT_OK, EXIT_WARN
 from fleetops.ops.results import ActionResult
 
 HEALTH = "[fleetops] health/20261206T031207Z-7c1e-gpu03: memory.ecc_dbe_volatile on GPU-5d3e 0000:18:00.0"

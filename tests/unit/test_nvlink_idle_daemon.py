@@ -18,6 +18,7 @@ from test_agent_serve import _ask, _until
 
 from fleetops.agent.serve import nvml_backend
 from fleetops.agent.serve.ring import LINK_FIELDS
+from fleetops.gpu import nvml as gpu_nvml
 from fleetops.gpu import sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
@@ -41,10 +42,10 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any,
     sys.modules; the real one comes back afterwards)."""
     control = tmp_path / "control.json"
     monkeypatch.setenv("FAKE_NVML_CONTROL", str(control))
-    monkeypatch.setenv(nvml_backend.NVML_MODULE_ENV, "fake_nvml")
+    monkeypatch.setenv(gpu_nvml.NVML_MODULE_ENV, "fake_nvml")
     saved = sys.modules.get("pynvml")
     try:
-        module = nvml_backend.load_module()
+        module = gpu_nvml.load_module()
         module.fresh()
         yield module, control
     finally:
@@ -127,10 +128,25 @@ def test_daemon_finds_the_idle_link_of_a_gpu_whose_other_links_carry_a_job(tmp_p
     try:
         _until("the daemon's first snapshot", lambda: (_ask(state, "snapshot") or {}).get("daemon"), 60)
         assert sim.inject(str(state), "nvlink-idle", 2)
-        time.sleep(20)
-        assert _findings(state, "nvlink.idle_link") == []  # the window is not over yet: no verdict
-        [f] = _until("nvlink.idle_link among the daemon's findings",
-                     lambda: _findings(state, "nvlink.idle_link"), 150)
+        injected_by = time.time()
+        # every full snapshot read until the verdict: (seconds of the daemon's own history at
+        # its collect, collected with the job running, its idle-link findings)
+        seen: list[tuple[float, bool, list[dict[str, Any]]]] = []
+
+        def verdict() -> list[dict[str, Any]]:
+            doc = _ask(state, "snapshot") or {}
+            daemon = doc.get("daemon")
+            if not daemon or not doc.get("gpus"):
+                return []
+            found = [f for f in daemon["findings"] if f["check"] == "nvlink.idle_link"]
+            seen.append((doc["collected_at"] - daemon["started_at"], doc["collected_at"] > injected_by, found))
+            return found
+
+        [f] = _until("nvlink.idle_link among the daemon's findings", verdict, 150)
+        # no verdict before the daemon holds a 60 s window of its own history...
+        assert [span for span, _, found in seen if found and span < 60] == []
+        # ...though it had the job in view earlier: snapshots with the job running and no verdict
+        assert [span for span, job, found in seen if job and not found and span < 60] != []
         assert f["severity"] == "warn" and f["gpu"]["uuid"] == uuid
         assert list(f["observed"]["links"]) == ["5"] and f["observed"]["window_s"] >= 60
         assert f["observed"]["links"]["5"]["moved_kib"] == 0

@@ -17,8 +17,9 @@ import fake_nvml
 import polling
 import pytest
 
-from fleetops.agent.serve import client, exposition, nvml_backend
+from fleetops.agent.serve import client, exposition
 from fleetops.agent.serve.nvml_backend import NvmlBackend
+from fleetops.gpu import nvml as gpu_nvml
 
 BUS = ["0000:18:00.0", "0000:19:00.0"]  # the fake's two GPUs
 
@@ -32,7 +33,7 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = tmp_path / "control.json"
     path.write_text(json.dumps({"mode": "ok", "temp": 40}))
     monkeypatch.setenv("FAKE_NVML_CONTROL", str(path))
-    monkeypatch.setenv(nvml_backend.NVML_MODULE_ENV, "fake_nvml")
+    monkeypatch.setenv(gpu_nvml.NVML_MODULE_ENV, "fake_nvml")
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # put back after the test
     fake_nvml.fresh()
     yield path

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from fleetops import model
-from fleetops.fleet import audit
+from fleetops.fleet import answers, audit
 from fleetops.fleet.transport import Result
 from fleetops.gpu import sim
-from fleetops.ops import answers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from fleetops.catalog import actions
+from fleetops.common import selectors
 from fleetops.fleet import inventory
 from fleetops.fleet.transport import Result
 from fleetops.gpu import sim
-from fleetops.ops import reset, results, selectors
+from fleetops.ops import reset, results
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleetops.agent.collect import collect
+from fleetops.common import selectors
 from fleetops.gpu import sim
-from fleetops.ops import selectors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ def test_a_lost_gpu_resolves_at_its_index_marked_unenumerated_so_the_agent_can_s
 
 def test_the_selector_module_imports_nothing_heavy() -> None:
     code = (
-        "import sys; import fleetops.ops.selectors, fleetops.ops.answers; "
+        "import sys; import fleetops.common.selectors, fleetops.fleet.answers; "
         "bad = [m for m in ('paramiko', 'textual', 'rich', 'ansible', 'yaml') if m in sys.modules]; "
         "print(','.join(bad))"
     )

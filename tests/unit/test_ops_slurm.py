@@ -10,9 +10,9 @@ import fake_scontrol
 import pytest
 
 from fleetops.catalog import slurm as rule
+from fleetops.common.errors import UsageError
 from fleetops.fleet.inventory import Host
 from fleetops.ops import results, slurm
-from fleetops.ops.errors import UsageError
 
 ALICE = "[fleetops] operator/alice@ctl01: GPU 3 hangs, ticket 4411"
 HEALTH = "[fleetops] health/20261206T031207Z-7c1e-gpu01: memory.ecc_dbe_volatile on GPU-5d3e 0000:18:00.0"

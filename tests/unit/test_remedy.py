@@ -15,6 +15,7 @@ import pytest
 
 from fleetops import checks, cli, model
 from fleetops.agent.collect import collect
+from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.fleet.store import Store
 from fleetops.fleet.transport import Result
@@ -222,11 +223,11 @@ def _record_audit(db, states):
     nodes, found = [], []
     for name, path in states.items():
         snap = collect("sim", str(path))
-        nodes.append(audit.NodeResult(name, True, None, snap, 0.1))
+        nodes.append(verdict.NodeResult(name, True, None, snap, 0.1))
         found += checks.run_node_checks(snap)
     result = audit.AuditResult(started_at=time.time(), duration_s=0.1, nodes=nodes, findings=found)
     with Store(str(db)) as store:
-        return store.record(result, audit.exit_code(found))
+        return store.record(result, verdict.exit_code(found))
 
 
 def test_remediate_plans_from_the_latest_audit_and_yes_carries_out_the_resets(two_nodes, tmp_path, capsys):
@@ -456,7 +457,7 @@ def test_expect_pids_takes_node_gpu_and_pids(value, parsed):
 
 @pytest.mark.parametrize("value", ["node001=4242", "node001:3", "node001:3=abc", ":3=1", "node001:MIG-x=1"])
 def test_a_malformed_expect_pids_is_a_usage_error(value):
-    from fleetops.ops.errors import UsageError
+    from fleetops.common.errors import UsageError
 
     with pytest.raises(UsageError, match="--expect-pids"):
         remedy_cli.parse_expect_pids([value])

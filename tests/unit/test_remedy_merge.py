@@ -12,6 +12,7 @@ import pytest
 
 from fleetops import checks, cli, model
 from fleetops.agent.collect import collect
+from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.fleet.store import Store
 from fleetops.gpu import sim
@@ -31,7 +32,7 @@ def record(db, started_at, nodes):
     results, found = [], []
     for name, faults in nodes.items():
         if faults == "timeout":
-            results.append(audit.NodeResult(name, False, "timed out", None, 30.0))
+            results.append(verdict.NodeResult(name, False, "timed out", None, 30.0))
             found.append(
                 model.Finding(
                     check="transport.timeout",
@@ -46,11 +47,11 @@ def record(db, started_at, nodes):
         path = db.parent / f"{name}-{started_at}.json"
         sim.init_state(str(path), name, {"faults": faults})
         snap = collect("sim", str(path))
-        results.append(audit.NodeResult(name, True, None, snap, 0.1))
+        results.append(verdict.NodeResult(name, True, None, snap, 0.1))
         found += checks.run_node_checks(snap)
     result = audit.AuditResult(started_at=started_at, duration_s=1.0, nodes=results, findings=found)
     with Store(str(db)) as store:
-        return store.record(result, audit.exit_code(found))
+        return store.record(result, verdict.exit_code(found))
 
 
 @pytest.fixture

@@ -358,8 +358,8 @@ def test_bad_ssh_config_is_a_local_error_per_host(tmp_path: Path) -> None:
 def test_ssh_config_option_is_applied_once_and_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     import argparse
 
+    from fleetops.common.errors import UsageError
     from fleetops.fleet import sshopts
-    from fleetops.ops.errors import UsageError
 
     p = argparse.ArgumentParser()
     sshopts.add_ssh_config(p)

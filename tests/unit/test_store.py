@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from fleetops import checks, model
-from fleetops.fleet.audit import AuditResult, NodeResult
-from fleetops.fleet.store import LAYOUT_VERSION, Store, StoreError, parse_keep
+from fleetops.catalog.durations import DurationError, parse_retention
+from fleetops.checks.verdict import NodeResult
+from fleetops.fleet.audit import AuditResult
+from fleetops.fleet.store import LAYOUT_VERSION, Store, StoreError
 from fleetops.gpu import sim
 
 # The first release's layout, as that release created it.
@@ -153,11 +155,11 @@ def test_a_database_from_a_newer_release_is_refused_with_its_path(tmp_path) -> N
 @pytest.mark.parametrize(
     ("text", "seconds"), [("30d", 30 * 86400.0), ("12h", 43200.0), ("2w", 14 * 86400.0), ("forever", None), ("0", None)]
 )
-def test_parse_keep(text: str, seconds: float | None) -> None:
-    assert parse_keep(text) == seconds
+def test_keep_reads_the_duration_grammar_or_forever(text: str, seconds: float | None) -> None:
+    assert parse_retention(text, flag="--keep", unit_required=True) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "30", "-1d", "3y", "d"])
-def test_parse_keep_rejects_what_it_cannot_read(text: str) -> None:
-    with pytest.raises(StoreError, match="--keep"):
-        parse_keep(text)
+def test_keep_rejects_what_it_cannot_read(text: str) -> None:
+    with pytest.raises(DurationError, match="--keep"):
+        parse_retention(text, flag="--keep", unit_required=True)

@@ -108,7 +108,7 @@ class Options:
 
 def parse_selector(selector: str) -> tuple[str | None, str | None]:
     """(uuid, bus_id) from ``--gpu`` by the one selector rule; an index is a usage error."""
-    from fleetops.ops import selectors
+    from fleetops.common import selectors
 
     try:
         sel = selectors.parse_identity(selector)

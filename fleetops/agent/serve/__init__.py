@@ -156,7 +156,8 @@ def run(args: Any) -> int:
     import signal
     import threading
 
-    from fleetops.agent.serve.node import NodeService, SimBackend, notify
+    from fleetops.agent.serve.node import NodeService, SimBackend
+    from fleetops.agent.serve.sdnotify import notify
 
     services: list[NodeService] = []
     try:

@@ -103,7 +103,7 @@ def watchdog(services: list[NodeService]) -> None:
     """Every node's ``check_hang`` at least every second (a quarter of the shortest hang
     timeout when that is less); systemd's watchdog is pinged while a node has no backend call
     hung past its ``hang_s``. Degraded and quiesced nodes keep it pinged (``check_hang``)."""
-    from fleetops.agent.serve.node import notify
+    from fleetops.agent.serve.sdnotify import notify
 
     pause = threading.Event()
     while _running(services):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import threading
 import time
 from collections import deque
@@ -628,16 +627,3 @@ class NodeService:
         out["daemon"] = daemon
         return json.dumps(out, separators=(",", ":"))
 
-
-def notify(message: str) -> None:
-    """sd_notify without a library: one datagram to $NOTIFY_SOCKET when systemd set it."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return
-    if path.startswith("@"):
-        path = "\0" + path[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(message.encode(), path)
-    except OSError:
-        pass

@@ -22,16 +22,13 @@ registration missed, and on a new set of handles after a re-init. Failing repeat
 (``events_status``), never silent. Each event's GPU is the bus id its handle was registered
 with, so a GPU that fell off the bus (every query answers ``GpuIsLost``) keeps its bus id.
 
-Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml`` (it is also
-put in ``sys.modules['pynvml']`` so the full snapshot's ``fleetops.gpu.nvml`` uses it).
+Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml``
+(``fleetops.gpu.nvml.load_module``: the GPU layer owns the NVML module, the daemon asks it).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +36,6 @@ from typing import Any
 
 from fleetops.agent.serve.ring import INTEGER_FIELDS, Value
 
-NVML_MODULE_ENV = "FLEETOPS_AGENT_NVML_MODULE"
 REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
 EVENTS_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # before each new registration after a failure
 EVENTS_REPORT_AFTER = 3  # failed registrations in a row before the events path is reported down
@@ -62,17 +58,6 @@ LINK_LIGHT_FIELDS = (
 )
 
 
-def load_module() -> Any:
-    name = os.environ.get(NVML_MODULE_ENV)
-    if name:
-        module = importlib.import_module(name)
-        sys.modules["pynvml"] = module
-        return module
-    import pynvml
-
-    return pynvml
-
-
 def _reason(N: Any, exc: BaseException) -> str:
     from fleetops.gpu.nvml import reason_of
 
@@ -83,6 +68,8 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, state_path: str | None = None) -> None:
+        from fleetops.gpu.nvml import load_module
+
         self.N = load_module()
         self.initialised = False
         self.handles: list[tuple[str, str, Any]] = []  # (uuid, bus id, handle)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetops import model
-from fleetops.ops.errors import UsageError
+from fleetops.common.errors import UsageError
 
 UUID = "uuid"
 BUS_ID = "bus_id"
