@@ -175,6 +175,9 @@ def cmd_history(args: argparse.Namespace) -> int:
                 )
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
             return 0
+        if not rows and args.node and not store.node_history(args.node, limit=1):
+            # a node no audit has ever seen is a typo or the wrong database, not a quiet history
+            raise UsageError(f"{args.node}: in no audit recorded in {store.path} (check the name, or --db)")
         if not rows:
             print("no audits recorded" + (f" for {args.node}" if args.node else "") + f" in {store.path}")
             return 0
