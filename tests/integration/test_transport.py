@@ -89,28 +89,28 @@ def test_agent_missing_from_path_is_command_not_found(clean_fleet):
 def test_host_down_is_unreachable_and_host_hang_times_out_without_stalling_others(clean_fleet):
     fleet.inject(clean_fleet.directory, "node005", "host-down")
     fleet.inject(clean_fleet.directory, "node006", "host-hang")
-    finished: list[tuple[str, float]] = []
-    start = time.monotonic()
+    finished: dict[str, float] = {}  # host -> monotonic time its result was delivered
     results = transport.run_all(
         clean_fleet.hosts,
         COLLECT,
         connect_timeout=3.0,
-        on_result=lambda r: finished.append((r.host, time.monotonic() - start)),
+        on_result=lambda r: finished.setdefault(r.host, time.monotonic()),
     )
-    total = time.monotonic() - start
     down, hung = results["node005"], results["node006"]
-    assert down.error_kind == "unreachable" and "refused" in down.error
-    assert down.elapsed_s < hung.elapsed_s  # a refusal is final at once: it never waits out the timeout
+    assert down.error_kind == "unreachable" and "refused" in down.error  # final at once: not a timeout
     assert hung.error_kind == "timeout" and not hung.ok and "3s" in hung.error
-    assert hung.elapsed_s >= 2.5, hung  # it did wait for connect_timeout (3 s)...
-    # ...and no more than a bound a loaded machine meets (ten times it); without the timeout the
-    # hung host would hold run_all for ever.
-    assert hung.elapsed_s < 30 and total < 30, (hung, total)
+    assert hung.elapsed_s >= 2.5, hung  # it did wait for connect_timeout (3 s)
     for name in ("node001", "node002", "node003", "node004"):
         assert results[name].ok, results[name]
-        assert results[name].elapsed_s < hung.elapsed_s  # not held up by the hung one
-    assert finished[-1][0] == "node006"
-    assert sorted(n for n, _ in finished) == sorted(results)
+    assert sorted(finished) == sorted(results)
+    # Not held up by the hung one: every other host's run overlapped the hung host's wait (each
+    # span ends when its result was delivered and began elapsed_s before). Run one after the
+    # other, one would end before the other began, however fast or slow the machine.
+    spans = {name: (finished[name] - results[name].elapsed_s, finished[name]) for name in results}
+    hung_start, hung_end = spans["node006"]
+    for name in ("node001", "node002", "node003", "node004", "node005"):
+        start, end = spans[name]
+        assert start < hung_end and hung_start < end, (name, spans)
 
 
 def test_on_result_errors_surface_after_all_hosts(clean_fleet):
