@@ -152,7 +152,8 @@ def test_command_timeout(clean_fleet):
     host = clean_fleet.hosts[0]
     start = time.monotonic()
     res = transport.run_all([host], ["sh", "-c", "echo started; sleep 30"], command_timeout=1.0)[host.name]
-    assert time.monotonic() - start < 15  # the command alone sleeps 30 s
+    # the command alone sleeps 30 s: back sooner means it was cut, however loaded the machine
+    assert time.monotonic() - start < 30
     assert res.error_kind == "timeout" and "1s" in res.error
     assert res.stdout == "started\n"  # what came before the timeout is kept
 

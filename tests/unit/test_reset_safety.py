@@ -19,7 +19,6 @@ from fleetops import model
 from fleetops.agent import hostinfo, reset
 from fleetops.agent import lock as node_lock
 from fleetops.agent.reset import backends
-from fleetops.catalog import actions
 from fleetops.gpu import sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
@@ -270,7 +269,9 @@ def test_the_reset_report_says_its_kind_and_its_budget(state):
     _, doc = run_reset(state, "--gpu", uuid_of(state, 0), "--dry-run", "--grace", "2", "--reset-timeout", "30",
                        "--clients", "a,b")
     assert doc["kind"] == "fleetops.reset/v1"
-    assert doc["budget_s"] == actions.reset_budget_s(2.0, 30.0, ["a", "b"])
+    # processes: 2 s grace + 5 s after SIGKILL; 2 clients stopped and started at 60 s each;
+    # reset 30 s and the verify's wait 30 s; 15 s of snapshots
+    assert doc["budget_s"] == 2.0 + 5.0 + 2 * 60.0 + 30.0 + 2 * 60.0 + 30.0 + 15.0 == 322.0
     _, other = run_reset(state, "--gpu", uuid_of(state, 0), "--dry-run", "--grace", "20", "--reset-timeout", "30",
                          "--clients", "a,b")
     assert other["budget_s"] == doc["budget_s"] + 18.0  # the grace is part of the worst case
@@ -325,8 +326,8 @@ def test_a_signal_during_the_reset_restarts_the_clients_frees_the_lock_and_is_jo
     try:
         record = _wait_for_phase(lock_of(state), "reset", child)
         # the deadline was moved to the worst case of what is left of the reset
-        assert record["deadline"] - record["heartbeat_at"] == pytest.approx(
-            actions.reset_remaining_s("reset", 1.0, 30.0, list(actions.DEFAULT_CLIENTS)))
+        # (reset 30 s, 3 default clients started at 60 s each, the verify's 30 s, 15 s of snapshots)
+        assert record["deadline"] - record["heartbeat_at"] == pytest.approx(30.0 + 3 * 60.0 + 30.0 + 15.0)
         services = sim.read_state(str(state))["node"]["services"]
         assert services["nvidia-persistenced"] == "inactive" and services["nvidia-dcgm"] == "inactive"
         child.send_signal(sig)
@@ -400,8 +401,9 @@ def test_mig_reset_holds_the_lock_with_its_own_budget_and_a_phase_per_gpu(state,
     assert code == 0 and doc["kind"] == "fleetops.mig/v1" and doc["result"] == "recreated"
     uuids = [uuid_of(state, 0), uuid_of(state, 1)]
     assert [r["phase"] for r in seen] == [f"recreate {u}" for u in uuids]
+    # what is left: 3 nvidia-smi calls of 120 s per GPU still to recreate, and 15 s of snapshots
     assert [r["deadline"] - r["heartbeat_at"] for r in seen] == pytest.approx(
-        [actions.mig_budget_s(2), actions.mig_budget_s(1)])
+        [2 * 3 * 120.0 + 15.0, 1 * 3 * 120.0 + 15.0])
     assert not lock_of(state).exists()
 
 
