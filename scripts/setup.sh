@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+# the SSH tier's become tests run the agent through sudo from a throwaway login
+command -v sudo >/dev/null 2>&1 || need+=(sudo)
 if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
   command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
@@ -13,8 +15,6 @@ if [ "${FLEETOPS_SETUP_FULL:-0}" = 1 ]; then
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
   command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
-  # the SSH tests run the agent through sudo (become) from a throwaway login
-  command -v sudo >/dev/null 2>&1 || need+=(sudo)
   # promtool checks the Prometheus exposition and alert rules; the server runs the scrape test
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 fi
