@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -202,18 +203,17 @@ def test_host_down_and_host_hang_are_reported_within_the_timeout(simfleet):
     fleet.inject(simfleet, "node001", "host-down")
     fleet.inject(simfleet, "node002", "host-hang")
     try:
-        t0 = time.monotonic()
         rc, doc, _ = audit(simfleet, "--baseline", BASELINE)
-        elapsed = time.monotonic() - t0
     finally:
         fleet.clear(simfleet, "node001", "host-down")
         fleet.clear(simfleet, "node002", "host-hang")
-    # Without the --timeout the hung host would hold the audit until subprocess.run gives up
-    # (120 s); ten times the 10 s timeout is a bound a loaded machine meets.
-    assert elapsed < 100, f"audit took {elapsed:.1f} s with one host hung"
+    # The audit came back (without its timeouts the hung host would hold it until the test's
+    # subprocess.run gives up) and says which timeout cut the hung host off, with its figure.
     by_node = {n["name"]: n for n in doc["nodes"]}
     assert not by_node["node001"]["reachable"] and "unreachable" in by_node["node001"]["error"]
     assert not by_node["node002"]["reachable"] and "timeout" in by_node["node002"]["error"]
+    assert re.fullmatch(r"timeout: 127\.[0-9.]+:[0-9]+: no SSH banner/handshake within 2s "
+                        r"\(host accepts TCP but does not answer\)", by_node["node002"]["error"])
     assert all(by_node[f"node00{i}"]["snapshot"] for i in range(3, NODES + 1))
     unknown = {f["node"]: f for f in doc["findings"] if f["severity"] == "unknown"}
     assert set(unknown) == {"node001", "node002"}
