@@ -1,5 +1,5 @@
-"""Reading the agent's answers by their JSON: real agent subprocesses (the simulator backend)
-and the transport's result type, never hand-made wording."""
+"""``fleetops.fleet.answers``: reading the agent's answers by their JSON, with real agent
+subprocesses (the simulator backend) and the transport's result type, never hand-made wording."""
 
 from __future__ import annotations
 
