@@ -147,6 +147,10 @@ def test_reorder_and_removal_keep_the_cursor_on_its_row() -> None:
 def test_changed_cells_are_lit_then_fade_and_clock_cells_are_not_lit() -> None:
     async def body(app: TableApp, tbl: FleetTable, pilot: Any) -> None:
         tbl.apply(make_rows(1000))
+        unlit = [s for s in tbl.render_line(1 + 3) if "OK" in s.text]
+        assert unlit and unlit[0].style is not None and unlit[0].style.bgcolor is not None
+        row_bg = unlit[0].style.bgcolor  # the HEALTH cell's background before anything lit it
+        assert row_bg.name != "#4d4d00"
         changed = tbl.apply(make_rows(1000, {3: "CRIT", 998: "CRIT"}, seen="2s"))
         assert changed == 2 * 2 + 998  # HEALTH of two rows (text and style), SEEN of all
         assert tbl.lit_cells == {("n0003", "health"), ("n0998", "health")}
@@ -162,6 +166,9 @@ def test_changed_cells_are_lit_then_fade_and_clock_cells_are_not_lit() -> None:
         tbl.fade()
         assert tbl.lit_cells == set()
         segs = [s for s in tbl.render_line(1 + 3) if "CRIT" in s.text]
-        assert segs[0].style is not None and (segs[0].style.bgcolor is None or segs[0].style.bgcolor.name != "#4d4d00")
+        # faded: the row's own background again, as before it lit, with the severity's colour kept
+        assert segs and segs[0].style is not None
+        assert segs[0].style.bgcolor == row_bg
+        assert segs[0].style.color is not None and segs[0].style.color.name == "red" and segs[0].style.bold
 
     run(body)
