@@ -521,6 +521,8 @@ def test_mig_apply_on_a_lost_gpu_fails_as_nvml_does_and_changes_nothing(state: P
     proc, doc = apply(state, "--layout", LAYOUT, "--gpu", uuid_of(state, 1))
     assert proc.returncode != 0, proc.stdout
     said = json.dumps(doc) + proc.stderr
-    assert "GPU is lost" in said or "GpuIsLost" in said, said
+    assert [(g["uuid"], g["result"]) for g in doc["gpus"]] == [(uuid_of(state, 1), "failed")], said
+    assert doc["result"] == "failed" and doc["gpus"][0]["detail"].endswith(
+        ": set MIG mode: GPU is lost (xid:79): NVML answers GPU_IS_LOST until the node is rebooted"), said
     assert instances(state, 1) == [] and not sim.read_state(str(state))["gpus"][1].get("mig_mode_current")
     assert sim.read_state(str(state))["faults"] == json.loads(before)["faults"]
