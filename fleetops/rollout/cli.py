@@ -9,6 +9,7 @@ without ``--yes``). Heavy imports (ansible-runner, rich) happen inside the funct
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -83,6 +84,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="Ansible inventory (file or folder); repeat for several",
     )
     p.add_argument("--limit", help="Ansible host pattern to narrow the run to")
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="baseline YAML for every host, as `fleetops audit --baseline` takes it (validated first; "
+        "default: each host's layered fleetops_baseline from the inventory)",
+    )
     p.add_argument(
         "--check", action="store_true", help="dry run: report what would change (with diffs), change nothing"
     )
@@ -304,6 +311,17 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
         "fleetops_max_drain_share": args.max_drain_share,
         **dict(args.extra_vars),
     }
+    if getattr(args, "baseline", None):
+        # the audit's --baseline: one file for every host, in place of the inventory's layers;
+        # a file the audit would refuse stops the run here, naming file and line
+        from fleetops import baseline as bl
+        from fleetops.fleet.inventory import BASELINE_VAR
+
+        try:
+            loaded = bl.load_file(args.baseline)
+        except bl.BaselineError as exc:
+            return _usage(str(exc))
+        extravars[BASELINE_VAR] = json.loads(json.dumps(dict(loaded.raw), default=str))
     # One id for the whole run: every drain it makes carries it in its Slurm Reason, and its
     # resumes lift only drains that carry it.
     run_id = str(extravars.setdefault("fleetops_run_id", new_run_id()))

@@ -188,3 +188,35 @@ def test_tracker_keeps_ignored_failures_out_of_the_errors() -> None:
     rows = {r["host"]: r for r in t.summary_rows()}
     assert rows["n1"]["status"] == "ok" and rows["n2"]["status"] == "unreachable"
     assert "Connection refused" in rows["n2"]["note"]
+
+
+def test_apply_baseline_is_the_audits_for_every_host_and_a_bad_one_stops_the_run(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    from fleetops.rollout import runner
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    n1: {}\n  vars:\n    fleetops_baseline: {power_limit_w: 700}\n")
+    good = tmp_path / "baseline.yml"
+    good.write_text("power_limit_w: 650\npersistence_mode: true\n")
+    seen: list[dict] = []
+
+    def fake_run(playbook, inventories, **kw):
+        seen.append(kw["extravars"])
+        raise runner.RolloutError("stopped here by the test")
+
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    args = _parser().parse_args(["apply", "power", "-i", str(inv), "--baseline", str(good), "--check"])
+    assert args.func(args) == cli.EXIT_USAGE  # the fake's stop, after the extra variables were made
+    (extra,) = seen
+    assert extra["fleetops_baseline"] == {"power_limit_w": 650, "persistence_mode": True}
+    assert "fleetops_baseline_layered" not in extra
+    capsys.readouterr()
+
+    bad = tmp_path / "bad.yml"
+    bad.write_text("persistence_mode: true\npower_limit_w: fast\n")
+    args = _parser().parse_args(["apply", "power", "-i", str(inv), "--baseline", str(bad), "--check"])
+    assert args.func(args) == cli.EXIT_USAGE
+    assert len(seen) == 1  # no run started
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "power_limit_w" in err
