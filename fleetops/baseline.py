@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from fleetops.catalog import gpus as _gpus
 from fleetops.catalog import mig as _mig_catalog
 from fleetops.catalog import migparted as _migparted
 from fleetops.catalog import xid as _xid
@@ -88,6 +89,8 @@ class SchemaKey:
     example: Any
     nullable: bool = True  # null = "not checked" (in the override given to merge(), it unsets the key)
     minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # minimum itself is refused (durations: > 0)
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None
     unit: str | None = None
@@ -110,16 +113,27 @@ class SchemaKey:
             "example": self.example,
             "nullable": self.nullable,
             "minimum": self.minimum,
+            "maximum": self.maximum,
+            "exclusive_minimum": self.exclusive_minimum,
             "choices": list(self.choices) if self.choices else None,
             "pattern": self.pattern,
             "unit": self.unit,
         }
 
 
-def _threshold(name: str, type_: str, default: Any, description: str, unit: str | None = None) -> SchemaKey:
+def _threshold(name: str, type_: str, default: Any, description: str, unit: str | None = None,
+               minimum: float = 0, maximum: float | None = None, exclusive_minimum: bool = False) -> SchemaKey:
     return SchemaKey(
-        f"thresholds.{name}", type_, default, description, example=default, nullable=False, minimum=0, unit=unit
+        f"thresholds.{name}", type_, default, description, example=default, nullable=False, minimum=minimum,
+        maximum=maximum, exclusive_minimum=exclusive_minimum, unit=unit,
     )
+
+
+# Ranges (see _threshold's callers and the keys below): counts of errors or events that raise a
+# finding start at 1 (0 would flag every GPU: "at or above 0"); durations and windows are above 0
+# (0 would judge nothing or hold nothing); temperatures are degrees C within a GPU's operating
+# range (slowdown near 90 C, HBM maximum near 95-105 C: a warning at 150 C never fires); power
+# limits within the physical range of data center boards (catalog.gpus).
 
 
 # Floor metrics a baseline may override: the ones floors.floors_for applies per model.
@@ -160,8 +174,9 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("gpu_models.*.inforom_image", T_STR, None, "InfoROM image version of this model's GPUs.",
               "G520.0282.02.02"),
     SchemaKey("gpu_models.*.power_limit_w", T_NUM, None,
-              "Power limit (W) this model's GPUs must be set to; overrides power_limit_w.", 700,
-              minimum=1, unit="W"),
+              "Power limit (W) this model's GPUs must be set to; overrides power_limit_w. At most "
+              "the model's own maximum (its TDP: 700 W for H100/H200 SXM, 350 W for H100 PCIe).", 700,
+              unit="W", minimum=_gpus.POWER_LIMIT_MIN_W, maximum=_gpus.POWER_LIMIT_MAX_W),
     SchemaKey("gpu_models.*.mig", T_MAP, None,
               "MIG state of this model's GPUs; its keys override the group's mig keys for them.",
               {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}),
@@ -172,7 +187,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "whose instances differ.", ["3g.71gb", "3g.71gb"]),
     SchemaKey("power_limit_w", T_NUM, None,
               "Power limit (W) for every GPU whose model has no power_limit_w of its own.", 700,
-              minimum=1, unit="W"),
+              unit="W", minimum=_gpus.POWER_LIMIT_MIN_W, maximum=_gpus.POWER_LIMIT_MAX_W),
     SchemaKey("persistence_mode", T_BOOL, None, "Persistence mode must be on (true) or off (false).", True),
     SchemaKey("ecc_mode", T_BOOL, None, "ECC must be enabled (true) or disabled (false).", True),
     SchemaKey("compute_mode", T_STR, None, "Compute mode every GPU must be in.", "Default",
@@ -193,14 +208,14 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("mig.config", T_STR, None, "The config of mig.config_file to use (a key of its mig-configs).",
               "all-3g.71gb"),
     SchemaKey("gpu_count", T_INT, None, "Number of GPUs the driver must enumerate on each node.", 8,
-              minimum=1),
+              minimum=1, maximum=16),
     SchemaKey("pcie", T_MAP, None, "Minimum PCIe link each GPU must train to.", {"gen": 5, "width": 16}),
     SchemaKey("pcie.gen", T_INT, None, "Minimum PCIe generation.", 5, choices=(1, 2, 3, 4, 5, 6)),
     SchemaKey("pcie.width", T_INT, None, "Minimum PCIe link width (lanes).", 16,
               choices=(1, 2, 4, 8, 16, 32)),
     SchemaKey("nvlinks_per_gpu", T_INT, None,
               "NVLinks each GPU must have up (18 on HGX H100/H200). 0 means no NVLink is expected. "
-              "When above 0, nvidia-fabricmanager joins the default services.", 18, minimum=0),
+              "When above 0, nvidia-fabricmanager joins the default services.", 18, minimum=0, maximum=18),
     SchemaKey("expected_topology", T_STR, None,
               "Link type every GPU pair must show in 'nvidia-smi topo -m' (NV<n>, SYS, NODE, PHB, "
               "PXB, PIX).", "NV18", pattern=r"^(NV[1-9][0-9]*|SYS|NODE|PHB|PXB|PIX)$"),
@@ -235,7 +250,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("xid_policy.*.escalate.count", T_INT, None, "Events that escalate (required).", 3,
               minimum=2, unit="events"),
     SchemaKey("xid_policy.*.escalate.within_s", T_NUM, None, "The span they must fall within (required).",
-              600, minimum=1, unit="s"),
+              600, minimum=1, maximum=7 * 86400, unit="s"),
     SchemaKey("xid_policy.*.escalate.severity", T_STR, None, "Severity once escalated (default crit).",
               "crit", choices=_xid.SEVERITIES),
     SchemaKey("xid_policy.*.escalate.action", T_STR, None,
@@ -279,7 +294,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
               choices=("quick", "full")),
     SchemaKey("validation.max_age_days", T_NUM, None,
               "Age (days) after which a validation no longer counts. Absent: the result's own "
-              "expiry (7 days for quick, 30 for full).", 7, minimum=0.001, unit="d"),
+              "expiry (7 days for quick, 30 for full).", 7, minimum=0.001, maximum=366, unit="d"),
     SchemaKey("validation.floors", T_MAP_OF, None,
               "Per GPU model (the name NVML reports, or a shipped floor model such as 'H200 SXM'): "
               "figures below which a GPU fails, replacing the shipped floors metric by metric. "
@@ -291,22 +306,22 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
-               "Volatile uncorrectable (double-bit) ECC errors at or above which a GPU is critical."),
+               "Volatile uncorrectable (double-bit) ECC errors at or above which a GPU is critical.", minimum=1),
     _threshold("ecc_sbe_volatile_warn", T_INT, 10_000,
-               "Volatile corrected (single-bit) ECC errors at or above which a GPU is warned about."),
+               "Volatile corrected (single-bit) ECC errors at or above which a GPU is warned about.", minimum=1),
     _threshold("ecc_sbe_volatile_crit", T_INT, 50_000_000,
-               "Volatile corrected ECC errors at or above which a GPU is critical (GCM's limit)."),
+               "Volatile corrected ECC errors at or above which a GPU is critical (GCM's limit).", minimum=1),
     _threshold("ecc_sbe_growth_per_hour_warn", T_NUM, 1000,
                "Corrected ECC errors per hour (between two snapshots) above which a GPU is warned about.",
                unit="errors/h"),
     _threshold("remapped_rows_uncorrectable_warn", T_INT, 512,
                "Rows remapped for uncorrectable errors at or above which a GPU is warned about "
-               "(DCGM's limit).", unit="rows"),
+               "(DCGM's limit).", unit="rows", minimum=1),
     _threshold("retired_pages_total_crit", T_INT, 63,
                "Retired pages (single- plus double-bit) at or above which a GPU is critical; "
-               "pre-Hopper GPUs only (Hopper remaps rows instead).", unit="pages"),
+               "pre-Hopper GPUs only (Hopper remaps rows instead).", unit="pages", minimum=1),
     _threshold("retired_pages_dbe_crit", T_INT, 16,
-               "Pages retired for double-bit errors at or above which a GPU is critical.", unit="pages"),
+               "Pages retired for double-bit errors at or above which a GPU is critical.", unit="pages", minimum=1),
     _threshold("pcie_replays_per_min", T_NUM, 31,
                "PCIe replays per minute above which a GPU is warned about, for a Gen5 x16 link "
                "(DCGM: a 1e-12 bit error rate). Scaled to the link's current generation and width "
@@ -326,7 +341,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
     _threshold("nvlink_idle_window_s", T_NUM, 60,
                "Shortest interval between two snapshots over which an NVLink that carries no traffic "
                "is judged (the daemon keeps about a minute of snapshots); closer snapshots judge "
-               "nothing.", unit="s"),
+               "nothing.", unit="s", exclusive_minimum=True),
     _threshold("nvlink_idle_max_kib", T_NUM, 1024,
                "Data (TX plus RX) an up NVLink may move over the window and still count as idle.",
                unit="KiB"),
@@ -336,24 +351,24 @@ SCHEMA: tuple[SchemaKey, ...] = (
                "a GPU whose links are all idle is an idle GPU.", unit="KiB"),
     _threshold("temp_slowdown_margin_c", T_NUM, 5,
                "Warn when the GPU temperature is within this many degrees of its slowdown "
-               "temperature (critical at or above it).", unit="C"),
+               "temperature (critical at or above it).", unit="C", maximum=50),
     _threshold("temp_memory_warn_c", T_NUM, 85,
                "HBM temperature at or above which a GPU is warned about (critical at the GPU's own "
-               "maximum memory temperature).", unit="C"),
+               "maximum memory temperature).", unit="C", minimum=30, maximum=120),
     _threshold("power_limit_tolerance_w", T_NUM, 1,
-               "Difference between set and desired power limit tolerated as rounding.", unit="W"),
+               "Difference between set and desired power limit tolerated as rounding.", unit="W", maximum=100),
     _threshold("xid_window_hours", T_NUM, 24,
-               "XIDs this recent (or new since the previous snapshot) are reported.", unit="h"),
+               "XIDs this recent (or new since the previous snapshot) are reported.", unit="h", exclusive_minimum=True),
     _threshold("xid_storm_count", T_INT, 10,
                "Events of one XID code on one GPU within the window at or above which it is a "
-               "storm (at least warn).", unit="events"),
+               "storm (at least warn).", unit="events", minimum=1),
     _threshold("xid_hold_hours", T_NUM, 168,
                "A reset_gpu XID holds until a reset of its GPU is recorded (fleetops-agent reset) or "
                "the node reboots; a reset made outside fleetops is not seen, so the hold ends after "
-               "this long.", unit="h"),
+               "this long.", unit="h", exclusive_minimum=True),
     _threshold("rate_min_interval_s", T_NUM, 10,
                "Shortest interval between two snapshots over which rates (PCIe replays, NVLink "
-               "errors, ECC growth) are computed; closer snapshots report totals only.", unit="s"),
+               "errors, ECC growth) are computed; closer snapshots report totals only.", unit="s", exclusive_minimum=True),
 )
 
 SCHEMA_BY_PATH: Mapping[str, SchemaKey] = MappingProxyType({k.path: k for k in SCHEMA})
@@ -386,6 +401,8 @@ def _json_key(key: SchemaKey) -> dict[str, Any]:
             out["propertyNames"] = {"pattern": "^[1-9][0-9]*$"}
         if "*" in children:
             out["additionalProperties"] = _json_key(children["*"])
+            if key.path == "gpu_models":  # the validator refuses a model fleetops does not know
+                out["propertyNames"] = {"enum": _gpus.names()}
         else:
             out["properties"] = {name: _json_key(child) for name, child in children.items()}
             out["additionalProperties"] = False
@@ -400,7 +417,9 @@ def _json_key(key: SchemaKey) -> dict[str, Any]:
         out["type"] = _JSON_TYPES[key.type]
     # any other type a key brings is described but not constrained here: the validator is the rule
     if key.minimum is not None:
-        out["minimum"] = key.minimum
+        out["exclusiveMinimum" if key.exclusive_minimum else "minimum"] = key.minimum
+    if key.maximum is not None:
+        out["maximum"] = key.maximum
     if key.choices is not None:
         out["enum"] = list(key.choices)
     if key.pattern is not None:
@@ -825,13 +844,58 @@ class _Validator:
                 if problem:
                     self.fail(shown, problem, line)
             return items
-        if spec.minimum is not None and value < spec.minimum:
-            self.fail(shown, f"must be at least {spec.minimum:g}, got {value:g}", line)
+        problem = _range_problem(spec, value)
+        if problem is None and schema_path == "gpu_models.*.power_limit_w":
+            problem = _model_power_problem(shown, value)
+        if problem:
+            self.fail(shown, problem, line)
         if spec.choices is not None and value not in spec.choices:
             self.fail(shown, f"must be one of {', '.join(map(str, spec.choices))}; got {value!r}", line)
         if spec.pattern is not None and not re.fullmatch(spec.pattern, value):
             self.fail(shown, f"{value!r} does not match {spec.pattern}", line)
         return value
+
+
+def _range_problem(spec: SchemaKey, value: Any) -> str | None:
+    """The key's range, stated whole (both ends, and its unit) whichever end is crossed."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    low, high = spec.minimum, spec.maximum
+    below = low is not None and (value <= low if spec.exclusive_minimum else value < low)
+    above = high is not None and value > high
+    if not (below or above):
+        return None
+    unit = f" {spec.unit}" if spec.unit else ""
+    if low is not None and high is not None:
+        bound = f"between {low:g} and {high:g}{unit}" if not spec.exclusive_minimum else \
+            f"above {low:g} and at most {high:g}{unit}"
+    elif low is not None:
+        bound = f"above {low:g}{unit}" if spec.exclusive_minimum else f"at least {low:g}{unit}"
+    else:
+        bound = f"at most {high:g}{unit}"
+    return f"must be {bound}, got {value:g}"
+
+
+def _model_power_problem(shown: str, value: float) -> str | None:
+    """A model's power limit above the board's maximum: NVML refuses to set it."""
+    m = re.match(r'gpu_models\["(.+?)"\]', shown)
+    known = _gpus.known(m.group(1)) if m else None
+    if known is None or value <= known.max_power_w:
+        return None
+    return f"must be at most {known.max_power_w:g} W, the maximum power limit of {known.name}; got {value:g}"
+
+
+def _gpu_model_problem(name: str) -> str | None:
+    """A ``gpu_models`` key must be a product name NVML reports for a model fleetops knows: any
+    other key matches no GPU, and the checks it pins (firmware, power limit, MIG layout) would
+    silently check nothing."""
+    if _gpus.known(name) is not None:
+        return None
+    known = _gpus.names()
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown GPU model {name!r}{hint}: it would match no GPU, and its firmware and power "
+            f"limit would not be checked; known models (the name NVML reports): {', '.join(known)}")
 
 
 def _floor_model_problem(name: str) -> str | None:
@@ -846,7 +910,10 @@ def _floor_model_problem(name: str) -> str | None:
 
 
 # Free-key mappings whose keys are checked: schema parent -> problem with a key, or None.
-_FREE_KEY_CHECKS: Mapping[str, Any] = MappingProxyType({"validation.floors": _floor_model_problem})
+_FREE_KEY_CHECKS: Mapping[str, Any] = MappingProxyType({
+    "validation.floors": _floor_model_problem,
+    "gpu_models": _gpu_model_problem,
+})
 
 
 def _template_hint(value: Any) -> str:

@@ -270,6 +270,20 @@ SPECS = (
         requires="gpu_models",
         applies=lambda n, b: b is not None and bool(b.gpu_models),
     ),
+    CheckSpec(
+        "versions.baseline_model", FAMILY, "Baseline GPU models present in the fleet",
+        reads="nvmlDeviceGetName of every GPU of the nodes audited against the baseline",
+        threshold="every key of gpu_models names the model of at least one GPU of those nodes, while a "
+        "node has GPUs of a model gpu_models does not list",
+        severities=("warn",),
+        action="Key gpu_models by the model name the node's GPUs report (nvidia-smi -L) so their firmware "
+        "and power limit are checked.",
+        not_a_fault="A baseline listing more models than these nodes have, with every GPU's model listed, "
+        "is a baseline shared by several groups: nothing goes unchecked, nothing is reported.",
+        scope="fleet", requires="gpu_models",
+        applies=lambda n, b: False,
+        fleet_applies=lambda b: b is not None and bool(b.gpu_models),
+    ),
 )
 
 
@@ -462,6 +476,8 @@ def run_fleet(nodes: list[model.Node], b: Baseline | None) -> list[model.Finding
             [Item(n.hostname, fabric_manager_version(n)) for n in nodes],
             f"Install the fleet's Fabric Manager version, held with the driver: {CMD_ROLLOUT_DRIVER}.",
         )
+    if b is not None and b.gpu_models:
+        out += _unmatched_models(nodes, b)
     for check, attr, what in (("versions.vbios", "vbios_version", "VBIOS"),
                               ("versions.inforom", "inforom_image", "InfoROM image")):
         for model_name, items in per_model_items(nodes, attr).items():
@@ -469,6 +485,34 @@ def run_fleet(nodes: list[model.Node], b: Baseline | None) -> list[model.Finding
             if spec is not None and getattr(spec, attr) is not None:
                 continue  # pinned: checked per node
             out += majority_drift(check, what, f"{model_name} GPUs", items, FIRMWARE_ACTION)
+    return out
+
+
+def _unmatched_models(nodes: list[model.Node], b: Baseline) -> list[model.Finding]:
+    """A gpu_models key no GPU of these nodes reports, while some GPU's model is not listed: the
+    pins meant for those GPUs check nothing (the key names another model than they report). A
+    warning on each node with unlisted GPUs, naming the key, where it was set and the models seen."""
+    seen = {g.name for n in nodes for g in n.gpus if g.name is not None}
+    dead = sorted(name for name in b.gpu_models if name not in seen)
+    if not dead:
+        return []
+    out: list[model.Finding] = []
+    for n in nodes:
+        unlisted = sorted({g.name for g in n.gpus if g.name is not None and g.name not in b.gpu_models})
+        if not unlisted:
+            continue
+        keys = []
+        for name in dead:
+            src, line = b.origin(f'gpu_models["{name}"]') or (b.source, None)
+            keys.append(f'gpu_models["{name}"] ({src}:{line})' if line is not None else f'gpu_models["{name}"] ({src})')
+        out.append(model.Finding(
+            check="versions.baseline_model", severity="warn", node=n.hostname,
+            observed=unlisted, expected=dead,
+            message=f"{', '.join(keys)} matches no GPU of the {len(nodes)} node(s) audited against this "
+            f"baseline, and {n.hostname}'s {', '.join(unlisted)} GPUs are not listed: their firmware and "
+            "model power limit are not checked",
+            action="Key gpu_models by the model name the node's GPUs report (nvidia-smi -L).",
+        ))
     return out
 
 

@@ -102,7 +102,7 @@ def test_unknown_metric_is_an_error_with_did_you_mean(tmp_path: Path) -> None:
          'validation.floors["NVIDIA H200"].hbm_triad_gbps', "expected a number, got string 'fast'"),
         ("validation:\n  require: nightly\n", 2, "validation.require", "must be one of quick, full; got 'nightly'"),
         ("validation:\n  max_age_days: \"7\"\n", 2, "validation.max_age_days", "expected a number, got string '7'"),
-        ("validation:\n  max_age_days: 0\n", 2, "validation.max_age_days", "must be at least 0.001, got 0"),
+        ("validation:\n  max_age_days: 0\n", 2, "validation.max_age_days", "must be between 0.001 and 366 d, got 0"),
         ("validation:\n  floors: [H200]\n", 2, "validation.floors", "expected a mapping, got a list"),
         ("validation:\n  requires: quick\n", 2, "validation.requires", "did you mean 'require'?"),
     ],
