@@ -70,4 +70,6 @@ def test_mixed_model_node_is_judged_per_model_and_fails_only_where_wrong(sim_fle
     fleet.inject("node003", "ecc-dbe", 2)
     crit, out = audit(fleet, fleetops_audit_fail_on="crit")
     assert crit.failed_hosts == ["node003"], out
-    assert "memory.ecc_dbe_volatile" in out or "uncorrectable ECC" in out
+    assert ("2 finding(s) at or above crit: GPU 2 (0000:3a:00.0): 2 uncorrectable ECC errors since the driver "
+            "loaded; its jobs may have read corrupted memory; GPU 2 (0000:3a:00.0): XID 48 Double-bit "
+            "(uncorrectable) ECC error x1") in out, out
