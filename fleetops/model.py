@@ -21,12 +21,26 @@ from typing import Any
 
 from fleetops.schema import SCHEMA_ID, SCHEMA_VERSION  # noqa: F401  (re-exported)
 
-FINDINGS_SCHEMA_ID = "fleetops.audit/v1"
+# v2: summary.worst and nodes[].health follow HEALTH_ORDER (``unreachable`` is new); nodes[]
+# carry health and worst_finding, findings action_code.
+FINDINGS_SCHEMA_ID = "fleetops.audit/v2"
 
 SEVERITIES = ("ok", "info", "unknown", "warn", "crit")
 # Order used to pick the "worst" of several severities. unknown ranks below warn: an
 # unreadable value must not outrank a real fault, but it does outrank ok.
 SEVERITY_RANK = {"ok": 0, "info": 1, "unknown": 2, "warn": 3, "crit": 4}
+
+# A node's health, best to worst: the ONE order behind the audit's exit code
+# (``checks.verdict.exit_code`` through ``common.errors.AUDIT_EXIT``), the Prometheus
+# ``fleetops_node_health`` value (the level's index here: 0 ok, 1 unknown, 2 warn, 3 crit,
+# 4 unreachable) and the audit JSON's ``summary.worst`` and ``nodes[].health``. The finding
+# severities keep SEVERITY_RANK's order (``info`` counts as ``ok`` here); ``unreachable`` is the
+# node no snapshot came from (a ``transport.*`` finding: down, hung, no agent, refused
+# credentials, unusable output). It ranks worst: nothing is known of that node, so no warning or
+# critical finding elsewhere may hide it, and the Prometheus values of the other levels stay.
+UNREACHABLE = "unreachable"
+HEALTH_ORDER = ("ok", "unknown", "warn", "crit", UNREACHABLE)
+HEALTH_RANK = {level: i for i, level in enumerate(HEALTH_ORDER)}
 
 
 class SchemaError(ValueError):
@@ -292,6 +306,22 @@ def worst(severities: typing.Iterable[str]) -> str:
         if SEVERITY_RANK.get(sev, 0) > SEVERITY_RANK[best]:
             best = sev
     return best
+
+
+def finding_health(finding: Finding) -> str:
+    """The health level (HEALTH_ORDER) one finding gives its node."""
+    if finding.check.startswith("transport."):
+        return UNREACHABLE
+    return "ok" if finding.severity == "info" else finding.severity
+
+
+def worst_health(levels: typing.Iterable[str]) -> str:
+    """The worst of several health levels (HEALTH_ORDER); ``ok`` for none."""
+    out = "ok"
+    for level in levels:
+        if HEALTH_RANK.get(level, 0) > HEALTH_RANK[out]:
+            out = level
+    return out
 
 
 def normalize_bus_id(bus_id: str) -> str:

@@ -55,15 +55,16 @@ class NodeResult:
 
 
 def exit_code(findings: list[model.Finding], fail_on: str = "warn") -> int:
-    """0 ok, 1 warn, 2 crit, 3 only unknowns; ``fail_on=crit`` lets warnings pass with 0."""
-    sevs = {f.severity for f in findings}
-    if "crit" in sevs:
-        return 2
-    if "warn" in sevs and fail_on == "warn":
-        return 1
-    if "unknown" in sevs:
-        return 3
-    return 0
+    """The exit code of the worst health level among ``findings`` (model.HEALTH_ORDER, mapped
+    by common.errors.AUDIT_EXIT): 0 ok, 1 warn, 2 crit, 3 an unreachable host (whatever else was
+    found) or nothing worse than unknowns. ``fail_on=crit`` lets warnings pass: they count as
+    nothing, so what remains decides."""
+    from fleetops.common.errors import AUDIT_EXIT
+
+    levels = [model.finding_health(f) for f in findings]
+    if fail_on == "crit":
+        levels = [level for level in levels if level != "warn"]
+    return AUDIT_EXIT[model.worst_health(levels)]
 
 
 def daemon_judges_rates(baseline: Any, daemon: dict[str, Any] | None = None) -> bool:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from fleetops import model
+
 # The exit codes of every ``fleetops`` command (documented in the README and docs/reference).
 EXIT_OK = 0
 EXIT_WARN = 1  # audit: warnings; actions: the action failed or was refused
 EXIT_CRIT = 2  # audit: critical findings; rollout: the run itself failed
-EXIT_UNKNOWN = 3  # audit: only unknowns (unreachable hosts)
+EXIT_UNKNOWN = 3  # audit: an unreachable host, or only unknowns
 EXIT_USAGE = 4  # usage or input error: nothing was done
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -14,9 +16,21 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_WARN: "warnings (audit) / the action failed or was refused",
     EXIT_CRIT: "critical findings (audit) / the run failed (rollout)",
-    EXIT_UNKNOWN: "only unknowns, e.g. unreachable hosts (audit)",
+    EXIT_UNKNOWN: "an unreachable host, or nothing worse than unknowns (audit)",
     EXIT_USAGE: "usage or input error; nothing was done",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+# The audit's exit code for the worst health level it found (model.HEALTH_ORDER, best to worst:
+# ok, unknown, warn, crit, unreachable). The codes are not in rank order (3 serves both unknown
+# and unreachable); which one wins is the order's: an unreachable host exits 3 whatever else the
+# audit found, a warning beats unknowns.
+AUDIT_EXIT: dict[str, int] = {
+    "ok": EXIT_OK,
+    "unknown": EXIT_UNKNOWN,
+    "warn": EXIT_WARN,
+    "crit": EXIT_CRIT,
+    model.UNREACHABLE: EXIT_UNKNOWN,
 }
 
 

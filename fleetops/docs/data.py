@@ -282,14 +282,16 @@ SXID_EXAMPLES = ("Fatal, Link 32 LTSSM Fault Up", "Non-fatal, Link 12 ingress bu
 
 
 def _plan_label(action: str) -> str:
+    from fleetops.catalog import remedies
     from fleetops.remedy import plan
 
-    return plan.LABEL[plan.FROM_XID_ACTION[action]]
+    return plan.LABEL[remedies.FROM_XID_ACTION[action]]
 
 
 def _planned(info: Any, sxid: bool = False) -> str:
     """What ``fleetops remediate`` plans for an ``xid.recent`` finding of this one code."""
     from fleetops import model
+    from fleetops.catalog import remedies
     from fleetops.remedy import plan
 
     if info.severity not in ("warn", "crit"):
@@ -306,7 +308,7 @@ def _planned(info: Any, sxid: bool = False) -> str:
     finding = model.Finding(
         check="xid.recent", severity=info.severity, node="n", message="", observed=[entry]
     )
-    return plan.LABEL[plan.action_for(finding)]
+    return plan.LABEL[remedies.action_for(finding)]
 
 
 def _xid_info(info: Any, sxid: bool = False) -> dict[str, Any]:

@@ -179,13 +179,16 @@ def _prom_metrics(text: str) -> list[dict[str, str]]:
     ]
 
 
-# The audit exit-code table: (what the audit found, its findings' severities, --fail-on).
+# The audit exit-code table: (what the audit found, its findings' severities, --fail-on);
+# ``unreachable`` stands for a node that gave no snapshot (a ``transport.unreachable`` finding).
 EXIT_CASES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("no finding, or only `info`", (), "warn"),
-    ("a `warn` finding, nothing `crit`", ("warn",), "warn"),
+    ("a `warn` finding, nothing `crit`, every node answered", ("warn", "unknown"), "warn"),
     ("a `warn` finding with `--fail-on crit`", ("warn",), "crit"),
-    ("a `crit` finding", ("crit", "warn"), "warn"),
-    ("only `unknown` findings (e.g. an unreachable node)", ("unknown",), "warn"),
+    ("a `crit` finding, every node answered", ("crit", "warn", "unknown"), "warn"),
+    ("an unreachable node (no snapshot), whatever else was found", ("unreachable", "crit", "warn"), "warn"),
+    ("an unreachable node with `--fail-on crit`", ("unreachable", "warn"), "crit"),
+    ("only `unknown` findings (values that could not be read)", ("unknown",), "warn"),
     ("`warn` and `unknown` with `--fail-on crit`", ("warn", "unknown"), "crit"),
 )
 
@@ -197,7 +200,12 @@ def _exit_codes() -> dict[str, Any]:
     from fleetops.checks import verdict
 
     def exit_for(severities: tuple[str, ...], fail_on: str) -> int:
-        findings = [model.Finding(check="x", severity=s, node="n", message="") for s in severities]
+        findings = [
+            model.Finding(check="transport.unreachable", severity="unknown", node="n", message="")
+            if s == model.UNREACHABLE
+            else model.Finding(check="x", severity=s, node="n", message="")
+            for s in severities
+        ]
         return verdict.exit_code(findings, fail_on)
 
     try:
@@ -254,4 +262,5 @@ def outputs_page_data() -> dict[str, Any]:
         "renamed": list(prometheus.RENAMED.items()),
         "prom_head": prom_text.splitlines()[:24],
         "exit_codes": _exit_codes(),
+        "health_order": list(model.HEALTH_ORDER),
     }

@@ -60,10 +60,19 @@ class AuditResult:
             "gpus_with_faults": sum(total - ok for ok, total in tallies),
             "findings": counts,
             "nodes_by_severity": node_counts,
-            "worst": model.worst(per_node.values()) if per_node else "ok",
+            # the worst node health (model.HEALTH_ORDER): the order the exit code follows
+            "worst": model.worst_health(self.node_health().values()),
             "started_at": self.started_at,
             "duration_s": round(self.duration_s, 3),
         }
+
+    def node_health(self) -> dict[str, str]:
+        """Each node's health level (model.HEALTH_ORDER): its worst finding, ``unreachable``
+        for a node that gave no snapshot."""
+        per_node: dict[str, str] = {n.name: "ok" for n in self.nodes}
+        for f in self.findings:
+            per_node[f.node] = model.worst_health([per_node.get(f.node, "ok"), model.finding_health(f)])
+        return per_node
 
     def node_severity(self) -> dict[str, str]:
         per_node: dict[str, str] = {n.name: "ok" for n in self.nodes}

@@ -8,7 +8,8 @@ remediate) and ``inspect`` (look at the finding: its action says what to do). Ea
 (warn or crit; info and ok need nothing) is mapped to one action by its check id, and for XID
 findings by the action the check judged per code (the XID policy, escalation included), else
 the XID catalog's (``fleetops.catalog.xid``); a check this table does not know is mapped from
-its action text. Per GPU the most drastic repair wins; every side fix is kept, one per node and
+its action text (table and rule: ``fleetops.catalog.remedies``, which the audit's JSON report
+uses too). Per GPU the most drastic repair wins; every side fix is kept, one per node and
 kind, with the findings that call for it. Per node, a reboot supersedes the GPU resets on that
 node (a reboot resets every GPU).
 
@@ -26,8 +27,19 @@ from typing import Any, Protocol
 
 from fleetops import model
 
-ACTIONS = ("none", "restart_app", "drain", "reset_gpu", "drain_and_inspect", "reboot_node")
-RANK = {a: i for i, a in enumerate(ACTIONS)}
+# The repair ladder, the side fixes and the action of one finding are the catalog's
+# (fleetops.catalog.remedies), shared with the audit's JSON report (each finding's action_code).
+from fleetops.catalog.remedies import (  # noqa: F401  (re-exported for the planner's callers)
+    ACTIONS,
+    BY_CHECK,
+    FROM_RECOVERY,
+    FROM_XID_ACTION,
+    RANK,
+    SIDE_ACTIONS,
+    action_for,
+    from_text,
+)
+
 LABEL = {
     "none": "none",
     "restart_app": "restart app",
@@ -43,9 +55,6 @@ NODE_HEAD = {
     "drain_and_inspect": "drain the node and have it inspected",
     "reboot_node": "drain and reboot the node",
 }
-# Fixes that are not repairs: kept beside the repair ladder, one per node and kind, printed as
-# the command to run (remediate runs none of them) or, for ``inspect``, the finding's own action.
-SIDE_ACTIONS = ("inspect", "apply_power", "apply_mig", "apply_firmware", "rollout_driver")
 LABEL.update(
     {
         "inspect": "inspect",
@@ -71,133 +80,6 @@ SUMMARY = {
 # why a node has no snapshot to plan from, by its transport finding
 BLOCKED = {"transport.timeout": "hung", "transport.unreachable": "unreachable"}
 
-# check id -> action, or {severity: action}
-BY_CHECK: dict[str, str | dict[str, str]] = {
-    "memory.ecc_dbe_volatile": "reset_gpu",
-    "memory.ecc_sbe_volatile": "reset_gpu",
-    "memory.ecc_sbe_rate": "reset_gpu",
-    "memory.row_remap_pending": "reset_gpu",
-    "memory.row_remap_failure": "drain_and_inspect",
-    "memory.row_remap_uncorrectable": "drain_and_inspect",
-    "memory.retired_pages": {"crit": "drain_and_inspect", "warn": "reset_gpu"},
-    "pcie.link_degraded": "reset_gpu",
-    "pcie.replay_rate": {"warn": "drain", "info": "none"},
-    "nvlink.links_down": "reset_gpu",
-    "nvlink.error_rate": {"crit": "reset_gpu", "warn": "reset_gpu", "info": "none"},
-    "thermal_power.throttle": "inspect",
-    "thermal_power.temperature": {"crit": "drain", "warn": "inspect"},
-    "thermal_power.memory_temperature": {"crit": "drain", "warn": "inspect"},
-    "thermal_power.power_limit": "apply_power",
-    "thermal_power.power_enforced": "inspect",
-    "xid.storm": "drain",
-    "config.gpu_count": "reboot_node",
-    "config.gpu_missing": "reboot_node",
-    "config.services": {"crit": "drain", "warn": "inspect"},
-    "config.fabric_state": "inspect",
-    "config.stray_processes": "inspect",
-    "config.ecc_mode": "inspect",  # a mode already pending needs only the reset: see action_for
-    "config.persistence_mode": "apply_power",  # the power role enforces persistence mode too
-    "config.compute_mode": "inspect",
-    "config.mig_mode": "apply_mig",
-    "config.mig_profile": "apply_mig",
-    "config.mig_layout": "apply_mig",
-    "topology.links": "inspect",
-    "topology.numa": "inspect",
-    "versions.driver": "rollout_driver",
-    "versions.cuda": "rollout_driver",
-    "versions.fabric_manager": "rollout_driver",
-    "versions.fabric_manager_match": "rollout_driver",
-    "versions.driver_package": "rollout_driver",
-    "versions.driver_branch": "rollout_driver",
-    "versions.driver_flavour": "rollout_driver",
-    "versions.packages": "rollout_driver",
-    "versions.vbios": "apply_firmware",
-    "versions.inforom": "apply_firmware",
-    "versions.gpu_model": "inspect",
-    "validation.missing": "inspect",
-    "validation.expired": "inspect",
-    "validation.failed": "drain",
-}
-# the XID catalog's action keys -> plan actions
-FROM_XID_ACTION = {
-    "none": "none",
-    "restart_app": "restart_app",
-    "reset_gpu": "reset_gpu",
-    "reboot_node": "reboot_node",
-    "drain_and_inspect": "drain_and_inspect",
-    "check_nvlink": "reset_gpu",
-    "check_cooling_power": "inspect",
-    "follow_other_xid": "none",
-}
-FROM_RECOVERY = {
-    "gpu_reset": "reset_gpu",
-    "drain_and_reset": "reset_gpu",
-    "drain_p2p": "reset_gpu",
-    "node_reboot": "reboot_node",
-}
-
-
-def from_text(text: str | None) -> str:
-    """Best guess from an action text, for checks the table does not know; ``inspect`` (the
-    action itself says what to do) when it names nothing this plan knows."""
-    t = (text or "").lower()
-    if "fleetops reset" in t or t.startswith("reset the gpu"):
-        return "reset_gpu"
-    if "reboot" in t:
-        return "reboot_node"
-    if "rma" in t or "inspect" in t or "hardware case" in t or "hardware service" in t:
-        return "drain_and_inspect"
-    if "restart the application" in t or "restart the job" in t or "restarted" in t:
-        return "restart_app"
-    if "drain" in t:
-        return "drain"
-    for command, act in (
-        ("fleetops apply power", "apply_power"),
-        ("fleetops apply mig", "apply_mig"),
-        ("fleetops apply firmware", "apply_firmware"),
-        ("fleetops rollout driver", "rollout_driver"),
-    ):
-        if command in t:
-            return act
-    return "inspect"
-
-
-def _xid_action(finding: model.Finding) -> str:
-    observed = finding.observed if isinstance(finding.observed, list) else []
-    try:
-        from fleetops.catalog import xid as catalog
-    except ImportError:  # pragma: no cover - shipped together
-        return from_text(finding.action)
-    best = "none"
-    side = None
-    for entry in observed:
-        if not isinstance(entry, dict) or entry.get("severity") not in ("warn", "crit"):
-            continue
-        code = entry.get("code")
-        if not isinstance(code, int):
-            continue
-        name = str(entry.get("name") or "")
-        if entry.get("sxid"):
-            act = "drain"  # an NVSwitch error: not one GPU's reset
-        elif code == 154 and ":" in name:
-            act = FROM_RECOVERY.get(name.rsplit(":", 1)[1].strip(), "reset_gpu")
-        else:
-            # the check's judgement (the baseline's xid_policy and escalation) when it gives one
-            key = entry.get("action") if isinstance(entry.get("action"), str) else catalog.lookup(code).action
-            act = FROM_XID_ACTION.get(str(key), "drain_and_inspect")
-        if act in SIDE_ACTIONS:
-            side = side or act
-        elif RANK[act] > RANK[best]:
-            best = act
-    if not observed:
-        return from_text(finding.action)
-    return side if best == "none" and side else best
-
-
-def _ecc_pending(finding: model.Finding) -> bool:
-    observed = finding.observed if isinstance(finding.observed, dict) else {}
-    return finding.expected is not None and observed.get("pending") == finding.expected
-
 
 def blocked_why(check: str) -> str | None:
     """Why a node cannot be planned, from a finding that says it has no snapshot: ``hung``,
@@ -222,26 +104,6 @@ def _version(reasons: list[dict[str, Any]]) -> str | None:
             if r["check"] == check and isinstance(r.get("expected"), str) and r["expected"].strip():
                 return str(r["expected"]).strip()
     return None
-
-
-def action_for(finding: model.Finding) -> str:
-    """The plan action for one finding."""
-    if finding.severity not in ("warn", "crit"):
-        return "none"
-    if finding.check == "xid.recent":
-        return _xid_action(finding)
-    if finding.check == "xid.recovery_action":
-        return FROM_RECOVERY.get(str(finding.observed), from_text(finding.action))
-    if finding.check.startswith("transport.") or finding.check.endswith(".unreadable"):
-        return "none"
-    if finding.check == "config.ecc_mode" and _ecc_pending(finding):
-        return "reset_gpu"  # the mode is set already, only the reset that applies it is missing
-    rule = BY_CHECK.get(finding.check)
-    if isinstance(rule, dict):
-        return rule.get(finding.severity, from_text(finding.action))
-    if isinstance(rule, str):
-        return rule
-    return from_text(finding.action)
 
 
 class Escalating(Protocol):

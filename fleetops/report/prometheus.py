@@ -10,7 +10,9 @@ from typing import Any
 
 from fleetops import model
 
-SEV_VALUE = {"ok": 0, "info": 0, "unknown": 1, "warn": 2, "crit": 3}
+# fleetops_node_health: a node's health level as its index in model.HEALTH_ORDER (the order of
+# the exit code and the JSON too): 0 ok, 1 unknown, 2 warn, 3 crit, 4 unreachable.
+SEV_VALUE = dict(model.HEALTH_RANK)
 
 
 def _esc(value: object) -> str:
@@ -65,21 +67,21 @@ def render(result: Any, exit_code: int) -> str:
         "# HELP fleetops_audit_duration_seconds How long the audit took.",
         "# TYPE fleetops_audit_duration_seconds gauge",
         f"fleetops_audit_duration_seconds {summary['duration_s']:.3f}",
-        "# HELP fleetops_audit_exit_code The audit's exit code (0 ok, 1 warn, 2 crit, 3 unknown).",
+        "# HELP fleetops_audit_exit_code The audit's exit code (0 ok, 1 warn, 2 crit, 3 unreachable or only unknown).",
         "# TYPE fleetops_audit_exit_code gauge",
         f"fleetops_audit_exit_code {exit_code}",
     ]
-    sev = result.node_severity()
+    health = result.node_health()
     out += [
         "# HELP fleetops_node_up 1 when the node answered with a snapshot.",
         "# TYPE fleetops_node_up gauge",
     ]
     out += [f"fleetops_node_up{_labels(node=n.name)} {1 if n.snapshot else 0}" for n in result.nodes]
     out += [
-        "# HELP fleetops_node_health Worst finding on the node: 0 ok, 1 unknown, 2 warn, 3 crit.",
+        "# HELP fleetops_node_health Worst finding on the node: 0 ok, 1 unknown, 2 warn, 3 crit, 4 unreachable (no snapshot).",
         "# TYPE fleetops_node_health gauge",
     ]
-    out += [f"fleetops_node_health{_labels(node=n.name)} {SEV_VALUE[sev[n.name]]}" for n in result.nodes]
+    out += [f"fleetops_node_health{_labels(node=n.name)} {SEV_VALUE[health[n.name]]}" for n in result.nodes]
     out += [
         "# HELP fleetops_node_gpus GPUs the driver enumerates on the node.",
         "# TYPE fleetops_node_gpus gauge",
@@ -120,8 +122,9 @@ def render(result: Any, exit_code: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def severity_value(severity: str) -> int:
-    return SEV_VALUE.get(severity, 0)
+def severity_value(level: str) -> int:
+    """The gauge value of a health level or finding severity (``info`` counts as ok)."""
+    return SEV_VALUE.get(level, 0)
 
 
 __all__ = ["RENAMED", "render", "severity_value", "model"]

@@ -55,11 +55,12 @@ def test_audit_prom_with_faults_and_a_host_down_passes_promtool(clean_fleet: Any
         proc = audit_prom(clean_fleet, out)
     finally:
         fleet.clear(d, nodes[3], "host-down")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # crit findings and a down host: the down host ranks worst
     text = out.read_text()
     assert_clean(text)
     assert f'fleetops_node_health{{node="{nodes[0]}"}} 3' in text
     assert f'fleetops_node_up{{node="{nodes[3]}"}} 0' in text
+    assert f'fleetops_node_health{{node="{nodes[3]}"}} 4' in text  # unreachable: above crit
     assert f'fleetops_node_up{{node="{nodes[4]}"}} 1' in text
     assert "fleetops_gpu_ecc_uncorrected_volatile_errors{" in text
     assert "_total" not in text

@@ -162,7 +162,8 @@ def test_outputs_page_names_every_metric_and_shows_real_output(pages: dict[str, 
         if line.startswith("# TYPE "):
             assert f"`{line.split()[2]}`" in text, line
     doc = json_report.document(result, code)
-    assert code == 2 and doc["summary"]["exit_code"] == 2
+    # node002 crit and node003 unreachable: the unreachable node ranks worst (model.HEALTH_ORDER)
+    assert code == 3 and doc["summary"]["exit_code"] == 3 and doc["summary"]["worst"] == "unreachable"
     assert json.dumps(doc["findings"], indent=2) in text
     assert {f["check"] for f in doc["findings"]} >= {"memory.ecc_dbe_volatile", "transport.unreachable"}
 
