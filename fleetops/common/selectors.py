@@ -97,21 +97,35 @@ def find(node: model.Node, sel: Selector) -> model.Gpu | None:
     return next((g for g in node.gpus if g.index == sel.index), None)
 
 
+def fallen_off(node: model.Node) -> list[str]:
+    """Bus ids the kernel logged Xid 79 (fallen off the bus) for that no listed GPU holds: GPUs
+    the driver no longer lists at all, which only their bus id can still name."""
+    listed = {g.bus_id for g in node.gpus}
+    return sorted({x.bus_id for x in node.xids if x.code == 79 and x.bus_id and x.bus_id not in listed})
+
+
 def resolve(sel: Selector | str, node: model.Node, host: str, *, allow_absent: bool = True) -> ResolvedGpu:
     """The GPU ``sel`` names on ``node`` (a fresh snapshot of ``host``).
 
-    An index that names no GPU is always an error naming the host and listing the GPUs present;
-    a UUID or bus id that is not enumerated is an error only when ``allow_absent`` is False."""
+    A selector that names no GPU the snapshot lists is the same usage error whatever its form
+    (index, UUID, bus id), naming the host and listing the GPUs present: sending it would only
+    have the agent say so, later and as a refusal. The one exception, with ``allow_absent``: a
+    bus id the kernel logged Xid 79 for and the driver no longer lists. It goes to the agent
+    (marked not enumerated), which says why it cannot be reset and what to do instead."""
     if isinstance(sel, str):
         sel = parse(sel)
     gpu = find(node, sel)
     if gpu is not None:
         procs = tuple(gpu.processes) if gpu.processes is not None else None
         return ResolvedGpu(sel, gpu.uuid, gpu.bus_id, gpu.index, gpu.name, not model.gpu_lost(gpu), procs)
-    if sel.form == INDEX or not allow_absent:
-        what = {INDEX: "index", UUID: "UUID", BUS_ID: "bus id"}[sel.form]
-        raise SelectorError(f"{host} has no GPU with {what} {sel.text} (present: {present(node)})")
-    return ResolvedGpu(sel, sel.uuid, sel.bus_id, None, None, False, None)
+    lost = fallen_off(node)
+    if allow_absent and sel.form == BUS_ID and sel.bus_id in lost:
+        return ResolvedGpu(sel, None, sel.bus_id, None, None, False, None)
+    what = {INDEX: "index", UUID: "UUID", BUS_ID: "bus id"}[sel.form]
+    text = f"{host} has no GPU with {what} {sel.text} (present: {present(node)})"
+    if lost:
+        text += f"; Xid 79 (fallen off the bus) was logged for {', '.join(lost)}: name it by that bus id"
+    raise SelectorError(text)
 
 
 def parse_identity(text: str, flag: str = "--gpu") -> Selector:

@@ -217,15 +217,16 @@ def test_a_stale_lock_from_a_killed_run_is_recovered(d):
     assert not lock.exists()
 
 
-def test_an_unknown_uuid_is_an_error_before_anything_is_touched(d):
+@pytest.mark.parametrize("gpu", ["GPU-00000000-0000-0000-0000-000000000000", "0000:ee:00.0", "8"])
+def test_a_gpu_the_node_does_not_list_is_a_usage_error_in_every_form_and_nothing_is_sent(d, gpu):
     folder = state(d, "node001").parent
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
-    proc, doc = reset(d, "node001", "GPU-00000000-0000-0000-0000-000000000000", "--yes")
-    assert proc.returncode == 1
-    assert doc["result"] == "error" and "no GPU with UUID" in pre(doc, "gpu_exists")["detail"]
+    proc, doc = reset(d, "node001", gpu, "--yes")
+    assert proc.returncode == 4, proc.stderr
+    assert doc is None and "node001 has no GPU with" in proc.stderr and gpu in proc.stderr
+    assert uuid(d, "node001", 0) in proc.stderr  # the GPUs present, to pick from
     after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("node001") and p.is_file()}
-    assert after.pop("node001.reset.jsonl")  # the attempt is logged, nothing else changed
-    assert after == before
+    assert after == before  # no reset was sent: not even an attempt in the journal
 
 
 def test_a_dry_run_changes_nothing(d):

@@ -57,6 +57,18 @@ def test_preview_resolves_an_index_and_lists_the_gpus_processes(host: Any) -> No
     assert any("python3 train.py" in line for line in view.process_lines())
 
 
+@pytest.mark.parametrize("text", ["GPU-00000000-0000-0000-0000-000000000000", "0000:ee:00.0", "9"])
+def test_a_gpu_the_node_does_not_list_is_a_usage_error_before_any_reset_is_sent(host: Any, text: str) -> None:
+    runner = LocalRunner()
+    with pytest.raises(selectors.SelectorError) as info:
+        reset.preview(host, text, runner)
+    assert info.value.exit_code == 4
+    assert "node001 has no GPU with" in info.value.message and text in info.value.message
+    state = sim.read_state(host.vars["fleetops_sim_state"])
+    assert f"1={state['gpus'][1]['uuid']}@{state['gpus'][1]['bus_id']}" in info.value.message
+    assert [argv[1] for argv, _ in runner.calls] == ["collect"]  # the snapshot, and nothing sent after it
+
+
 def test_no_listed_processes_means_no_kill_flag_and_listed_ones_travel_exactly(host: Any) -> None:
     gpu = selectors.ResolvedGpu(selectors.parse("GPU-x"), "GPU-x", "0000:18:00.0")
     idle = reset.command(host, gpu, kill_pids=[])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -80,8 +81,34 @@ def test_a_lost_gpu_resolves_at_its_index_marked_unenumerated_so_the_agent_can_s
     gpu = selectors.resolve(lost, snap, "node007")
     assert (gpu.uuid, gpu.bus_id, gpu.enumerated, gpu.index) == (lost, state["gpus"][6]["bus_id"], False, 6)
     assert selectors.resolve(lost, snap, "node007", allow_absent=False).enumerated is False
-    with pytest.raises(selectors.SelectorError, match="node007 has no GPU with UUID"):
-        selectors.resolve("GPU-00000000-0000-0000-0000-000000000000", snap, "node007", allow_absent=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [("GPU-00000000-0000-0000-0000-000000000000", "UUID"), ("0000:ee:00.0", "bus id"), ("8", "index")],
+)
+def test_a_gpu_the_node_does_not_list_is_one_usage_error_in_every_form(node, text, what) -> None:
+    snap, state = node
+    with pytest.raises(selectors.SelectorError) as info:
+        selectors.resolve(text, snap, "node007")
+    assert info.value.exit_code == 4
+    message = info.value.message
+    assert message.startswith(f"node007 has no GPU with {what} {text} (present: ")
+    for i, g in enumerate(state["gpus"]):  # every GPU listed, lost one included: index, UUID and bus id
+        assert f"{i}={g['uuid']}@{g['bus_id']}" in message
+
+
+def test_a_bus_id_logged_as_fallen_off_and_no_longer_listed_still_goes_to_the_agent(node) -> None:
+    snap, state = node
+    gone = state["gpus"][6]
+    unlisted = dataclasses.replace(snap, gpus=[g for g in snap.gpus if g.index != 6])
+    assert selectors.fallen_off(unlisted) == [gone["bus_id"]]
+    gpu = selectors.resolve(gone["bus_id"], unlisted, "node007")
+    assert (gpu.uuid, gpu.bus_id, gpu.enumerated) == (None, gone["bus_id"], False)
+    with pytest.raises(selectors.SelectorError, match=f"Xid 79 .* logged for {gone['bus_id']}: name it by that bus id"):
+        selectors.resolve(gone["uuid"], unlisted, "node007")
+    with pytest.raises(selectors.SelectorError, match="node007 has no GPU with bus id"):
+        selectors.resolve(gone["bus_id"], unlisted, "node007", allow_absent=False)
 
 
 def test_the_selector_module_imports_nothing_heavy() -> None:
