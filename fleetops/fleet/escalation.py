@@ -3,6 +3,8 @@ which XIDs are the application's rather than a GPU's, and how often each node ha
 
 Pure: it reads audit points (one reachable audit of one node: its findings, uptime and each
 GPU's ``last_reset_at``) that ``Store.timelines`` gives, and the findings a plan is built from.
+It never opens the store (the store imports this module for ``AuditPoint``, not the other way
+round): ``store.escalations`` reads the history and runs ``analyse`` on it.
 
 - A fault is one finding check on one GPU (or the node), and for ``xid.recent`` one XID code.
   It *survived* a reboot (a GPU reset) when it was present in an audit, the node rebooted (the
@@ -495,23 +497,3 @@ def policy_from_args(args: Any) -> Policy:
         app_window_s=float(getattr(args, "app_xid_window", DEFAULT_APP_WINDOW_S)),
         lookback_s=lookback,
     )
-
-
-def from_store(
-    path: str | None, findings: Iterable[model.Finding], policy: Policy, now: float | None = None
-) -> Escalations:
-    """The analysis for a plan of ``findings``: the history of each node that has a warn or crit
-    finding, read from the store at ``path`` (the only function here that reads it)."""
-    from fleetops.fleet.store import Store
-
-    current = list(findings)
-    nodes = sorted({f.node for f in current if f.severity in model.FAULT_SEVERITIES})
-    since = None if policy.lookback_s is None else (time.time() if now is None else now) - policy.lookback_s
-    with Store(path) as store:
-        timelines = store.timelines(nodes, since)
-    return analyse(timelines, policy, current=current)
-
-
-def for_remediate(args: Any, findings: Iterable[model.Finding]) -> Escalations:
-    """``fleetops remediate``'s one call: its flags and its ``--db``."""
-    return from_store(getattr(args, "db", None), findings, policy_from_args(args))

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -708,6 +708,22 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def escalations(
+    path: str | None,
+    findings: Iterable[model.Finding],
+    policy: escalation.Policy,
+    now: float | None = None,
+) -> escalation.Escalations:
+    """The escalation analysis for a plan of ``findings``: the history of each node that has a
+    warn or crit finding, read from the store at ``path`` (the analysis itself never opens it)."""
+    current = list(findings)
+    nodes = sorted({f.node for f in current if f.severity in model.FAULT_SEVERITIES})
+    since = None if policy.lookback_s is None else (time.time() if now is None else now) - policy.lookback_s
+    with Store(path) as store:
+        timelines = store.timelines(nodes, since)
+    return escalation.analyse(timelines, policy, current=current)
 
 
 def parse_since(text: str) -> float:

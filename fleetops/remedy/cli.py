@@ -182,6 +182,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
 _WORKING_KINDS = ("rollout", "mig", "firmware", "power", "reset")
 
 
+def _escalations(args: argparse.Namespace, findings: list[model.Finding]) -> escalation.Escalations:
+    """What the history in ``--db`` says of ``findings``, under the escalation flags' policy."""
+    from fleetops.fleet import store as store_mod
+
+    return store_mod.escalations(getattr(args, "db", None), findings, escalation.policy_from_args(args))
+
+
 def _results(
     args: argparse.Namespace, hosts: list[Any], inv: str, max_age: float
 ) -> tuple[list[model.Finding], fitness_mod.Coverage, bool]:
@@ -554,7 +561,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
         audited=list(cov.recent),
         unaudited=cov.unplanned,
         window=args.max_audit_age,
-        escalations=escalation.for_remediate(args, findings),
+        escalations=_escalations(args, findings),
     )
     run_id = slurm_rule.new_run_id()
     newest = max(cov.audit_ids) if cov.audit_ids else None
