@@ -43,7 +43,7 @@ ACTION_TEXT: dict[str, str] = {
     "none": "Nothing to do on the GPU; look again only if it keeps repeating.",
     "restart_app": "The GPU is fine; the job that hit it failed and must be restarted. "
     "If it recurs, debug the application (compute-sanitizer, cuda-gdb).",
-    "reset_gpu": "Drain the GPU's jobs, then reset it: fleetops reset NODE GPU. "
+    "reset_gpu": "Drain the GPU's jobs, then reset it: fleetops reset NODE GPU -i INVENTORY. "
     "If the XID returns after the reset, drain the node and have it inspected.",
     "reboot_node": "Drain the node and reboot it: a GPU reset cannot reach a GPU that stopped "
     "answering. If the GPU is still missing after the reboot, open a hardware case.",

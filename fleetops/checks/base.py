@@ -23,7 +23,7 @@ from fleetops.baseline import DEFAULT_THRESHOLDS, Baseline, Thresholds
 FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology", "validation")
 
 # fleetops commands named in actions (one place to rename them).
-CMD_RESET = "fleetops reset {node} {gpu}"
+CMD_RESET = "fleetops reset {node} {gpu} -i INVENTORY"  # INVENTORY: as for CMD_VALIDATE
 CMD_ROLLOUT_DRIVER = "fleetops rollout driver"
 CMD_ROLLOUT_FIRMWARE = "fleetops apply firmware"
 CMD_APPLY_POWER = "fleetops apply power"

@@ -60,7 +60,7 @@ SPECS = (
         threshold="current ECC mode equal to ecc_mode (the message says when the change only waits for a reset)"
         + FLEET_RULE,
         severities=("warn",),
-        action="Set ECC mode (nvidia-smi -e) and reset the GPU to apply it: fleetops reset NODE GPU-UUID.",
+        action="Set ECC mode (nvidia-smi -e) and reset the GPU to apply it: fleetops reset NODE GPU-UUID -i INVENTORY.",
         scope="node+fleet",
         requires="ecc_mode (node check)",
         applies=lambda n, b: b is not None and b.ecc_mode is not None,

@@ -26,7 +26,7 @@ SPECS = (
         reads="nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)",
         threshold="at or above thresholds.ecc_dbe_volatile_crit (1)",
         severities=("crit",),
-        action="Drain the GPU's jobs, then reset it: fleetops reset NODE GPU-UUID; repeated DBEs after a "
+        action="Drain the GPU's jobs, then reset it: fleetops reset NODE GPU-UUID -i INVENTORY; repeated DBEs after a "
         "reset mean hardware service.",
     ),
     CheckSpec(
@@ -51,7 +51,7 @@ SPECS = (
         reads="nvmlDeviceGetRemappedRows (isPending)",
         threshold="pending is true",
         severities=("warn",),
-        action="Reset the GPU to apply the remap when it is idle: fleetops reset NODE GPU-UUID.",
+        action="Reset the GPU to apply the remap when it is idle: fleetops reset NODE GPU-UUID -i INVENTORY.",
     ),
     CheckSpec(
         "memory.row_remap_failure", FAMILY, "Row remap failed",
@@ -74,7 +74,7 @@ SPECS = (
         threshold="crit at thresholds.retired_pages_total_crit (63) or retired_pages_dbe_crit (16); "
         "warn when a retirement is pending",
         severities=("warn", "crit"),
-        action="Pending: reset the GPU to retire the pages (fleetops reset NODE GPU-UUID). Over the limit: "
+        action="Pending: reset the GPU to retire the pages (fleetops reset NODE GPU-UUID -i INVENTORY). Over the limit: "
         "drain the node and RMA the GPU.",
         not_a_fault="Hopper (H100/H200) reports retired pages as Not Supported: it remaps rows instead.",
         applies=lambda n, b: any(

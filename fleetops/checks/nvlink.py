@@ -33,7 +33,7 @@ SPECS = (
         threshold="links up at least nvlinks_per_gpu (without it: every link the GPU reports)",
         severities=("crit",),
         action="Check Fabric Manager and the link counters (nvidia-smi nvlink -s / -e), then reset the GPU "
-        "(fleetops reset NODE GPU-UUID); links still down point at the baseboard or NVSwitch: drain and "
+        "(fleetops reset NODE GPU-UUID -i INVENTORY); links still down point at the baseboard or NVSwitch: drain and "
         "inspect.",
         not_a_fault=MIG_NOTE,
         applies=lambda n, b: _applies(n, b),
@@ -47,7 +47,7 @@ SPECS = (
         "nvlink_recoveries_per_min_warn (0); rates over at least thresholds.rate_min_interval_s (10 s); "
         "without a previous snapshot, non-zero totals are info",
         severities=("info", "warn", "crit"),
-        action="Reset the GPU in a service window to retrain its links (fleetops reset NODE GPU-UUID); errors "
+        action="Reset the GPU in a service window to retrain its links (fleetops reset NODE GPU-UUID -i INVENTORY); errors "
         "that return point at the baseboard or NVSwitch: drain and inspect.",
         not_a_fault="Counters accumulate since the driver loaded: totals without a rate are not a fault. A GPU in "
         "MIG mode is not judged: MIG does not use NVLink.",
@@ -63,7 +63,7 @@ SPECS = (
         severities=("warn",),
         action="Compare the link with its neighbours (nvidia-smi nvlink -gt d, nvidia-smi nvlink -s) and "
         "check Fabric Manager's log for that link; reset the GPU in a service window (fleetops reset NODE "
-        "GPU-UUID); a link still idle under load after that points at the NVSwitch tray or the baseboard: "
+        "GPU-UUID -i INVENTORY); a link still idle under load after that points at the NVSwitch tray or the baseboard: "
         "drain and inspect.",
         not_a_fault="A GPU whose links are all idle is an idle GPU, and a job that talks to one peer over "
         "direct links leaves the links to other peers idle: links are compared only with links to the "

@@ -21,7 +21,7 @@ LANE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 REFERENCE_GEN, REFERENCE_WIDTH = 5, 16  # thresholds.pcie_replays_per_min is stated for Gen5 x16
 
 RESEAT_ACTION = (
-    "Reset the GPU to retrain the link (fleetops reset NODE GPU-UUID); if it stays degraded, drain the "
+    "Reset the GPU to retrain the link (fleetops reset NODE GPU-UUID -i INVENTORY); if it stays degraded, drain the "
     "node and check the riser/cable/slot (BIOS PCIe settings, reseat, swap)."
 )
 
@@ -90,7 +90,7 @@ def _link(ctx: Context, gpu: model.Gpu, want_gen: int | None, want_width: int | 
             f"{gpu_label(gpu)}: PCIe link Gen{gen if gen is not None else '?'} "
             f"x{width if width is not None else '?'}: " + "; ".join(problems),
             gpu=gpu, observed={"gen": gen, "width": width}, expected={"gen": exp_gen, "width": exp_width},
-            action=RESEAT_ACTION.replace("fleetops reset NODE GPU-UUID", reset_cmd(ctx.host, gpu.uuid)))
+            action=RESEAT_ACTION.replace("fleetops reset NODE GPU-UUID -i INVENTORY", reset_cmd(ctx.host, gpu.uuid)))
 
 
 def _replays(ctx: Context, gpu: model.Gpu) -> None:

@@ -49,7 +49,7 @@ SPECS = (
         threshold="anything but none",
         severities=("warn", "crit"),
         action="gpu_reset / drain_and_reset / drain_p2p: drain the GPU's jobs and reset it (fleetops reset "
-        "NODE GPU-UUID); node_reboot: drain the node and reboot it.",
+        "NODE GPU-UUID -i INVENTORY); node_reboot: drain the node and reboot it.",
     ),
 )
 
@@ -71,7 +71,7 @@ def _action_text(action: str, host: str, uuid: str | None) -> str:
     if text is None:
         text = "Look the code up in NVIDIA's XID catalog for the installed driver."
     cmd = CMD_RESET.format(node=host, gpu=uuid or "GPU-UUID")
-    text = text.replace("fleetops reset NODE GPU-UUID", cmd).replace("fleetops reset NODE GPU", cmd)
+    text = text.replace("fleetops reset NODE GPU-UUID -i INVENTORY", cmd).replace("fleetops reset NODE GPU -i INVENTORY", cmd)
     if action == "reset_gpu" and "fleetops reset" not in text:
         text += f" ({cmd})"
     return text

@@ -260,7 +260,7 @@ ACTION_COMMANDS: dict[str, str] = {
     "none": "Nothing to run. `fleetops history NODE -v` shows whether it keeps coming back.",
     "restart_app": "No fleetops command: the job's owner (or the scheduler) restarts the job. "
     "`fleetops tui` (XIDs view, key `4`) shows the pid and process name the XID line names.",
-    "reset_gpu": "`fleetops reset NODE GPU` for one GPU (GPU: UUID, bus id or index; it asks first), "
+    "reset_gpu": "`fleetops reset NODE GPU -i INVENTORY` for one GPU (GPU: UUID, bus id or index; it asks first), "
     "or `fleetops remediate -i INVENTORY --yes` for every reset the nodes' latest audit results call for, one node "
     "at a time; in `fleetops tui`, select the GPU and press `r`. From Ansible: `playbooks/gpu_reset.yml`.",
     "reboot_node": "Drain, then reboot: fleetops never reboots a node. Drain it in Slurm (`fleetops tui`, "
@@ -271,7 +271,7 @@ ACTION_COMMANDS: dict[str, str] = {
     'case; `fleetops remediate` lists it under "Drain and send for inspection".',
     "check_nvlink": "`fleetops audit -i INVENTORY --limit NODE` for the `nvlink.*` and "
     "`config.fabric_state` findings, `nvidia-smi nvlink -s` / `-e` on the node, then "
-    "`fleetops reset NODE GPU`.",
+    "`fleetops reset NODE GPU -i INVENTORY`.",
     "check_cooling_power": "No fleetops command: check the BMC (sensors, PSUs, fans); "
     "`fleetops audit` reports the `thermal_power.*` findings while it lasts.",
     "follow_other_xid": "Look at the XIDs logged with it: the `xid.recent` finding of "
