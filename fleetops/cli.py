@@ -1,7 +1,7 @@
 """``fleetops``: the controller command.
 
-Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 only unknowns (e.g. unreachable hosts), 4 usage or
-input error. Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
+Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 any node unreachable (whatever else was found) or
+only unknown values, 4 usage or input error (``model.HEALTH_ORDER``). Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
 ``fleetops.common.errors``, shared by every command.
 """
 
