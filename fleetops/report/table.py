@@ -1,7 +1,9 @@
 """The terminal report: one summary line per node, then findings grouped by severity.
 
 Written for a person at a terminal during maintenance or an incident: worst first, every
-finding with the action it calls for.
+finding with the action it calls for. Piped (to ``less -S``, ``grep``, a file), the same report
+keeps each row and each finding on one line, however wide: a node wrapped over eight lines at
+80 columns cannot be grepped for, and ``less`` and the reader's terminal can wrap if they like.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ def render(result: Any, exit_code: int, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    piped = not console.is_terminal
+
     sev = result.node_severity()
     by_node: dict[str, list[model.Finding]] = {}
     for f in result.findings:
         by_node.setdefault(f.node, []).append(f)
-    table = Table(title="fleetops audit", title_justify="left", expand=False, pad_edge=False)
+    title = "fleetops audit"
+    table = Table(title=None if piped else title, title_justify="left", expand=False, pad_edge=False)
     for col in ("node", "health", "GPUs", "driver", "CUDA", "source", "worst finding"):
         table.add_column(col, no_wrap=col != "worst finding", overflow="fold")
     for node in result.nodes:
@@ -40,12 +45,16 @@ def render(result: Any, exit_code: int, console: Any) -> None:
             gpus = f"{ok}/{total}"
             driver, cuda = snap.driver_version or "?", snap.cuda_driver_version or "?"
         table.add_row(node.name, Text(s.upper(), style=STYLE[s]), gpus, driver, cuda, source_text(node), worst_text)
-    console.print(table)
+    if piped:
+        console.print(Text(title, style="table.title"), soft_wrap=True)
+        _print_unwrapped(console, table)
+    else:
+        console.print(table)
     for level in ("crit", "warn", "unknown", "info"):
         group = [f for f in result.findings if f.severity == level]
         if not group:
             continue
-        console.print(Text(f"\n{HEAD[level]} ({len(group)})", style=STYLE[level]))
+        console.print(Text(f"\n{HEAD[level]} ({len(group)})", style=STYLE[level]), soft_wrap=piped)
         for f in group:
             where = f.node
             if f.gpu:
@@ -53,11 +62,12 @@ def render(result: Any, exit_code: int, console: Any) -> None:
             line = Text("  ")
             line.append(f"{where}", style="bold")
             line.append(f"  [{f.check}] {f.message}")
-            console.print(line)
+            console.print(line, soft_wrap=piped)
             if f.observed is not None or f.expected is not None:
-                console.print(f"      observed {f.observed!r}  expected {f.expected!r}", style="dim", markup=False)
+                console.print(f"      observed {f.observed!r}  expected {f.expected!r}", style="dim", markup=False,
+                              soft_wrap=piped)
             if f.action:
-                console.print(Text(f"      -> {f.action}", style="italic"))
+                console.print(Text(f"      -> {f.action}", style="italic"), soft_wrap=piped)
     s = result.summary()
     n = s["nodes_by_severity"]
     console.print(
@@ -68,7 +78,23 @@ def render(result: Any, exit_code: int, console: Any) -> None:
         f"at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s['started_at']))}; exit {exit_code}",
         markup=False,
         highlight=False,
+        soft_wrap=piped,
     )
+
+
+def _print_unwrapped(console: Any, table: Any) -> None:
+    """``table`` at its natural width, whatever the console's: each row on one line."""
+    from rich.measure import Measurement
+    from rich.segment import Segment, Segments
+
+    width = Measurement.get(console, console.options.update_width(_UNBOUNDED), table).maximum
+    segments: list[Any] = []
+    for line in console.render_lines(table, console.options.update_width(width), pad=False):
+        segments += [*line, Segment.line()]
+    console.print(Segments(segments), soft_wrap=True, end="")
+
+
+_UNBOUNDED = 1_000_000
 
 
 def source_text(node: Any) -> str:
