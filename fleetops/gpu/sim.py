@@ -934,6 +934,8 @@ def _same_bus(a: str, b: str) -> bool:
 # (seconds, default 0). A real reset takes seconds to minutes; tests set it to watch a reset in
 # progress (a second action refused by the lock, a signal during the reset phase).
 RESET_DURATION_FIELD = "reset_duration_s"
+# The UUID of the GPU a simulated reset has away right now (set only while a reset with a duration runs).
+RESETTING_FIELD = "resetting"
 
 
 def reset_duration_s(state: dict[str, Any]) -> float:

@@ -69,7 +69,7 @@ def test_drift_is_reported_in_check_mode_fixed_then_stable(
     assert check.ok, "\n".join(lines)
     assert check.changed_hosts() == sorted(DRIFTED)
     for node, gpu in DRIFTED.items():
-        assert any(node in line and "CHANGED" in line and f"({gpu}{shown}" in line for line in lines), lines
+        assert any(node in line and "WOULD CHANGE" in line and f"({gpu}{shown}" in line for line in lines), lines
     assert fleet.state_bytes() == before, "check mode changed a node's state"
 
     fixed, lines = run(fleet, playbook)

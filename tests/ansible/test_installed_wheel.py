@@ -115,13 +115,13 @@ def test_apply_power_check_reports_the_drifted_gpu_and_changes_nothing(fresh: Fr
     done = fresh.fleetops("apply", "power", "-i", fresh.inventory, "--check", "--artifacts", str(artifacts))
     out = ok(done)
     assert out.startswith("CHECK (nothing is changed)"), out[:500]
-    cap_lines = [line for line in out.splitlines() if "Set the GPU power cap" in line and "CHANGED" in line]
+    cap_lines = [line for line in out.splitlines() if "Set the GPU power cap" in line and "WOULD CHANGE" in line]
     assert len(cap_lines) == 1 and node in cap_lines[0], out
     assert f"would change 1 of 8 GPUs ({gpu}: 500 W)" in cap_lines[0], cap_lines
     # a fleet never converged, at the GPUs' default cap: a reboot keeps that cap, so no node needs a
     # boot-time unit and only the drifted node would change
     summary = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("node00")}
-    assert summary == {n: "changed" if n == node else "ok" for n in NODES}, out
+    assert summary == {n: "would" if n == node else "ok" for n in NODES}, out  # "would change"
     assert fresh.states() == before, "check mode changed a node's state"
     assert not [n for n in NODES if (fresh.fleet / "state" / f"{n}.systemd").exists()]
     ran = [

@@ -74,11 +74,11 @@ def test_apply_power_plans_the_parent_groups_cap_that_ansible_alone_hides(sim_fl
     before = sim_fleet.state_bytes()
 
     plain = _run(sim_fleet, inv, layered=False)  # Ansible's value: the child's mapping, 700 W
-    assert not [line for line in plain if "CHANGED" in line and "600 W" in line], plain
+    assert not [line for line in plain if "WOULD CHANGE" in line and "600 W" in line], plain
 
     layered = _run(sim_fleet, inv, layered=True)
     for node in sim_fleet.nodes:
-        assert any(node in line and "CHANGED" in line and "600 W" in line for line in layered), (node, layered)
+        assert any(node in line and "WOULD CHANGE" in line and "600 W" in line for line in layered), (node, layered)
     assert sim_fleet.state_bytes() == before, "check mode changed a node's state"
 
 
@@ -86,7 +86,7 @@ def test_an_extra_variable_baseline_wins_over_the_inventorys_layers(sim_fleet, t
     inv = _layered_inventory(sim_fleet, tmp_path)
     lines = _run(sim_fleet, inv, layered=True, fleetops_baseline={"power_limit_w": 650})
     for node in sim_fleet.nodes:
-        assert any(node in line and "CHANGED" in line and "650 W" in line for line in lines), (node, lines)
+        assert any(node in line and "WOULD CHANGE" in line and "650 W" in line for line in lines), (node, lines)
     assert not [line for line in lines if "600 W" in line], lines
 
 

@@ -22,6 +22,7 @@ from expected_faults import EXPECTED
 from promtool_util import assert_clean, promtool
 
 from fleetops.agent.serve import client
+from fleetops.checks import verdict
 from fleetops.fleet import audit as audit_mod
 from fleetops.gpu import sim
 from fleetops.sim import fleet
@@ -128,7 +129,7 @@ def rate_findings(doc: dict[str, Any]) -> dict[tuple[str, str, str], str]:
     """(node, check, GPU uuid) -> severity for every rate check's finding."""
     return {
         (f["node"], f["check"], (f["gpu"] or {}).get("uuid")): f["severity"]
-        for f in doc["findings"] if f["check"] in audit_mod.RATE_CHECKS
+        for f in doc["findings"] if f["check"] in verdict.RATE_CHECKS
     }
 
 
@@ -142,7 +143,7 @@ def test_one_audit_from_the_daemons_reports_the_storms_happening_now(storm_fleet
     for n in doc["nodes"]:
         assert n["source"] == "daemon", n["name"]
         assert 0 <= n["snapshot_age_s"] <= audit_mod.DEFAULT_MAX_AGE_S, n
-        assert n["rates"] == audit_mod.RATES_DAEMON, n["name"]
+        assert n["rates"] == verdict.RATES_DAEMON, n["name"]
     assert doc["summary"]["from_daemon"] == NODES and doc["summary"]["from_collect"] == 0
     want = {
         (node, RATE_OF[fault], uuid_of(storm_fleet, node, gpu)): EXPECTED[fault][RATE_OF[fault]]
@@ -192,7 +193,7 @@ def test_the_table_and_junit_say_which_source_answered(storm_fleet: str, tmp_pat
     assert f"0 from daemons, {NODES} cold collects" in cold
     _, xml, _ = audit(storm_fleet, tmp_path, fmt="junit")
     assert xml.count('<property name="source" value="daemon" />') == NODES, xml[:2000]
-    assert xml.count(f'<property name="rates" value="{audit_mod.RATES_DAEMON}" />') == NODES, xml[:2000]
+    assert xml.count(f'<property name="rates" value="{verdict.RATES_DAEMON}" />') == NODES, xml[:2000]
 
 
 @pytest.mark.promtool

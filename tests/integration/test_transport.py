@@ -108,9 +108,12 @@ def test_host_down_is_unreachable_and_host_hang_times_out_without_stalling_other
     # other, one would end before the other began, however fast or slow the machine.
     spans = {name: (finished[name] - results[name].elapsed_s, finished[name]) for name in results}
     hung_start, hung_end = spans["node006"]
-    for name in ("node001", "node002", "node003", "node004", "node005"):
+    for name in ("node001", "node002", "node003", "node004"):
         start, end = spans[name]
         assert start < hung_end and hung_start < end, (name, spans)
+    # the refused host is answered in a millisecond, maybe before the hung host's connect even
+    # began: it is only never held behind it (its answer came before the hung one's 2.5 s wait)
+    assert spans["node005"][1] < hung_end, spans
 
 
 def test_on_result_errors_surface_after_all_hosts(clean_fleet):

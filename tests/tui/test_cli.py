@@ -13,7 +13,6 @@ from fleetops.tui.cli import default_interval
     [
         ["tui"],  # neither an inventory nor --sim
         ["tui", "--sim", "-i", "inventory.yml"],
-        ["tui", "-i", "inventory.yml", "--interval", "0"],
     ],
 )
 def test_tui_refuses_contradictory_or_missing_input_with_exit_4(
@@ -21,6 +20,13 @@ def test_tui_refuses_contradictory_or_missing_input_with_exit_4(
 ) -> None:
     assert cli.main(argv) == cli.EXIT_USAGE
     assert "tui:" in capsys.readouterr().err
+
+
+def test_a_zero_interval_is_refused_by_the_duration_grammar_with_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["tui", "-i", "inventory.yml", "--interval", "0"])
+    assert stop.value.code == cli.EXIT_USAGE
+    assert "argument --interval: '0': must be more than 0" in capsys.readouterr().err
 
 
 def test_tui_options_are_registered_with_the_fleetops_command() -> None:

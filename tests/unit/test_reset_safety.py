@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from fleetops import model
@@ -325,6 +326,14 @@ def test_a_signal_during_the_reset_restarts_the_clients_frees_the_lock_and_is_jo
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_env(state))
     try:
         record = _wait_for_phase(lock_of(state), "reset", child)
+        # and the GPU is away: nvidia-smi -r has begun (the phase is written before the last look
+        # at the holders, and a loaded machine can take a while between the two)
+        polling.until(
+            "the simulated reset under way",
+            lambda: sim.read_state(str(state))["node"].get(sim.RESETTING_FIELD) == uuid_of(state, 0) or None,
+            30,
+            0.02,
+        )
         # the deadline was moved to the worst case of what is left of the reset
         # (reset 30 s, 3 default clients started at 60 s each, the verify's 30 s, 15 s of snapshots)
         assert record["deadline"] - record["heartbeat_at"] == pytest.approx(30.0 + 3 * 60.0 + 30.0 + 15.0)

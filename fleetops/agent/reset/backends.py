@@ -375,9 +375,13 @@ class SimBackend(Backend):
             return False, f"simulated nvidia-smi -r -i {gpu.bus_id}: cannot tell who holds the GPU ({why})", {}
         duration = sim.reset_duration_s(self._state())
         if duration > 0:
-            time.sleep(min(duration, timeout))  # the GPU is away while it resets
+            # the GPU is away while it resets; the state says which one, as long as it is away
+            with sim.locked_state(self.path) as st:
+                st["node"][sim.RESETTING_FIELD] = gpu.uuid
+            time.sleep(min(duration, timeout))
         try:
             with sim.locked_state(self.path) as st:
+                st["node"].pop(sim.RESETTING_FIELD, None)
                 pos, _ = sim.find_gpu(st, gpu.uuid)
                 if pos is None:
                     raise sim.SimError(f"{gpu.uuid} is no longer on this node")
