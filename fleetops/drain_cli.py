@@ -24,41 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from fleetops.catalog.durations import GRAMMAR, duration_arg
-from fleetops.common.errors import EXIT_OK, EXIT_WARN, FleetopsError, UsageError
+from fleetops.common.errors import EXIT_OK, EXIT_WARN, UsageError
 from fleetops.fleet import sshopts
 from fleetops.ops import drain_log, results
+from fleetops.ops.frontend import guarded, inventory_path
 
-INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
 KIND = "operator"
-
-
-def _guarded(func: Any) -> Any:
-    """Errors of the operations layer become ``fleetops: error: ...`` and their exit code."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(func(args))
-        except FleetopsError as exc:
-            sys.stderr.write(f"fleetops: error: {exc.message}\n")
-            return exc.exit_code
-
-    run.__name__ = func.__name__
-    run.__doc__ = func.__doc__
-    return run
-
-
-def _inventory_path(value: str | None) -> str:
-    if value:
-        return value
-    for env in INVENTORY_ENVS:
-        if os.environ.get(env):
-            return os.environ[env]
-    raise UsageError("no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY)")
 
 
 def parse_share(text: str) -> float:
@@ -185,7 +160,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         raise UsageError("--reason: say why the nodes are drained (it is kept in Slurm's Reason)")
     share = parse_share(args.max_drain_share)
     run = slurm.operator_run()
-    path = _inventory_path(args.inventory)
+    path = inventory_path(args.inventory)
     every, hosts = _hosts(path, args.nodes)
     reason = rule.drain_reason(KIND, run, purpose)
     if not _confirmed(args, "drain", hosts, f" with Reason {reason!r}"):
@@ -199,7 +174,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from fleetops.ops import slurm
 
     run = slurm.operator_run()
-    path = _inventory_path(args.inventory)
+    path = inventory_path(args.inventory)
     every, hosts = _hosts(path, args.nodes)
     extra = ", lifting other owners' drains too (--force)" if args.force else ""
     if not _confirmed(args, "resume", hosts, extra):
@@ -256,7 +231,7 @@ def register(sub: Any) -> None:
         help="refuse when the drain would take more than this share of a partition out of service, counting "
         "every node already out (10%% or 0.10; never fewer than one node; default 10%%)",
     )
-    p.set_defaults(func=_guarded(cmd_drain))
+    p.set_defaults(func=guarded(cmd_drain))
 
     p = sub.add_parser(
         "resume",
@@ -268,4 +243,4 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also lift another owner's drain (the health program, a rollout, remediate, someone outside fleetops)",
     )
-    p.set_defaults(func=_guarded(cmd_resume))
+    p.set_defaults(func=guarded(cmd_resume))

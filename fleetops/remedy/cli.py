@@ -41,38 +41,12 @@ from fleetops.fleet import escalation, sshopts
 from fleetops.ops import remediate as fitness_mod
 from fleetops.ops import reset as ops_reset
 from fleetops.ops import results
+from fleetops.ops.frontend import guarded, inventory_path
 from fleetops.remedy import plan as plan_mod
-
-INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
 
 
 def _usage(message: str) -> UsageError:
     return UsageError(message)
-
-
-def _guarded(func: Any) -> Any:
-    """Errors of the operations layer become ``fleetops: error: ...`` and their exit code
-    (common.errors) whichever way the CLI was started."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(func(args))
-        except FleetopsError as exc:
-            sys.stderr.write(f"fleetops: error: {exc.message}\n")
-            return exc.exit_code
-
-    run.__name__ = func.__name__
-    run.__doc__ = func.__doc__
-    return run
-
-
-def _inventory_path(value: str | None) -> str:
-    if value:
-        return value
-    for env in INVENTORY_ENVS:
-        if os.environ.get(env):
-            return os.environ[env]
-    raise _usage("no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY)")
 
 
 def _run(args: argparse.Namespace, host: Any, argv: list[str], timeout: float) -> Any:
@@ -138,7 +112,7 @@ def _print_result(result: results.ActionResult, as_json: bool) -> None:
 def cmd_reset(args: argparse.Namespace) -> int:
     from fleetops.fleet import inventory
 
-    hosts = inventory.load(_inventory_path(args.inventory), None)
+    hosts = inventory.load(inventory_path(args.inventory), None)
     host = _host(hosts, args.node)
     runner = _runner(args, host)
     view = ops_reset.preview(host, args.gpu, runner, args.collect_timeout)
@@ -714,7 +688,7 @@ def register(sub: Any) -> None:
     _action_args(p)
     p.add_argument("--json", action="store_true", help="print the agent's JSON answer")
     _ssh_args(p)
-    p.set_defaults(func=_guarded(cmd_reset))
+    p.set_defaults(func=guarded(cmd_reset))
 
     p = sub.add_parser(
         "remediate",
@@ -754,4 +728,4 @@ def register(sub: Any) -> None:
     p.add_argument("--forks", type=int, default=20, help="nodes audited / dry-run-checked in parallel")
     _action_args(p)
     _ssh_args(p)
-    p.set_defaults(func=_guarded(cmd_remediate))
+    p.set_defaults(func=guarded(cmd_remediate))
