@@ -227,7 +227,7 @@ def _scontrol(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[
 
 
 def show_node(scontrol: str, name: str, timeout_s: float) -> tuple[str | None, str | None]:
-    done = _scontrol([scontrol, "show", "node", "-o", name], timeout_s)
+    done = _scontrol(rule.show_argv(name, scontrol), timeout_s)
     if done.returncode != 0:
         text = (done.stderr or done.stdout).strip()
         raise HealthcheckError("failed", f"scontrol show node {name} failed (exit {done.returncode}): {text}")
@@ -236,19 +236,11 @@ def show_node(scontrol: str, name: str, timeout_s: float) -> tuple[str | None, s
 
 def show_nodes(scontrol: str, timeout_s: float) -> list[rule.SlurmNode]:
     """Every node (state, reason, partitions): what the circuit breaker counts."""
-    done = _scontrol([scontrol, "show", "nodes", "-o"], timeout_s)
+    done = _scontrol(rule.show_all_argv(scontrol), timeout_s)
     if done.returncode != 0:
         text = (done.stderr or done.stdout).strip()
         raise HealthcheckError("failed", f"scontrol show nodes failed (exit {done.returncode}): {text}")
     return rule.parse_nodes(done.stdout)
-
-
-def drain_argv(scontrol: str, name: str, reason: str) -> list[str]:
-    return [scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
-
-
-def resume_argv(scontrol: str, name: str) -> list[str]:
-    return [scontrol, "update", f"NodeName={name}", "State=RESUME"]
 
 
 # --- where things are -----------------------------------------------------------------------
@@ -414,9 +406,9 @@ def run(args: Any) -> tuple[dict[str, Any], int]:
             why = f"would drain ({why}), but the health program's circuit breaker is open: {breaker_why}"
     argv: list[str] | None = None
     if action == "drain":
-        argv = drain_argv(args.scontrol, name, drain_reason(crit, run_id))
+        argv = rule.drain_argv(name, drain_reason(crit, run_id), args.scontrol)
     elif action == "resume":
-        argv = resume_argv(args.scontrol, name)
+        argv = rule.resume_argv(name, args.scontrol)
     doc: dict[str, Any] = {
         "kind": KIND,
         "node": name,

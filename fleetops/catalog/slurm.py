@@ -201,6 +201,29 @@ def resume_decision(
     return Decision("leave", owner, f"drained by {owner.describe()}, not by this run; left drained{hint}")
 
 
+# --- the scontrol calls (argv lists, no shell sees them) --------------------------------------
+
+
+def show_argv(name: str, scontrol: str = "scontrol") -> list[str]:
+    """One node, one line of Key=Value pairs."""
+    return [scontrol, "show", "node", "-o", name]
+
+
+def show_all_argv(scontrol: str = "scontrol") -> list[str]:
+    """Every node, one line each (State, Reason, Partitions): what capacity and the breaker count."""
+    return [scontrol, "show", "nodes", "-o"]
+
+
+def drain_argv(name: str, reason: str, scontrol: str = "scontrol") -> list[str]:
+    """The drain with its Reason as given: one argument, whatever it holds. ``drain_reason``
+    makes the Reason that names the owner."""
+    return [scontrol, "update", "NodeName=" + name, "State=DRAIN", "Reason=" + reason]
+
+
+def resume_argv(name: str, scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", "NodeName=" + name, "State=RESUME"]
+
+
 # --- reading scontrol ---------------------------------------------------------------------
 
 

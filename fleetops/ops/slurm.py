@@ -70,23 +70,11 @@ def slurm_managed(host: Any) -> bool:
     return bool(value)
 
 
-def show_argv(name: str, scontrol: str = SCONTROL) -> list[str]:
-    return [scontrol, "show", "node", "-o", name]
-
-
-def show_all_argv(scontrol: str = SCONTROL) -> list[str]:
-    """Every node, one line each (State, Reason, Partitions): what the capacity guard counts."""
-    return [scontrol, "show", "nodes", "-o"]
-
-
-def drain_argv(name: str, reason: str, scontrol: str = SCONTROL) -> list[str]:
-    """The drain with its Reason as given: one argument, whatever it holds (no shell sees it).
-    ``rule.drain_reason`` makes the Reason that names the owner."""
-    return [scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
-
-
-def resume_argv(name: str, scontrol: str = SCONTROL) -> list[str]:
-    return [scontrol, "update", f"NodeName={name}", "State=RESUME"]
+# the argv lists are the rule's, shared with the health program on the node
+show_argv = rule.show_argv
+show_all_argv = rule.show_all_argv
+drain_argv = rule.drain_argv
+resume_argv = rule.resume_argv
 
 
 def operator_run(user: str | None = None, host: str | None = None) -> str:
