@@ -610,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
 # entry point: it exposes ``register(sub)`` and keeps its internals (Textual, ansible-runner, SSH)
 # behind lazy imports, so this module needs nothing else from them; tests/unit/test_frontends.py
 # holds cli.py to that.
-ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.remedy.cli", "fleetops.drain_cli", "fleetops.tui.cli", "fleetops.docs.cli",
+ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.reset_cli", "fleetops.remedy.cli", "fleetops.drain_cli", "fleetops.tui.cli", "fleetops.docgen.cli",
                 "fleetops.validation.cli")
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.common.errors import EXIT_OK, EXIT_WARN, UsageError
 from fleetops.fleet import sshopts
-from fleetops.ops import drain_log, results
+from fleetops.ops import drain_log, frontend, results
 from fleetops.ops.frontend import guarded, inventory_path
 
 KIND = "operator"
@@ -72,25 +72,12 @@ def _hosts(path: str, names: list[str]) -> tuple[list[Any], list[Any]]:
     return every, [by_name[n] for n in chosen]
 
 
-def _confirm(question: str) -> bool | None:
-    """True/False from the operator (default No); None when there is no terminal to ask on."""
-    if not sys.stdin.isatty():
-        return None
-    try:
-        sys.stderr.write(question + " [y/N] ")
-        sys.stderr.flush()
-        answer = sys.stdin.readline()
-    except (EOFError, KeyboardInterrupt):
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
-
 def _confirmed(args: argparse.Namespace, verb: str, hosts: list[Any], extra: str = "") -> bool:
     """Several nodes need --yes or a yes on a terminal; one node, or a dry run, does not."""
     if args.dry_run or args.yes or len(hosts) < 2:
         return True
     names = ", ".join(h.name for h in hosts)
-    answer = _confirm(f"{verb.capitalize()} {len(hosts)} nodes ({names}){extra}?")
+    answer = frontend.confirm(f"{verb.capitalize()} {len(hosts)} nodes ({names}){extra}?")
     if answer is None:
         raise UsageError(
             f"refusing to {verb} {len(hosts)} nodes without confirmation: pass --yes (no terminal to ask on)"

@@ -1,5 +1,7 @@
-"""What every command-line front end over ``ops`` shares: the inventory it acts on, and how an
-error of the operations layer reaches the terminal."""
+"""What every command-line front end over ``ops`` shares: the inventory it acts on, how an
+error of the operations layer reaches the terminal, the operator's yes, the host named on the
+command line, one-shot SSH to it and the SSH options, and the time budgets of a GPU reset
+(``fleetops reset`` and ``fleetops remediate`` both reset GPUs)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.common.errors import FleetopsError, UsageError
+from fleetops.fleet import sshopts
+from fleetops.ops import reset as ops_reset
 
 INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
 
@@ -38,3 +43,72 @@ def inventory_path(value: str | None) -> str:
         if os.environ.get(env):
             return os.environ[env]
     raise UsageError("no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY)")
+
+
+def run_once(args: argparse.Namespace, host: Any, argv: list[str], timeout: float) -> Any:
+    """One-shot SSH: connect, run once, disconnect (the CLI's runner for ops actions)."""
+    from fleetops.fleet import transport
+
+    return transport.run_all(
+        [host],
+        argv,
+        forks=1,
+        connect_timeout=args.connect_timeout,
+        command_timeout=timeout,
+        known_hosts=args.known_hosts,
+        accept_new_hostkeys=args.accept_new_hostkeys,
+    )[host.name]
+
+
+def runner(args: argparse.Namespace, host: Any) -> ops_reset.Runner:
+    return lambda argv, timeout: run_once(args, host, argv, timeout)
+
+
+def find_host(hosts: list[Any], name: str) -> Any:
+    for host in hosts:
+        if host.name == name:
+            return host
+    names = ", ".join(h.name for h in hosts[:6]) + (" ..." if len(hosts) > 6 else "")
+    raise UsageError(f"node {name!r} is not in the inventory (hosts: {names})")
+
+
+def confirm(question: str) -> bool | None:
+    """True/False from the operator (default No); None when there is no terminal to ask on."""
+    if not sys.stdin.isatty():
+        return None
+    try:
+        sys.stderr.write(question + " [y/N] ")
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    except (EOFError, KeyboardInterrupt):
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def ssh_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
+                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
+    p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
+    p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    sshopts.add_ssh_config(p)
+
+
+def action_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=duration_arg("--timeout"),
+        help=f"how long to wait for each reset's answer ({GRAMMAR}; default: the agent's own reset budget "
+        f"plus SSH, {ops_reset.command_timeout_s():.0f})",
+    )
+    p.add_argument(
+        "--collect-timeout",
+        type=duration_arg("--collect-timeout"),
+        default=ops_reset.DEFAULT_COLLECT_TIMEOUT_S,
+        help=f"how long the fresh snapshot taken before each reset may take ({GRAMMAR}; "
+        f"default {ops_reset.DEFAULT_COLLECT_TIMEOUT_S:g})",
+    )
+
+
+def action_timeout(args: argparse.Namespace) -> float:
+    """``--timeout`` when given, else the agent's own reset budget plus SSH."""
+    return float(args.timeout) if args.timeout is not None else ops_reset.command_timeout_s()

@@ -1,11 +1,5 @@
-"""``fleetops reset`` and ``fleetops remediate``: GPU resets and remediation plans over SSH.
-
-``fleetops reset NODE GPU`` runs ``fleetops-agent reset`` on one node. GPU is a UUID, a bus id or
-an index; an index is first resolved to its UUID (``fleetops-agent collect``) and the agent is
-then given both the UUID and the bus id, so a GPU renumbered in between is refused, never
-reset by mistake. It shows the GPU and the processes on it (a fresh snapshot) and asks
-(default No) on a terminal; without a terminal it needs ``--yes``. With ``--kill-processes`` the
-agent may end exactly the processes shown (``--expect-pids``) and refuses if others appeared.
+"""``fleetops remediate``: remediation plans over SSH, and the GPU resets they call for (through
+the same ``fleetops.ops.reset`` functions as ``fleetops reset``, ``reset_cli.py``).
 
 ``fleetops remediate -i INVENTORY`` plans from each host's newest result across the audits in the
 history store, taken only when younger than ``--max-audit-age`` (a fresh audit when no host was
@@ -34,118 +28,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
-from fleetops.catalog.durations import GRAMMAR, DurationError, duration_arg, parse_duration
+from fleetops.catalog.durations import GRAMMAR, DurationError, parse_duration
 from fleetops.common import selectors
 from fleetops.common.errors import EXIT_OK, EXIT_WARN, FleetopsError, Refused, UsageError
-from fleetops.fleet import escalation, sshopts
+from fleetops.fleet import escalation
+from fleetops.ops import frontend, results
 from fleetops.ops import remediate as fitness_mod
 from fleetops.ops import reset as ops_reset
-from fleetops.ops import results
-from fleetops.ops.frontend import guarded, inventory_path
+from fleetops.ops.frontend import guarded
 from fleetops.remedy import plan as plan_mod
 
 
 def _usage(message: str) -> UsageError:
     return UsageError(message)
-
-
-def _run(args: argparse.Namespace, host: Any, argv: list[str], timeout: float) -> Any:
-    """One-shot SSH: connect, run once, disconnect (the CLI's runner for ops actions)."""
-    from fleetops.fleet import transport
-
-    return transport.run_all(
-        [host],
-        argv,
-        forks=1,
-        connect_timeout=args.connect_timeout,
-        command_timeout=timeout,
-        known_hosts=args.known_hosts,
-        accept_new_hostkeys=args.accept_new_hostkeys,
-    )[host.name]
-
-
-def _runner(args: argparse.Namespace, host: Any) -> ops_reset.Runner:
-    return lambda argv, timeout: _run(args, host, argv, timeout)
-
-
-def _host(hosts: list[Any], name: str) -> Any:
-    for host in hosts:
-        if host.name == name:
-            return host
-    names = ", ".join(h.name for h in hosts[:6]) + (" ..." if len(hosts) > 6 else "")
-    raise _usage(f"node {name!r} is not in the inventory (hosts: {names})")
-
-
-def _confirm(question: str) -> bool | None:
-    """True/False from the operator (default No); None when there is no terminal to ask on."""
-    if not sys.stdin.isatty():
-        return None
-    try:
-        sys.stderr.write(question + " [y/N] ")
-        sys.stderr.flush()
-        answer = sys.stdin.readline()
-    except (EOFError, KeyboardInterrupt):
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
-
-# --- fleetops reset ----------------------------------------------------------------------
-
-
-def _action_timeout(args: argparse.Namespace) -> float:
-    return float(args.timeout) if args.timeout is not None else ops_reset.command_timeout_s()
-
-
-def _print_result(result: results.ActionResult, as_json: bool) -> None:
-    doc = result.detail.get("report")
-    if doc is not None:
-        if as_json:
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        else:
-            sys.stdout.write(ops_reset.render(result.node, doc))
-        return
-    sys.stderr.write(f"fleetops: {result.message}\n")
-    if result.check:
-        sys.stderr.write(f"fleetops: check with: {result.check}\n")
-
-
-def cmd_reset(args: argparse.Namespace) -> int:
-    from fleetops.fleet import inventory
-
-    hosts = inventory.load(inventory_path(args.inventory), None)
-    host = _host(hosts, args.node)
-    runner = _runner(args, host)
-    view = ops_reset.preview(host, args.gpu, runner, args.collect_timeout)
-    gpu = view.gpu
-    shown = gpu.label()
-    if gpu.selector.form == selectors.INDEX:
-        sys.stderr.write(f"GPU index {args.gpu} on {host.name} is {shown}\n")
-    else:
-        sys.stderr.write(f"GPU on {host.name}: {shown}" + ("" if gpu.enumerated else " (not enumerated now)") + "\n")
-    for line in view.process_lines():
-        sys.stderr.write(f"  {line}\n")
-    kill = list(view.pids) if args.kill_processes else []
-    if view.pids and not args.kill_processes:
-        sys.stderr.write("  the GPU is busy: without --kill-processes the agent refuses to reset it\n")
-    if not args.dry_run and not args.yes:
-        ending = f" and end {len(kill)} process(es) (pid {', '.join(map(str, kill))})" if kill else ""
-        answer = _confirm(f"Reset {shown} on {host.name}{ending}?")
-        if answer is None:
-            raise _usage(
-                f"refusing to reset {shown} on {host.name} without confirmation: pass --yes (no terminal to ask on)"
-            )
-        if not answer:
-            sys.stderr.write("not confirmed: nothing done\n")
-            return EXIT_WARN
-    result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=_action_timeout(args),
-                           planned_backend=view.backend)
-    if result.detail.get("backend_mismatch"):  # the report is not the planned GPU's: say so, not it
-        sys.stderr.write(f"fleetops: {result.message}\n")
-        if result.check:
-            sys.stderr.write(f"fleetops: check with: {result.check}\n")
-        return EXIT_WARN
-    _print_result(result, args.json)
-    return EXIT_OK if result.ok else EXIT_WARN
 
 
 # --- fleetops remediate ------------------------------------------------------------------
@@ -253,7 +148,7 @@ def _confirm_processes(
     for n in planned_nodes:
         host = by_name[n.node]
         try:
-            snap = ops_reset.snapshot(host, _runner(args, host), args.collect_timeout)
+            snap = ops_reset.snapshot(host, frontend.runner(args, host), args.collect_timeout)
         except FleetopsError as exc:
             notes.append(f"{n.node}: no fresh look at its GPUs ({exc.message}): its resets end no process")
             continue
@@ -296,7 +191,7 @@ def _confirm_processes(
         sys.stderr.write(f"{_gpu_text(node, ref)} runs {len(procs)} process(es):\n")
         for p in procs:
             sys.stderr.write(f"  {_process_text(p)}\n")
-        answer = _confirm(f"End exactly these and reset the GPU on {node}?")
+        answer = frontend.confirm(f"End exactly these and reset the GPU on {node}?")
         if answer:
             confirmed[(node, str(ref.get("uuid")))] = tuple(sorted(p.pid for p in procs))
         else:
@@ -317,7 +212,7 @@ def _reset_one(
     anything is sent. A dry run without confirmations evaluates the processes it sees."""
     planned = item.gpu or {}
     out: dict[str, Any] = {"node": host.name, "gpu": planned, "dry_run": dry_run}
-    runner = _runner(args, host)
+    runner = frontend.runner(args, host)
     try:
         view = ops_reset.preview(host, str(planned.get("uuid")), runner, args.collect_timeout)
     except FleetopsError as exc:
@@ -347,7 +242,7 @@ def _reset_one(
                 return out
             kill = sorted(allowed & set(view.pids))
         out["processes"] = [p for p in out["processes"] if p["pid"] in kill] if kill else []
-    res = ops_reset.run(host, gpu, runner, dry_run=dry_run, kill_pids=kill, timeout_s=_action_timeout(args),
+    res = ops_reset.run(host, gpu, runner, dry_run=dry_run, kill_pids=kill, timeout_s=frontend.action_timeout(args),
                         planned_backend=view.backend)
     doc = res.detail.get("report")
     out.update(outcome=res.outcome, check=res.check)
@@ -636,7 +531,7 @@ def _dry_confirmations(
             continue
         host = by_name[n.node]
         try:
-            snap = ops_reset.snapshot(host, _runner(args, host), args.collect_timeout)
+            snap = ops_reset.snapshot(host, frontend.runner(args, host), args.collect_timeout)
         except FleetopsError:
             continue  # its resets' dry runs say why
         for sel, pids in wanted[n.node]:
@@ -647,49 +542,8 @@ def _dry_confirmations(
 # --- registration ----------------------------------------------------------------------
 
 
-def _ssh_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
-    p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
-    p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
-    sshopts.add_ssh_config(p)
-
-
-def _action_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--timeout",
-        type=duration_arg("--timeout"),
-        help=f"how long to wait for each reset's answer ({GRAMMAR}; default: the agent's own reset budget "
-        f"plus SSH, {ops_reset.command_timeout_s():.0f})",
-    )
-    p.add_argument(
-        "--collect-timeout",
-        type=duration_arg("--collect-timeout"),
-        default=ops_reset.DEFAULT_COLLECT_TIMEOUT_S,
-        help=f"how long the fresh snapshot taken before each reset may take ({GRAMMAR}; "
-        f"default {ops_reset.DEFAULT_COLLECT_TIMEOUT_S:g})",
-    )
-
-
 def register(sub: Any) -> None:
-    """The ``reset`` and ``remediate`` subcommands: the only entry point ``fleetops.cli`` uses."""
-    p = sub.add_parser("reset", help="reset one GPU of one node over SSH, every precondition checked by the agent")
-    p.add_argument("node", help="the node, as the inventory names it")
-    p.add_argument("gpu", help="the GPU: UUID, PCI bus id, or index (resolved to its UUID first)")
-    p.add_argument("-i", "--inventory", help="Ansible inventory (default: $FLEETOPS_INVENTORY)")
-    p.add_argument("--dry-run", action="store_true", help="only evaluate the preconditions; change nothing")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    p.add_argument(
-        "--kill-processes",
-        action="store_true",
-        help="end the GPU's compute processes first: exactly those listed before the question "
-        "(the agent refuses if others appeared)",
-    )
-    _action_args(p)
-    p.add_argument("--json", action="store_true", help="print the agent's JSON answer")
-    _ssh_args(p)
-    p.set_defaults(func=guarded(cmd_reset))
-
+    """The ``remediate`` subcommand: the only entry point ``fleetops.cli`` uses."""
     p = sub.add_parser(
         "remediate",
         help="turn each node's latest audit result into a plan; --yes carries out the GPU resets",
@@ -726,6 +580,6 @@ def register(sub: Any) -> None:
     escalation.add_arguments(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--forks", type=int, default=20, help="nodes audited / dry-run-checked in parallel")
-    _action_args(p)
-    _ssh_args(p)
+    frontend.action_args(p)
+    frontend.ssh_args(p)
     p.set_defaults(func=guarded(cmd_remediate))

@@ -24,8 +24,7 @@ from fleetops.common import selectors
 from fleetops.fleet import inventory
 from fleetops.fleet.transport import Result
 from fleetops.gpu import sim
-from fleetops.ops import reset, results
-from fleetops.remedy import cli as remedy_cli
+from fleetops.ops import frontend, reset, results
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,7 +151,7 @@ def test_fleetops_reset_refuses_a_report_from_another_backend_than_its_preview(
         answer = LocalRunner()([*argv[:-2], "--backend", "sim", "--state", str(state)], timeout)
         return answer
 
-    monkeypatch.setattr(remedy_cli, "_run", agent)
+    monkeypatch.setattr(frontend, "run_once", agent)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     code = cli.main(["reset", "node001", "1", "-i", "node001,", "--yes", "--dry-run"])
     err = capsys.readouterr()

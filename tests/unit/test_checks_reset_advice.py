@@ -11,7 +11,7 @@ import pytest
 from fleetops import cli
 from fleetops.catalog import xid as xid_catalog
 from fleetops.checks import registry_dicts, run_node_checks
-from fleetops.docs import data as docs_data
+from fleetops.docgen import data as docs_data
 from fleetops.gpu import sim
 
 RESET = re.compile(r"fleetops reset (\S+) (\S+?) -i INVENTORY\b")

@@ -26,7 +26,7 @@ from fleetops import baseline as bl
 from fleetops import checks
 from fleetops.catalog import xid
 from fleetops.cli import build_parser
-from fleetops.docs import generate
+from fleetops.docgen import generate
 from fleetops.report import json_report, prometheus
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,11 +29,11 @@ from unittest import mock
 import jinja2
 import pytest
 
-from fleetops.docs import data, example, generate, markdown
+from fleetops.docgen import data, example, generate, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fleetops"
-TEMPLATES = PACKAGE / "docs" / "templates"
+TEMPLATES = PACKAGE / "docgen" / "templates"
 
 
 def _copy_package(dest: Path) -> Path:
@@ -59,7 +59,7 @@ def test_docs_check_fails_naming_the_page_whose_template_changed(tmp_path: Path)
     assert same.returncode == 0, same.stderr  # the copy, unchanged, generates the committed pages
     assert "generated pages" in same.stdout and "are current" in same.stdout
 
-    template = copy / "docs" / "templates" / "xid.md.j2"
+    template = copy / "docgen" / "templates" / "xid.md.j2"
     text = template.read_text(encoding="utf-8")
     assert "## Each code\n" in text
     template.write_text(text.replace("## Each code\n", "## Every code\n"), encoding="utf-8")
@@ -285,9 +285,9 @@ def test_a_built_wheel_carries_the_templates_and_checks_the_pages(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     (wheel,) = (tmp_path / "dist").glob("fleetops-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        shipped = {n for n in zf.namelist() if n.startswith("fleetops/docs/templates/")}
+        shipped = {n for n in zf.namelist() if n.startswith("fleetops/docgen/templates/")}
         zf.extractall(tmp_path / "site")
-    assert shipped == {f"fleetops/docs/templates/{p.name}" for p in TEMPLATES.glob("*.j2")}
+    assert shipped == {f"fleetops/docgen/templates/{p.name}" for p in TEMPLATES.glob("*.j2")}
     assert {page.template for page in generate.PAGES.values()} <= {Path(n).name for n in shipped}
     assert not (tmp_path / "site" / "docs").exists()  # only the package: the pages come from its templates
     run = _docs_check(tmp_path / "site")

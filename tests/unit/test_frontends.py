@@ -9,7 +9,7 @@ file, and module names given to ``importlib.import_module`` as string constants)
   registration entry points (``fleetops.tui.cli``, ``fleetops.remedy.cli``), and uses nothing
   of them but ``register``;
 - ``fleetops/ops`` imports no front end (``fleetops.cli``, ``fleetops.tui``, ``fleetops.remedy``,
-  ``fleetops.rollout``, ``fleetops.docs``).
+  ``fleetops.rollout``, ``fleetops.docgen``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "fleetops"
 ENTRY_POINTS = {"fleetops.tui.cli", "fleetops.remedy.cli"}
-FRONT_ENDS = ("fleetops.cli", "fleetops.tui", "fleetops.remedy", "fleetops.rollout", "fleetops.docs")
+FRONT_ENDS = ("fleetops.cli", "fleetops.tui", "fleetops.remedy", "fleetops.rollout", "fleetops.docgen")
 
 
 def module_name(path: Path) -> str:

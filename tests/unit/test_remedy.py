@@ -20,6 +20,7 @@ from fleetops.fleet import audit
 from fleetops.fleet.store import Store
 from fleetops.fleet.transport import Result
 from fleetops.gpu import sim
+from fleetops.ops import frontend
 from fleetops.remedy import cli as remedy_cli
 from fleetops.remedy import plan
 
@@ -139,7 +140,7 @@ def two_nodes(tmp_path, monkeypatch):
         states[name] = tmp_path / f"{name}.json"
         sim.init_state(str(states[name]), name, {"faults": faults})
     agent = LocalAgent(states)
-    monkeypatch.setattr(remedy_cli, "_run", agent)
+    monkeypatch.setattr(frontend, "run_once", agent)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal
     return states, agent
 
@@ -305,7 +306,7 @@ def test_remediate_yes_with_expect_pids_drains_ends_exactly_those_resets_and_res
     states, _ = two_nodes
     slurm = _fake_slurm(tmp_path, monkeypatch)
     agent = SeesSlurm(states, slurm)
-    monkeypatch.setattr(remedy_cli, "_run", agent)
+    monkeypatch.setattr(frontend, "run_once", agent)
     db = tmp_path / "history.db"
     _record_audit(db, states)
     uuid = sim.read_state(str(states["node001"]))["gpus"][3]["uuid"]

@@ -16,8 +16,7 @@ from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.fleet.store import Store
 from fleetops.gpu import sim
-from fleetops.ops import remediate
-from fleetops.remedy import cli as remedy_cli
+from fleetops.ops import frontend, remediate
 
 
 @pytest.fixture
@@ -106,7 +105,7 @@ def no_ssh(monkeypatch):
         calls.append(argv)
         raise AssertionError(f"remediate asked {host.name} something: {argv}")
 
-    monkeypatch.setattr(remedy_cli, "_run", refuse)
+    monkeypatch.setattr(frontend, "run_once", refuse)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     return calls
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetops import cli
-from fleetops.docs import generate
+from fleetops.docgen import generate
 
 
 @pytest.mark.parametrize("fmt", ["json", "junit", "prom", "table"])

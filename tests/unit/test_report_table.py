@@ -9,7 +9,7 @@ import re
 
 from rich.console import Console
 
-from fleetops.docs import generate
+from fleetops.docgen import generate
 from fleetops.report import table
 
 

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import jinja2
 
-from fleetops.docs import markdown
-from fleetops.docs.data import (  # noqa: F401 - the names tests and other modules use from here
+from fleetops.docgen import markdown
+from fleetops.docgen.data import (  # noqa: F401 - the names tests and other modules use from here
     MISSING_COMMANDS_HEADING,
     baseline_page_data,
     checks_page_data,
@@ -31,10 +31,10 @@ from fleetops.docs.data import (  # noqa: F401 - the names tests and other modul
     example_baseline,
     xid_page_data,
 )
-from fleetops.docs.example import example_audit, outputs_page_data  # noqa: F401
-from fleetops.docs.markdown import Anchors as _Anchors  # noqa: F401 - the docs tests count anchors with it
+from fleetops.docgen.example import example_audit, outputs_page_data  # noqa: F401
+from fleetops.docgen.markdown import Anchors as _Anchors  # noqa: F401 - the docs tests count anchors with it
 
-TEMPLATES_PACKAGE = "fleetops.docs"
+TEMPLATES_PACKAGE = "fleetops.docgen"
 TEMPLATES_FOLDER = "templates"
 
 

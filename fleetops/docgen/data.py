@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from fleetops.docs.markdown import Anchors, slug
+from fleetops.docgen.markdown import Anchors, slug
 
 # --- baseline.md -------------------------------------------------------------------------
 

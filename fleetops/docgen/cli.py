@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetops.docs import generate
+    from fleetops.docgen import generate
 
     out = args.out or default_docs_dir()
     pages = generate.generate_all()

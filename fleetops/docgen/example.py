@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 from unittest import mock
 
-from fleetops.docs.data import example_baseline
+from fleetops.docgen.data import example_baseline
 
 EXAMPLE_NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 EXAMPLE_DURATION_S = 0.412
