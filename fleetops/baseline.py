@@ -42,8 +42,8 @@ from typing import Any, NoReturn
 from fleetops.catalog import gpus as _gpus
 from fleetops.catalog import mig as _mig_catalog
 from fleetops.catalog import migparted as _migparted
-from fleetops.catalog import xid as _xid
 from fleetops.validation import floors as _floors  # plain data, cheap for the agent's cold path
+from fleetops.xid import catalog as _xid
 
 WRAPPER_KEY = "fleetops_baseline"
 

@@ -40,7 +40,7 @@ def _xid_events(
 ) -> list[model.XidEvent]:
     """Parse kernel-log lines and attribute each XID to its GPU by bus id (``gpus``: bus id ->
     (uuid, index)); a GPU that fell off the bus is no longer enumerated and stays unattributed."""
-    from fleetops.gpu import xid
+    from fleetops.xid import kernlog as xid
 
     events = xid.parse_lines(lines, source=source)
     boot = collected_at - uptime_s if uptime_s is not None else None
@@ -151,7 +151,8 @@ def nvml_node(
 
     from fleetops import model
     from fleetops.agent import hostinfo
-    from fleetops.gpu import nvml, xid
+    from fleetops.gpu import nvml
+    from fleetops.xid import kernlog as xid
 
     now = time.time() if now is None else now
     node = model.Node(hostname=socket.gethostname(), backend="nvml", collected_at=now)

@@ -117,7 +117,7 @@ def from_text(text: str | None) -> str:
 def _xid_action(finding: model.Finding) -> str:
     observed = finding.observed if isinstance(finding.observed, list) else []
     try:
-        from fleetops.catalog import xid as catalog
+        from fleetops.xid import catalog as catalog
     except ImportError:  # pragma: no cover - shipped together
         return from_text(finding.action)
     best = "none"

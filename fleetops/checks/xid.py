@@ -1,4 +1,4 @@
-"""XID events from the kernel log, judged with the XID catalog (``fleetops.catalog.xid``), and the
+"""XID events from the kernel log, judged with the XID catalog (``fleetops.xid.catalog``), and the
 driver's GPU recovery action."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
-from fleetops.catalog import xid as xid_catalog
 from fleetops.checks.base import (
     CMD_RESET,
     CheckSpec,
@@ -15,6 +14,7 @@ from fleetops.checks.base import (
     gpu_label,
     reset_action,
 )
+from fleetops.xid import catalog as xid_catalog
 
 FAMILY = "xid"
 _RANK = model.SEVERITY_RANK
@@ -139,7 +139,7 @@ class _Seen:
 
 
 class _Holds:
-    """Which events still count: the evidence that ends each kind of hold (``catalog.xid.HOLDS``)."""
+    """Which events still count: the evidence that ends each kind of hold (``xid.catalog.HOLDS``)."""
 
     def __init__(self, ctx: Context) -> None:
         self.window_s = ctx.th.xid_window_hours * 3600.0

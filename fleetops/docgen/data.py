@@ -254,7 +254,7 @@ def checks_page_data() -> dict[str, Any]:
 
 # --- xid.md ------------------------------------------------------------------------------
 
-# What carries out each XID catalog action. Every action of ``catalog.xid.ACTIONS`` must be here
+# What carries out each XID catalog action. Every action of ``xid.catalog.ACTIONS`` must be here
 # (a KeyError stops generation when the catalog grows an action the docs do not map).
 ACTION_COMMANDS: dict[str, str] = {
     "none": "Nothing to run. `fleetops history NODE -v` shows whether it keeps coming back.",
@@ -312,7 +312,7 @@ def _planned(info: Any, sxid: bool = False) -> str:
 
 
 def _xid_info(info: Any, sxid: bool = False) -> dict[str, Any]:
-    from fleetops.catalog import xid
+    from fleetops.xid import catalog as xid
 
     return {
         "code": info.code,
@@ -329,7 +329,7 @@ def _xid_info(info: Any, sxid: bool = False) -> dict[str, Any]:
 
 def xid_page_data() -> dict[str, Any]:
     from fleetops import model
-    from fleetops.catalog import xid
+    from fleetops.xid import catalog as xid
 
     unmapped = [a for a in xid.ACTIONS if a not in ACTION_COMMANDS]
     if unmapped:

@@ -45,7 +45,8 @@ def _example_state(name: str, faults: tuple[str, ...]) -> dict[str, Any]:
 def _example_agent_output(name: str, faults: tuple[str, ...]) -> str:
     """What ``fleetops-agent collect`` prints for the node at ``EXAMPLE_NOW``."""
     from fleetops import model
-    from fleetops.gpu import sim, xid
+    from fleetops.gpu import sim
+    from fleetops.xid import kernlog as xid
 
     doc = sim.snapshot(_example_state(name, faults), now=EXAMPLE_NOW)
     lines = doc.pop("_kernel_log")

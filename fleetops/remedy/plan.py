@@ -7,7 +7,7 @@ Repairs, from the least to the most drastic: ``none``, ``restart_app``, ``drain`
 remediate) and ``inspect`` (look at the finding: its action says what to do). Each finding
 (warn or crit; info and ok need nothing) is mapped to one action by its check id, and for XID
 findings by the action the check judged per code (the XID policy, escalation included), else
-the XID catalog's (``fleetops.catalog.xid``); a check this table does not know is mapped from
+the XID catalog's (``fleetops.xid.catalog``); a check this table does not know is mapped from
 its action text (table and rule: ``fleetops.catalog.remedies``, which the audit's JSON report
 uses too). Per GPU the most drastic repair wins; every side fix is kept, one per node and
 kind, with the findings that call for it. Per node, a reboot supersedes the GPU resets on that

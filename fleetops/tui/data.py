@@ -451,7 +451,7 @@ def pending_entry(name: str) -> NodeEntry:
 
 def _xid_info(event: model.XidEvent) -> tuple[str, str, str, bool]:
     """(name, severity, action, is_sxid) from the XID catalog (it explains unknown codes too)."""
-    from fleetops.catalog import xid
+    from fleetops.xid import catalog as xid
 
     info = xid.info_for(event)
     return (info.name, info.severity, info.action, xid.is_sxid(event))

@@ -36,7 +36,7 @@ def sim_state(
 def snapshot(state: dict[str, Any], now: float = T0) -> model.Node:
     """What ``fleetops-agent collect`` would print for this state at ``now``, parsed. (The
     agent reads the clock itself; this is its simulator path at a clock of our choosing.)"""
-    from fleetops.gpu import xid
+    from fleetops.xid import kernlog as xid
 
     doc = sim.snapshot(state, now=now)
     lines = doc.pop("_kernel_log")

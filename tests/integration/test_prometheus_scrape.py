@@ -25,7 +25,8 @@ from promtool_util import INSTALL, promtool
 
 from fleetops import checks, model
 from fleetops.agent import metrics
-from fleetops.gpu import sim, xid
+from fleetops.gpu import sim
+from fleetops.xid import kernlog as xid
 
 pytestmark = [pytest.mark.promtool, pytest.mark.slow]
 

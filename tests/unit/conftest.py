@@ -40,7 +40,7 @@ def node_from_state(state: dict[str, Any], now: float | None = None) -> model.No
     lines = data.pop("_kernel_log", [])
     data["collected_at"] = now
     node = model.node_from_dict(data)
-    from fleetops.gpu import xid
+    from fleetops.xid import kernlog as xid
 
     node.xids = xid.parse_lines(lines, source="sim")
     for event in node.xids:

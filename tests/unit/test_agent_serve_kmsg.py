@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetops.agent.serve import kmsg
+from fleetops.xid import follower as kmsg
 
 
 def test_record_with_continuation_lines_keeps_the_message_only() -> None:

@@ -9,10 +9,10 @@ import re
 import pytest
 
 from fleetops import cli
-from fleetops.catalog import xid as xid_catalog
 from fleetops.checks import registry_dicts, run_node_checks
 from fleetops.docgen import data as docs_data
 from fleetops.gpu import sim
+from fleetops.xid import catalog as xid_catalog
 
 RESET = re.compile(r"fleetops reset (\S+) (\S+?) -i INVENTORY\b")
 

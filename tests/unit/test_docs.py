@@ -24,10 +24,10 @@ import yaml
 
 from fleetops import baseline as bl
 from fleetops import checks
-from fleetops.catalog import xid
 from fleetops.cli import build_parser
 from fleetops.docgen import generate
 from fleetops.report import json_report, prometheus
+from fleetops.xid import catalog as xid
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -135,7 +135,7 @@ def test_each_page_data_function_returns_plain_data(path: str) -> None:
 def test_page_data_is_the_real_sources() -> None:
     from fleetops import baseline as bl
     from fleetops import checks
-    from fleetops.catalog import xid
+    from fleetops.xid import catalog as xid
 
     assert [k["path"] for k in data.baseline_page_data()["keys"]] == [k.path for k in bl.SCHEMA]
     assert [c["id"] for c in data.checks_page_data()["checks"]] == list(checks.REGISTRY)
@@ -221,7 +221,7 @@ def test_synopsis_and_argument_rows_follow_argparse() -> None:
     section = page.split("### `fleetops sim up`\n", 1)[1].split("\n### ", 1)[0]
     assert "fleetops sim up [--nodes NODES] --dir DIR [--scenario SCENARIO]" in section
     assert "| `--dir` | `DIR` | required | folder for keys, state, inventory.yml and known_hosts |" in section
-    assert "| `--nodes` | `NODES` | `8` |  |" in section
+    assert "| `--nodes` | `NODES` | `8` | simulated nodes to start (default 8) |" in section
     serve = page.split("### `fleetops-agent serve`\n", 1)[1].split("\n### ", 1)[0]
     assert "[--states STATES [STATES ...]]" in serve
     history = page.split("### `fleetops history`\n", 1)[1].split("\n### ", 1)[0]
@@ -261,7 +261,8 @@ def test_validate_backend_help_names_its_own_backends_and_what_auto_picks() -> N
     named = text.split("--backend BACKEND ", 1)[1].split(" ", 1)[0].split("|")
     assert sorted(named) == sorted(BACKENDS)
     collect = _agent_help("collect")
-    assert "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver)" in collect
+    assert ("auto|nvml|sim (default auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver, "
+            "else nvml)") in collect
     assert "--sim-on-gpu-node" in collect and "cupy" not in collect
     page = (ROOT / "docs" / "reference" / "commands.md").read_text(encoding="utf-8")
     validate = page.split("### `fleetops-agent validate`\n", 1)[1].split("\n### ", 1)[0]

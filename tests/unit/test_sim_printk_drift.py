@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.agent.serve import kmsg
 from fleetops.gpu import sim
+from fleetops.xid import follower as kmsg
 
 MONTH_S = 30 * 86400.0
 

@@ -1,4 +1,4 @@
-"""XID parsing and kernel-log reading (fleetops.gpu.xid), and the XID catalog (fleetops.catalog.xid)."""
+"""XID parsing and kernel-log reading (fleetops.xid.kernlog), and the XID catalog (fleetops.xid.catalog)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleetops.catalog import xid as catalog
-from fleetops.gpu import sim, xid
+from fleetops.gpu import sim
+from fleetops.xid import catalog as catalog
+from fleetops.xid import kernlog as xid
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 ISO_2026_12_01 = datetime(2026, 12, 1, 3, 12, 44, tzinfo=UTC).timestamp()

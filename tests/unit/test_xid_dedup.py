@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleetops.agent.serve import kmsg
+from fleetops.xid import follower as kmsg
 
 BUSES = [f"0000:{b}:00.0" for b in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")]
 BOOT = 1_760_000_000.0  # the boot's wall time (what /proc/uptime gives, NTP-corrected)

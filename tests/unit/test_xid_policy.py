@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fleetops import baseline, model
-from fleetops.catalog import xid as catalog
 from fleetops.checks import run_node_checks
+from fleetops.xid import catalog as catalog
 
 # The decisions, written out by hand: code -> (severity, action, escalation or None), escalation
 # as (count, within_s, severity, action). A change to DEFAULT_POLICY must change this table too.

@@ -17,9 +17,10 @@ import time
 from collections import deque
 from typing import Any
 
-from fleetops.agent.serve import instances, kmsg
+from fleetops.agent.serve import instances
 from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring, Value
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
+from fleetops.xid import follower as kmsg
 
 HISTORY_S = 3600.0
 # The snapshot's counters that rate checks compare, as the ring names them.

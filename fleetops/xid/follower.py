@@ -1,5 +1,5 @@
 """Kernel-log follower: ``/dev/kmsg`` records (``prio,seq,usec,flags;message``) or a file of the
-same format (the simulator's), parsed with ``fleetops.gpu.xid``.
+same format (the simulator's), parsed with ``fleetops.xid.kernlog``.
 
 The sequence number is the cursor. The cursor, the per-XID counters and the recent events are
 written together (one file, atomic rename) after every batch, so a kill between reading and
@@ -256,7 +256,7 @@ class Follower(threading.Thread):
         self._pending = ""
 
     def handle(self, records: list[str]) -> None:
-        from fleetops.gpu import xid
+        from fleetops.xid import kernlog as xid
 
         added: list[dict[str, Any]] = []
         with self.book.lock:

@@ -3,7 +3,7 @@
 Domain knowledge shared by the agent (verification after a reset), the checks (``xid.recent``,
 ``xid.storm``), ``fleetops remediate`` and the generated XID runbook. The entries follow the
 resolution buckets of NVIDIA's published XID catalog (texts are our own). Reading and parsing the
-kernel log is the GPU access layer's business (``fleetops.gpu.xid``); here are only tables and
+kernel log is the GPU access layer's business (``fleetops.xid.kernlog``); here are only tables and
 pure functions over ``model.XidEvent``.
 
 SXid events come from NVSwitch, not from a GPU, and their codes live in another number space:

@@ -1,6 +1,6 @@
 """NVIDIA XID events: parse kernel log lines and read the running kernel's log.
 
-Two parts (what a code means lives in the XID catalog, ``fleetops.catalog.xid``; its names are
+Two parts (what a code means lives in the XID catalog, ``fleetops.xid.catalog``; its names are
 re-exported here for callers that read events and explain them in one place):
 
 - ``parse_line`` / ``parse_lines`` turn the lines the NVIDIA driver writes to the kernel log
@@ -15,7 +15,7 @@ SXid lines (``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, ...``
 NVSwitch, not from a GPU. They ARE parsed, into an event whose ``source`` ends in ``":sxid"``
 (``"kernel:sxid"``) and whose ``bus_id`` is the switch's. Their codes live in a different
 number space from GPU XIDs: callers that reason about GPU XIDs must skip them with
-``fleetops.catalog.xid.is_sxid(event)``; its ``info_for(event)`` already explains them as NVSwitch errors rather than
+``fleetops.xid.catalog.is_sxid(event)``; its ``info_for(event)`` already explains them as NVSwitch errors rather than
 looking their code up in the GPU catalog.
 
 Standard library only: this module is on the agent's import path.
@@ -29,8 +29,8 @@ import time
 from collections.abc import Iterable
 from datetime import datetime
 
-from fleetops.catalog.xid import SXID_SUFFIX
 from fleetops.model import XidEvent, normalize_bus_id
+from fleetops.xid.catalog import SXID_SUFFIX
 
 # --- parsing ---------------------------------------------------------------------------
 
