@@ -16,6 +16,7 @@ from typing import Any
 from fleetops.catalog.durations import GRAMMAR, duration_arg, retention_arg
 from fleetops.common.errors import EXIT_INTERRUPTED, EXIT_USAGE, FleetopsError, UsageError
 from fleetops.fleet import escalation, sshopts
+from fleetops.ops import frontend
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -42,6 +43,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.fleet.store import Store
     from fleetops.ops.baseline import resolve_baselines
 
+    args.inventory = frontend.inventory_path(args.inventory)
     keep_s = args.keep
     if not args.max_age >= 0:  # also refuses nan
         raise UsageError(f"--max-age must be a number of seconds >= 0, not {args.max_age:g}")
@@ -332,6 +334,7 @@ def cmd_prometheus(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
+    args.inventory = frontend.inventory_path(args.inventory)
     hosts = inventory.load(args.inventory, args.limit)
     text = prom_targets.render(prom_targets.target_groups(args.inventory, hosts, args.port))
     if not args.output:
@@ -430,6 +433,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
         _write_out(json.dumps(bl.json_schema(), indent=2) + "\n", args.output)
         return 0
+    args.inventory = frontend.inventory_path(args.inventory)
     if args.baseline_command == "vars":
         from fleetops import baseline as bl
         from fleetops.fleet import inventory
@@ -484,17 +488,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("audit", help="collect every node's GPU state and report drift and faults")
-    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    frontend.inventory_arg(p)
     p.add_argument("--baseline", help="baseline YAML (default: fleetops_baseline from the inventory's group_vars)")
-    p.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
-    p.add_argument("--format", choices=("table", "json", "junit", "prom"), default="table")
-    p.add_argument("-o", "--output", help="write the report to this file (atomically)")
-    p.add_argument("--forks", type=int, default=50, help="hosts collected in parallel (default 50)")
-    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
+    frontend.limit_arg(p)
+    frontend.format_arg(p, ("table", "json", "junit", "prom"))
+    p.add_argument("-o", "--output", help="write the report to this file (atomically; default: stdout)")
+    frontend.forks_arg(p)
     p.add_argument("--timeout", type=duration_arg("--timeout"), default=30.0,
                    help=f"how long the agent may take to answer ({GRAMMAR}; default 30)")
-    p.add_argument("--fail-on", choices=("warn", "crit"), default="warn", help="lowest severity that fails (exit 1/2)")
+    p.add_argument("--fail-on", choices=("warn", "crit"), default="warn",
+                   help="lowest severity that fails (exit 1/2; default warn)")
     p.add_argument(
         "--max-age",
         type=duration_arg("--max-age", allow_zero=True),
@@ -508,10 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="every node collects now, never from its daemon (rate checks then need a previous audit)",
     )
-    p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
-    p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
-    sshopts.add_ssh_config(p)
-    p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
+    frontend.ssh_args(p)
+    frontend.db_arg(p)
     p.add_argument("--no-history", action="store_true", help="do not record this audit")
     p.add_argument(
         "--keep",
@@ -529,16 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs); "
                    "with --kind drains: its drains and resumes (inventory or Slurm name)")
     p.add_argument("--kind", choices=("audit", "validate", "escalation", "drains"), default="audit",
-                   help="audit: fleetops audit runs (default; the text view ends with the escalation summary); "
+                   help="audit: fleetops audit runs (the text view ends with the escalation summary); "
                    "validate: fleetops validate runs and each GPU's verdict and expiry; escalation: faults that "
                    "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90); "
                    "drains: every drain and resume fleetops made in Slurm, with its owner (kind/run), outcome, "
-                   "purpose and the drain it met")
+                   "purpose and the drain it met (default audit)")
     p.add_argument("--since", help=f"a duration ago ({GRAMMAR}) or an ISO date")
     p.add_argument("--last", type=int, default=20,
                    help="how many audits, validate runs or drains (default 20)")
-    p.add_argument("--db", help="history database")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    frontend.db_arg(p)
+    frontend.format_arg(p, ("text", "json"))
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list persisting findings (with --kind validate: every GPU, not only those not ok; "
                    "with --kind drains: each one's message)")
@@ -548,23 +549,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prometheus", help="Prometheus integration: scrape targets from the inventory")
     psub = p.add_subparsers(dest="prometheus_command", required=True, parser_class=_Parser)
     q = psub.add_parser("targets", help="write file_sd targets for every node's agent endpoint (fleetops-agent serve)")
-    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    frontend.inventory_arg(q)
     q.add_argument("-o", "--output", help="file_sd JSON file to replace atomically (default: stdout)")
     q.add_argument("--port", type=int, default=9401,
                    help="agent metrics port where the host var fleetops_agent_metrics_port is unset (default 9401)")
-    q.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
+    frontend.limit_arg(q)
     q.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
     q.set_defaults(func=cmd_prometheus)
 
     p = sub.add_parser("baseline", help="the desired state: a host's effective (layered) baseline, the JSON Schema")
     bsub = p.add_subparsers(dest="baseline_command", required=True, parser_class=_Parser)
     q = bsub.add_parser("show", help="a host's effective baseline, key by key, with the group each key came from")
-    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
+    frontend.inventory_arg(q)
     q.add_argument("host", help="inventory host name")
     q.add_argument("--json", action="store_true", help="as JSON: keys with value, level, file and line")
     q = bsub.add_parser("vars", help="every host's layered baseline as extra variables, for ansible-playbook -e @FILE")
-    q.add_argument("-i", "--inventory", required=True, help="Ansible inventory (INI or YAML)")
-    q.add_argument("--limit", help="only these hosts (Ansible --limit patterns)")
+    frontend.inventory_arg(q)
+    frontend.limit_arg(q)
     q.add_argument("-o", "--output", help="write it to this file (atomically) instead of stdout")
     q = bsub.add_parser("schema", help="the baseline's JSON Schema (for editors and validators)")
     q.add_argument("-o", "--output", help="write it to this file (atomically) instead of stdout")
@@ -573,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="a simulated fleet: real sshd on loopback with simulated GPUs")
     ssub = p.add_subparsers(dest="sim_command", required=True, parser_class=_Parser)
     q = ssub.add_parser("up", help="start N simulated nodes")
-    q.add_argument("--nodes", type=int, default=8)
+    q.add_argument("--nodes", type=int, default=8, help="simulated nodes to start (default 8)")
     q.add_argument("--dir", required=True, help="folder for keys, state, inventory.yml and known_hosts")
     q.add_argument("--scenario", help="scenario YAML (defaults, per-node overrides and faults)")
     q.add_argument("--install", action="store_true", help="apt-get install openssh-server when sshd is missing")
@@ -633,7 +634,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
         ("fleetops.fleet.inventory", "InventoryError"),
         ("fleetops.baseline", "BaselineError"),
         ("fleetops.fleet.store", "StoreError"),
-        ("fleetops.gpu.sim", "SimError"),
+        ("fleetops.sim.gpu", "SimError"),
         ("fleetops.sim.fleet", "SimFleetError"),
     ):
         try:

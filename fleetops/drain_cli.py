@@ -29,7 +29,6 @@ from typing import Any
 
 from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.common.errors import EXIT_OK, EXIT_WARN, UsageError
-from fleetops.fleet import sshopts
 from fleetops.ops import drain_log, frontend, results
 from fleetops.ops.frontend import guarded, inventory_path
 
@@ -177,28 +176,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("nodes", nargs="+", metavar="NODE", help="nodes, as the inventory names them")
-    p.add_argument("-i", "--inventory", help="Ansible inventory (default: $FLEETOPS_INVENTORY)")
+    frontend.inventory_arg(p)
     p.add_argument(
         "--dry-run", action="store_true", help="show each node's decision and Reason; send nothing"
     )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (several nodes)")
     p.add_argument("--json", action="store_true", help="print every node's result as JSON")
-    p.add_argument(
-        "--db",
-        help="history database where each drain and resume is recorded "
-        "(default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)",
-    )
+    frontend.db_arg(p, "history database where each drain and resume is recorded")
     p.add_argument("--timeout", type=duration_arg("--timeout"), default=30.0,
                    help=f"how long each scontrol call may take ({GRAMMAR}; default 30)")
-    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-                   help=f"how long to connect to a Slurm host over SSH ({GRAMMAR}; default 5)")
-    p.add_argument(
-        "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
-    )
-    p.add_argument(
-        "--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen"
-    )
-    sshopts.add_ssh_config(p)
+    frontend.ssh_args(p)  # the Slurm host's SSH
 
 
 def register(sub: Any) -> None:

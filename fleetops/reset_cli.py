@@ -83,7 +83,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("reset", help="reset one GPU of one node over SSH, every precondition checked by the agent")
     p.add_argument("node", help="the node, as the inventory names it")
     p.add_argument("gpu", help="the GPU: UUID, PCI bus id, or index (resolved to its UUID first)")
-    p.add_argument("-i", "--inventory", help="Ansible inventory (default: $FLEETOPS_INVENTORY)")
+    frontend.inventory_arg(p)
     p.add_argument("--dry-run", action="store_true", help="only evaluate the preconditions; change nothing")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument(

@@ -62,7 +62,8 @@ def add_parser(sub: Any) -> None:
                    "absent: only the checks that need no baseline")  # fmt: skip
     p.add_argument(
         "--backend", default="auto",
-        help="auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver)",
+        help="auto|nvml|sim (default auto: sim when FLEETOPS_SIM_STATE is set and this node has no NVIDIA driver, "
+        "else nvml)",
     )
     p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
     p.add_argument("--sim-on-gpu-node", action="store_true",
@@ -75,7 +76,7 @@ def add_parser(sub: Any) -> None:
         "--snapshot", action="store_true", help="with --json: include the snapshot that was judged"
     )
     p.add_argument("--fail-on", choices=("warn", "crit"), default="warn",
-                   help="lowest severity that fails (exit 1/2); crit lets warnings pass with 0")  # fmt: skip
+                   help="lowest severity that fails (exit 1/2); crit lets warnings pass with 0; default warn")  # fmt: skip
     p.add_argument(
         "--exit-zero",
         action="store_true",

@@ -73,8 +73,8 @@ def build_parser() -> Any:
     parser = _Parser(prog="fleetops-agent", description="fleetops node agent: read and safely change this node's GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def common(p: Any, backend_help: str = "auto|nvml|sim (auto: sim when FLEETOPS_SIM_STATE is set and this "
-               "node has no NVIDIA driver)") -> None:
+    def common(p: Any, backend_help: str = "auto|nvml|sim (default auto: sim when FLEETOPS_SIM_STATE is set and "
+               "this node has no NVIDIA driver, else nvml)") -> None:
         p.add_argument("--backend", default="auto", help=backend_help)
         p.add_argument("--state", help="simulator state file (default: $FLEETOPS_SIM_STATE)")
         p.add_argument("--sim-on-gpu-node", action="store_true",
@@ -135,7 +135,7 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("setting", help="power|persistence|mig")
     p.add_argument("value", help="watts for power; on/off for persistence and mig")
-    p.add_argument("--gpu", default="all", help="all, a UUID or a PCI bus id (never an index)")
+    p.add_argument("--gpu", default="all", help="all, a UUID or a PCI bus id (never an index; default all)")
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
     p.add_argument("--baseline", metavar="FILE|-",
                    help="power: each GPU takes its own model's limit from this baseline (gpu_models.MODEL."
@@ -175,8 +175,8 @@ def build_parser() -> Any:
     about = "measure each GPU (HBM, GEMM, host copies) and the node (P2P, all_reduce); never changes a setting"
     p = sub.add_parser("validate", help=about, description=about)
     p.add_argument("--level", choices=("quick", "full"), default="quick",
-                   help="quick (at most 60 s, the default) or full (at most 10 minutes)")
-    p.add_argument("--gpu", default="all", help="all, a UUID, an index or a bus id")
+                   help="quick (at most 60 s) or full (at most 10 minutes); default quick")
+    p.add_argument("--gpu", default="all", help="all, a UUID, an index or a bus id (default all)")
     p.add_argument("--noise", type=float, default=None,
                    help="sim backend: relative noise (default: the state's validation_noise, else 0.02)")
     p.add_argument("--seed", type=int, default=None,
@@ -198,7 +198,7 @@ def build_parser() -> Any:
     p.add_argument("action", choices=["apply", "reset"], help="apply|reset")
     p.add_argument("--gpu", default="all",
                    help="all (apply: every GPU; reset: the MIG-enabled ones), a UUID or a bus id "
-                   "(apply: several, comma-separated)")
+                   "(apply: several, comma-separated; default all)")
     p.add_argument("--layout", help="apply: comma-separated profiles for every selected GPU (3g.71gb,3g.71gb), "
                    "or 'off' for MIG mode off")
     p.add_argument("--config", help="apply: an nvidia-mig-parted config file (version: v1)")

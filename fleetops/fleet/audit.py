@@ -21,6 +21,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.checks.verdict import SOURCE_COLLECT, SOURCE_DAEMON, NodeResult, node_findings
+from fleetops.fleet import sshopts
 
 AGENT_COMMAND_VAR = "fleetops_agent_path"
 DEFAULT_AGENT = "fleetops-agent"
@@ -165,7 +166,7 @@ def run(
     hosts: list[Any],
     baselines: dict[str, Any],
     previous: dict[str, model.Node],
-    forks: int = 50,
+    forks: int = sshopts.FORKS,
     connect_timeout: float = 5.0,
     command_timeout: float = 30.0,
     known_hosts: str | None = None,

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import argparse
 
+# SSH sessions opened at once by every command that collects from the nodes over SSH (audit,
+# remediate's audit and dry runs, tui's cold collections, validate): one number for all of
+# them. 50 is the fan-out bench/RESULTS.md measured (100 hosts: 4.1 s at 50, 4.6 s at 16, 5.1 s
+# at 8; docs/runbooks/scaling.md); nothing measured the TUI's former 64. Ansible's forks
+# (rollout, apply) are processes and stay with ansible.cfg.
+FORKS = 50
+
 SSH_CONFIG_HELP = (
     "ssh_config file to read Host blocks from, as ssh -F (default ~/.ssh/config when it exists; "
     "'none': read none); the inventory's variables and ssh args win over it"

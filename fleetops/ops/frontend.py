@@ -1,5 +1,7 @@
-"""What every command-line front end over ``ops`` shares: the inventory it acts on, how an
-error of the operations layer reaches the terminal, the operator's yes, the host named on the
+"""What every command-line front end over ``ops`` shares: the inventory it acts on (``-i``,
+else $FLEETOPS_INVENTORY, else $ANSIBLE_INVENTORY, for every command that reads one), the options
+that mean the same in several commands (``--limit``, ``--db``, ``--format``, ``--forks``, the SSH
+options: one help text and one default each), how an error of the operations layer reaches the terminal, the operator's yes, the host named on the
 command line, one-shot SSH to it and the SSH options, and the time budgets of a GPU reset
 (``fleetops reset`` and ``fleetops remediate`` both reset GPUs)."""
 
@@ -17,6 +19,12 @@ from fleetops.fleet import sshopts
 from fleetops.ops import reset as ops_reset
 
 INVENTORY_ENVS = ("FLEETOPS_INVENTORY", "ANSIBLE_INVENTORY")
+# The words every command's -i help ends with: one resolution (``inventory_path``), one text.
+INVENTORY_DEFAULT = "(default: $FLEETOPS_INVENTORY, else $ANSIBLE_INVENTORY)"
+NO_INVENTORY = "no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY)"
+DB_DEFAULT = "(default: $FLEETOPS_DB, else ~/.local/state/fleetops/history.db)"
+LIMIT_HELP = "Ansible host pattern, as ansible's --limit (default: every host of the inventory)"
+CONNECT_TIMEOUT_S = 5.0
 
 
 def guarded(func: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
@@ -42,7 +50,32 @@ def inventory_path(value: str | None) -> str:
     for env in INVENTORY_ENVS:
         if os.environ.get(env):
             return os.environ[env]
-    raise UsageError("no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY)")
+    raise UsageError(NO_INVENTORY)
+
+
+def inventory_arg(p: argparse.ArgumentParser, what: str = "Ansible inventory (INI or YAML file, or a folder)",
+                  **kwargs: Any) -> None:
+    """``-i/--inventory``, optional everywhere: ``inventory_path`` resolves what it leaves out."""
+    p.add_argument("-i", "--inventory", help=f"{what} {INVENTORY_DEFAULT}", **kwargs)
+
+
+def limit_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", help=LIMIT_HELP)
+
+
+def db_arg(p: argparse.ArgumentParser, what: str = "history database") -> None:
+    p.add_argument("--db", help=f"{what} {DB_DEFAULT}")
+
+
+def format_arg(p: argparse.ArgumentParser, choices: tuple[str, ...], what: str = "") -> None:
+    """``--format``: the first choice is the default."""
+    p.add_argument("--format", choices=choices, default=choices[0],
+                   help=f"output format{what} (default {choices[0]})")
+
+
+def forks_arg(p: argparse.ArgumentParser, what: str = "nodes reached over SSH at the same time") -> None:
+    """``--forks`` of every command that collects over SSH: one default, ``sshopts.FORKS``."""
+    p.add_argument("--forks", type=int, default=sshopts.FORKS, help=f"{what} (default {sshopts.FORKS})")
 
 
 def run_once(args: argparse.Namespace, host: Any, argv: list[str], timeout: float) -> Any:
@@ -86,8 +119,8 @@ def confirm(question: str) -> bool | None:
 
 
 def ssh_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
+    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=CONNECT_TIMEOUT_S,
+                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default {CONNECT_TIMEOUT_S:g})")
     p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
     p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
     sshopts.add_ssh_config(p)

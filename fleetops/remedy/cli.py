@@ -419,7 +419,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     parse_expect_pids(args.expect_pids)  # a malformed one is refused before anything else
     if args.expect_pids and not args.kill_processes:
         raise _usage("--expect-pids names the processes --kill-processes may end: give both")
-    inv = args.inventory
+    inv = args.inventory = frontend.inventory_path(args.inventory)
     hosts = inventory.load(inv, args.limit)
     by_name = {h.name: h for h in hosts}
     findings, cov, fresh = _results(args, hosts, inv, max_age)
@@ -548,9 +548,9 @@ def register(sub: Any) -> None:
         "remediate",
         help="turn each node's latest audit result into a plan; --yes carries out the GPU resets",
     )
-    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory")
-    p.add_argument("--limit", help="Ansible host pattern")
-    p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
+    frontend.inventory_arg(p)
+    frontend.limit_arg(p)
+    frontend.db_arg(p)
     p.add_argument("--fresh", action="store_true", help="audit now instead of using the recorded audits")
     p.add_argument("--baseline", help="baseline YAML for a fresh audit (default: the inventory's fleetops_baseline)")
     p.add_argument(
@@ -578,8 +578,8 @@ def register(sub: Any) -> None:
         "repeat per GPU. A process that runs there unconfirmed refuses that GPU's reset",
     )
     escalation.add_arguments(p)
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--forks", type=int, default=20, help="nodes audited / dry-run-checked in parallel")
+    frontend.format_arg(p, ("text", "json"))
+    frontend.forks_arg(p, "nodes audited, or dry-run checked, over SSH at the same time (resets: one node at a time)")
     frontend.action_args(p)
     frontend.ssh_args(p)
     p.set_defaults(func=guarded(cmd_remediate))

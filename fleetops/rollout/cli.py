@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from fleetops.common.errors import EXIT_CRIT as EXIT_RUN_FAILED
 from fleetops.common.errors import EXIT_OK, EXIT_USAGE
 from fleetops.common.errors import EXIT_WARN as EXIT_HOSTS_FAILED
+from fleetops.ops import frontend
 
 __all__ = ["EXIT_HOSTS_FAILED", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "register"]
 
@@ -27,6 +28,8 @@ APPLY_WHAT = {
     "mig": "apply MIG layouts: mode, GPU and compute instances (nodes are drained first)",
     "firmware": "audit GPU firmware",
 }
+# The collection's ansible.cfg [defaults] forks, which --forks overrides (tests/unit hold the two equal).
+ANSIBLE_FORKS = 20
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
 _BATCH = re.compile(r"^([1-9][0-9]*)(%?)$")
 
@@ -75,15 +78,9 @@ def extra_var(text: str) -> tuple[str, Any]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-i",
-        "--inventory",
-        action="append",
-        required=True,
-        metavar="INVENTORY",
-        help="Ansible inventory (file or folder); repeat for several",
-    )
-    p.add_argument("--limit", help="Ansible host pattern to narrow the run to")
+    frontend.inventory_arg(p, "Ansible inventory (INI or YAML file, or a folder; repeat for several)",
+                           action="append", metavar="INVENTORY")
+    frontend.limit_arg(p)
     p.add_argument(
         "--baseline",
         metavar="FILE",
@@ -94,7 +91,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--check", action="store_true", help="dry run: report what would change (with diffs), change nothing"
     )
     p.add_argument("--yes", action="store_true", help="do not ask before changing nodes")
-    p.add_argument("--forks", type=int, default=None, help="parallel hosts (default: ansible.cfg's 20)")
+    p.add_argument("--forks", type=int, default=None,
+                   help=f"Ansible worker processes at once (default: ansible.cfg's forks, {ANSIBLE_FORKS})")
     p.add_argument(
         "-e",
         "--extra-var",
@@ -113,11 +111,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="largest share of a Slurm partition out of service at once, counting every node already out: "
         "a fraction or a percentage (default 10%%; never fewer than one node)",
     )
-    p.add_argument(
-        "--db",
-        help="history database where the run's Slurm drains and resumes are recorded "
-        "(default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)",
-    )
+    frontend.db_arg(p, "history database where the run's Slurm drains and resumes are recorded")
     p.add_argument("-v", "--verbose", action="store_true", help="also print unchanged task results")
     p.add_argument(
         "--artifacts", help="ansible-runner private data dir (default: ~/.local/state/fleetops/rollout)"
@@ -297,6 +291,7 @@ def _run(args: argparse.Namespace, playbook: str, extravars: dict[str, Any], act
     from fleetops.rollout.progress import summary_text
     from fleetops.rollout.runner import RolloutError, run_playbook
 
+    args.inventory = args.inventory or [frontend.inventory_path(None)]
     for inv in args.inventory:
         import os
 

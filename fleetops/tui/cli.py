@@ -12,7 +12,7 @@ import tempfile
 from typing import Any
 
 from fleetops.catalog.durations import GRAMMAR, duration_arg
-from fleetops.fleet import sshopts
+from fleetops.ops import frontend
 
 SIM_FIRST_ADDRESS = "127.0.40.1"
 
@@ -24,11 +24,11 @@ def register(sub: Any) -> None:
         description="Live view of the fleet. Keys: ':' view, '/' filter, 'f' faults only, "
         "Shift+letter sort, Enter node detail, '?' all keys.",
     )
-    p.add_argument("-i", "--inventory", help="Ansible inventory (INI or YAML)")
+    frontend.inventory_arg(p, "Ansible inventory (INI or YAML file, or a folder; none with --sim)")
     p.add_argument(
         "--baseline", help="baseline YAML (default: fleetops_baseline from the inventory's group_vars)"
     )
-    p.add_argument("--limit", help="Ansible host pattern, as ansible's --limit")
+    frontend.limit_arg(p)
     p.add_argument(
         "--readonly", action="store_true", help="no actions: re-audit, reset, drain and resume are off"
     )
@@ -38,16 +38,12 @@ def register(sub: Any) -> None:
         help=f"time between cold collections of a node without a daemon ({GRAMMAR}; default: 2, longer for "
         "big fleets: 6 ms per node)",
     )
-    p.add_argument("--db", help="history database for the node screen (default: the audit's, when it exists)")
-    p.add_argument(
-        "--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-        help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)",
-    )
+    p.add_argument("--db", help=f"history database for the node screen, when it exists {frontend.DB_DEFAULT}")
     p.add_argument(
         "--timeout", type=duration_arg("--timeout"), default=15.0,
         help=f"how long the agent may take to answer before a node is HUNG ({GRAMMAR}; default 15)",
     )
-    p.add_argument("--forks", type=int, default=64, help="nodes collected at the same time (default 64)")
+    frontend.forks_arg(p, "nodes without a daemon collected over SSH at the same time")
     p.add_argument(
         "--max-connecting",
         type=int,
@@ -68,15 +64,11 @@ def register(sub: Any) -> None:
         default=30.0,
         help=f"time without news from a node's daemon before it is shown STALE ({GRAMMAR}; default 30)",
     )
+    frontend.ssh_args(p)
     p.add_argument(
-        "--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)"
-    )
-    p.add_argument(
-        "--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen"
-    )
-    sshopts.add_ssh_config(p)
-    p.add_argument(
-        "--sim", action="store_true", help="start a simulated fleet in a temporary folder (no inventory)"
+        "--sim", action="store_true",
+        help="start a simulated fleet in a temporary folder and watch it (instead of an inventory: -i, "
+        "$FLEETOPS_INVENTORY and $ANSIBLE_INVENTORY are not read)",
     )
     p.add_argument("--nodes", type=int, default=8, help="nodes of the simulated fleet (default 8)")
     p.add_argument("--scenario", help="scenario YAML for the simulated fleet (faults, per-node overrides)")
@@ -121,8 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sim and args.inventory:
         raise UsageError("tui: give -i INVENTORY or --sim, not both")
-    if not args.sim and not args.inventory:
-        raise UsageError("tui: give -i INVENTORY (or --sim for a simulated fleet)")
+    if not args.sim:
+        try:
+            args.inventory = frontend.inventory_path(args.inventory)
+        except UsageError:
+            raise UsageError(f"{frontend.NO_INVENTORY}, or --sim for a simulated fleet") from None
     if args.interval is not None and args.interval <= 0:
         raise UsageError("tui: --interval must be more than 0 seconds")
     if args.max_connecting < 1:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.checks import verdict
-from fleetops.fleet import audit
+from fleetops.fleet import audit, sshopts
 from fleetops.ops import results as ops_results
 from fleetops.tui import data
 
@@ -62,7 +62,7 @@ class SshSource:
         interval: float = 2.0,
         connect_timeout: float = 5.0,
         command_timeout: float = 15.0,
-        forks: int = 64,
+        forks: int = sshopts.FORKS,
         known_hosts: str | None = None,
         accept_new_hostkeys: bool = False,
         previous: dict[str, model.Node] | None = None,

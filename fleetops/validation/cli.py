@@ -8,8 +8,9 @@ import json
 import sys
 from typing import Any
 
-from fleetops.catalog.durations import GRAMMAR, duration_arg, retention_arg
+from fleetops.catalog.durations import retention_arg
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
+from fleetops.ops import frontend
 from fleetops.validation.judge import GpuVerdict, NodeVerdict, judge, judge_nodes, overall
 
 # The agent's own time budget per level plus SSH; a node past it is unknown, not failed.
@@ -199,6 +200,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from fleetops.ops.baseline import resolve_baselines
 
+    args.inventory = frontend.inventory_path(args.inventory)
     if args.probe:
         return cmd_probe(args)
     started = time.time()
@@ -283,22 +285,18 @@ def register(sub: Any) -> None:
     about = ("measure every GPU (HBM, GEMM, host copies) and node (P2P, all_reduce) and judge them against "
              "floors and peers; exit 0 ok, 1 warn, 2 crit, 3 unknown")
     p = sub.add_parser("validate", help=about, description=about)
-    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory")
-    p.add_argument("--limit", help="Ansible host pattern")
+    frontend.inventory_arg(p)
+    frontend.limit_arg(p)
     p.add_argument("--level", choices=("quick", "full"), default="quick",
-                   help="quick (at most 60 s a node, the default) or full (at most 10 minutes)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table (default) or json (every GPU's and node's status, findings and figures)")
+                   help="quick (at most 60 s a node) or full (at most 10 minutes); default quick")
+    frontend.format_arg(p, ("table", "json"), "; json: every GPU's and node's status, findings and figures")
     p.add_argument("--all", action="store_true",
                    help="table: list every GPU and node, ok ones too (default: only what is not ok, then the counts)")
-    p.add_argument("--forks", type=int, default=50, help="nodes at a time")
-    p.add_argument("--connect-timeout", type=duration_arg("--connect-timeout"), default=5.0,
-                   help=f"how long to connect and get the SSH banner ({GRAMMAR}; default 5)")
-    p.add_argument("--known-hosts", help="known_hosts file (default: the inventory's UserKnownHostsFile, else ~/.ssh)")
-    p.add_argument("--accept-new-hostkeys", action="store_true", help="trust and record keys of hosts never seen")
+    frontend.forks_arg(p)
+    frontend.ssh_args(p)
     p.add_argument("--baseline", help="baseline YAML whose validation.floors override the shipped floors "
                    "(default: fleetops_baseline from the inventory's group_vars)")
-    p.add_argument("--db", help="history database (default: $FLEETOPS_DB or ~/.local/state/fleetops/history.db)")
+    frontend.db_arg(p)
     p.add_argument("--no-history", action="store_true", help="do not record this run's results")
     p.add_argument("--keep", default="30d", type=retention_arg("--keep", unit_required=True), metavar="DURATION",
                    help="history retention, as fleetops audit --keep (default 30d)")
