@@ -39,7 +39,8 @@ def _print_result(result: results.ActionResult, as_json: bool) -> None:
 def cmd_reset(args: argparse.Namespace) -> int:
     from fleetops.fleet import inventory
 
-    hosts = inventory.load(inventory_path(args.inventory), None)
+    path = inventory_path(args.inventory)
+    hosts = inventory.load(path, None)
     host = frontend.find_host(hosts, args.node)
     runner = frontend.runner(args, host)
     view = ops_reset.preview(host, args.gpu, runner, args.collect_timeout)
@@ -65,7 +66,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
             sys.stderr.write("not confirmed: nothing done\n")
             return EXIT_WARN
     result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=frontend.action_timeout(args),
-                           planned_backend=view.backend)
+                           planned_backend=view.backend, inventory=path)
     if result.detail.get("backend_mismatch"):  # the report is not the planned GPU's: say so, not it
         sys.stderr.write(f"fleetops: {result.message}\n")
         if result.check:

@@ -174,10 +174,15 @@ def backend_mismatch(planned: str | None, doc: dict[str, Any]) -> str | None:
             f"backend: it is not about the GPU that was planned")
 
 
-def check_command(host: Any, gpu: selectors.ResolvedGpu) -> str:
-    """What tells the operator what a reset without an answer did."""
+def check_command(host: Any, gpu: selectors.ResolvedGpu, inventory: str | None = None) -> str:
+    """What tells the operator what a reset without an answer did, pasteable: with ``-i`` and
+    the inventory the reset came from (``INVENTORY`` where the caller does not know it)."""
+    import shlex
+
     target = gpu.uuid or gpu.bus_id or gpu.selector.text
-    return f"fleetops reset {host.name} {target} --dry-run; then read the agent's journal {journal_path(host)} on {host.name}"
+    where = shlex.quote(inventory) if inventory else "INVENTORY"
+    return (f"fleetops reset {host.name} {target} -i {where} --dry-run; then read the agent's journal "
+            f"{journal_path(host)} on {host.name}")
 
 
 def run(
@@ -189,14 +194,16 @@ def run(
     kill_pids: Sequence[int] | None = None,
     timeout_s: float | None = None,
     planned_backend: str | None = None,
+    inventory: str | None = None,
 ) -> results.ActionResult:
     """Send the reset once and say what came of it. ``planned_backend``: the backend of the
     snapshot the reset was planned on (``Preview.backend``, the TUI's snapshot): pinned in the
-    command, and an answer from another backend is not taken (see the module's docstring)."""
+    command, and an answer from another backend is not taken (see the module's docstring).
+    ``inventory``: the one the host came from, for the pasteable ``check`` command."""
     argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend)
     wait = float(timeout_s) if timeout_s is not None else command_timeout_s()
     result = runner(argv, wait)
-    return outcome(host, gpu, argv, result, wait, planned_backend)
+    return outcome(host, gpu, argv, result, wait, planned_backend, inventory)
 
 
 def outcome(
@@ -206,6 +213,7 @@ def outcome(
     result: Any,
     timeout_s: float,
     planned_backend: str | None = None,
+    inventory: str | None = None,
 ) -> results.ActionResult:
     answer = answers.read(result)
     name = str(host.name)
@@ -224,7 +232,7 @@ def outcome(
                 + ("; a real GPU may have been reset: check the node" if real
                    else "; no GPU was touched: check which backend fleetops-agent picks on the node "
                         "($FLEETOPS_SIM_STATE, --backend) and plan again"),
-                check_command(host, gpu) if real else None, detail,
+                check_command(host, gpu, inventory) if real else None, detail,
             )
         verdict = str(doc.get("result"))
         out = RESULT_OUTCOME.get(verdict, results.FAILED)
@@ -233,7 +241,7 @@ def outcome(
         message = f"{name}: {doc.get('message') or verdict}"
         if doc.get("remedy"):
             message += f" (remedy: {doc['remedy']})"
-        check = check_command(host, gpu) if out == results.UNKNOWN else None
+        check = check_command(host, gpu, inventory) if out == results.UNKNOWN else None
         return results.ActionResult(name, "reset", out, message, check, detail)
     sent_unanswered = answer.what == answers.TRANSPORT and answer.kind in SENT_UNANSWERED
     # an answer that is not a reset report (a traceback, garbage) also leaves the outcome open
@@ -244,7 +252,7 @@ def outcome(
             "reset",
             results.UNKNOWN,
             f"{name}: the reset of {label} was sent but its outcome is unknown ({why})",
-            check_command(host, gpu),
+            check_command(host, gpu, inventory),
             detail,
         )
     if answer.what == answers.AGENT_ERROR:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 
@@ -384,7 +384,8 @@ def test_a_reset_whose_answer_does_not_come_is_unknown_with_the_command_to_check
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "the reset of" in proc.stderr and "outcome is unknown" in proc.stderr
     journal = str(state(d, "node001").with_suffix(".reset.jsonl"))
-    assert f"check with: fleetops reset node001 {gpu} --dry-run" in proc.stderr and journal in proc.stderr
+    assert (f"fleetops: check with: fleetops reset node001 {gpu} -i {inventory(d)} --dry-run; then read the agent's "
+            f"journal {journal} on node001\n") in proc.stderr
     lock = Path(str(state(d, "node001")) + ".maintenance.lock")
     deadline = time.monotonic() + 60
     while lock.exists():  # the agent carries on unseen: let it finish before the next test

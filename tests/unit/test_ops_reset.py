@@ -16,8 +16,8 @@ from fleetops.catalog import actions
 from fleetops.common import selectors
 from fleetops.fleet import inventory
 from fleetops.fleet.transport import Result
-from fleetops.gpu import sim
 from fleetops.ops import reset, results
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,9 +103,33 @@ def test_a_command_sent_without_an_answer_is_unknown_with_the_command_to_check(h
     lost = Result("node001", False, None, "", "", kind, "connection lost after the command was sent", 3.0)
     result = reset.run(host, gpu, lambda argv, timeout: lost)
     assert result.outcome == results.UNKNOWN and not result.ok
-    assert result.check is not None and result.check.startswith("fleetops reset node001 GPU-abc --dry-run")
     journal = os.path.splitext(host.vars["fleetops_sim_state"])[0] + ".reset.jsonl"
-    assert journal in result.check
+    assert result.check == (f"fleetops reset node001 GPU-abc -i INVENTORY --dry-run; then read the agent's journal "
+                            f"{journal} on node001")
+    known = reset.run(host, gpu, lambda argv, timeout: lost, inventory="/srv/my fleet/hosts.yml")
+    assert known.check == (f"fleetops reset node001 GPU-abc -i '/srv/my fleet/hosts.yml' --dry-run; then read the "
+                           f"agent's journal {journal} on node001")
+
+
+def test_fleetops_reset_prints_a_pasteable_check_with_the_inventory_it_was_given(
+    host: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetops import cli
+    from fleetops.ops import frontend
+
+    state = host.vars["fleetops_sim_state"]
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(f"all:\n  hosts:\n    node001:\n      ansible_host: 127.0.0.1\n      fleetops_sim_state: {state}\n")
+    lost = Result("node001", False, None, "", "", "timeout", "no answer within 3 s", 3.0)
+    local = LocalRunner()
+    monkeypatch.setattr(frontend, "runner", lambda args, h: lambda argv, t: local(argv, t) if argv[1] == "collect"
+                        else lost)
+    uuid = sim.read_state(state)["gpus"][1]["uuid"]
+    assert cli.main(["reset", "node001", "1", "-i", str(inv), "--yes"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    journal = os.path.splitext(state)[0] + ".reset.jsonl"
+    assert err[-1] == (f"fleetops: check with: fleetops reset node001 {uuid} -i {inv} --dry-run; then read the "
+                       f"agent's journal {journal} on node001")
 
 
 @pytest.mark.parametrize("kind", ["unreachable", "auth", "hostkey"])
@@ -124,5 +148,5 @@ def test_an_interrupted_agent_is_unknown_with_the_command_to_check(host: Any) ->
     answered = Result("node001", False, 143, report, "", "command", "exit status 143", 2.0)
     result = reset.run(host, gpu, lambda argv, timeout: answered)
     assert result.outcome == results.UNKNOWN
-    assert result.check is not None and result.check.startswith("fleetops reset node001 GPU-abc --dry-run")
+    assert result.check is not None and result.check.startswith("fleetops reset node001 GPU-abc -i INVENTORY --dry-run")
     assert "SIGTERM during verify" in result.message
