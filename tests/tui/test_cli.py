@@ -9,17 +9,19 @@ from fleetops.tui.cli import default_interval
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "error"),
     [
-        ["tui"],  # neither an inventory nor --sim
-        ["tui", "--sim", "-i", "inventory.yml"],
+        (["tui"], "no inventory: pass -i INVENTORY (or set FLEETOPS_INVENTORY), or --sim for a simulated fleet"),
+        (["tui", "--sim", "-i", "inventory.yml"], "tui: give -i INVENTORY or --sim, not both"),
     ],
 )
 def test_tui_refuses_contradictory_or_missing_input_with_exit_4(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    argv: list[str], error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.delenv("FLEETOPS_INVENTORY", raising=False)  # neither -i nor the environment names one
+    monkeypatch.delenv("ANSIBLE_INVENTORY", raising=False)
     assert cli.main(argv) == cli.EXIT_USAGE
-    assert "tui:" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"fleetops: error: {error}\n"
 
 
 def test_a_zero_interval_is_refused_by_the_duration_grammar_with_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
