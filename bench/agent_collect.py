@@ -5,7 +5,7 @@
     # N runs each, interleaved; prints both medians and their ratio (target <= 0.5)
     python3 bench/agent_collect.py --backend nvml --python /opt/fleetops/venv -n 21
 
-    # simulator: an 8-GPU state from fleetops.gpu.sim.init_state; prints the median (target < 150 ms)
+    # simulator: an 8-GPU state from fleetops.sim.gpu.init_state; prints the median (target < 150 ms)
     python3 bench/agent_collect.py --backend sim -n 21
 
 The agent is started the way its console script starts it (``from fleetops.agent.main import
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.backend == "sim":
         sys.path.insert(0, str(ROOT))
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
             state = os.path.join(tmp, "state.json")

@@ -96,7 +96,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
         if args.backend == "sim":
-            from fleetops.gpu import sim
+            from fleetops.sim import gpu as sim
 
             state = os.path.join(d, "bench.json")
             sim.init_state(state, "bench")

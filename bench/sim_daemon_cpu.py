@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _times(pid: int) -> tuple[float, float]:

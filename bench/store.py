@@ -34,7 +34,7 @@ from fleetops import checks, model
 from fleetops.checks.verdict import NodeResult
 from fleetops.fleet.audit import AuditResult
 from fleetops.fleet.store import DEFAULT_KEEP_S, Store
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 # The first release's layout (no user_version, snapshots as JSON text): the "before" figure.
 FIRST_LAYOUT = (Path(__file__).parent.parent / "tests" / "fixtures" / "history_layout1.sql").read_text()

@@ -4,7 +4,7 @@ counter ``fleetops_gpu_xid_total{gpu,code}`` showing it, over N injected XIDs.
     python bench/xid_latency.py [--xids 100] [--interval 2] [--address 127.0.0.1]
 
 A real ``fleetops-agent serve --backend sim`` runs with its endpoint on ``--address``; each XID is
-injected as ``fleetops sim inject`` does (``fleetops.gpu.sim.inject``: the fault is recorded and
+injected as ``fleetops sim inject`` does (``fleetops.sim.gpu.inject``: the fault is recorded and
 its line appended to ``<state>.kmsg`` as a ``/dev/kmsg`` record), cycling over the 8 GPUs and a
 few codes, one at a time, each after a random pause (0-0.25 s, seeded) so the lines fall at
 any phase of the follower's poll, as real XIDs do. The clock starts just before the inject call (so it includes the
@@ -54,7 +54,7 @@ def counters(page: str) -> dict[tuple[int, int], int]:
 
 
 def run(xids: int, interval: float, host: str, timeout_s: float = 30.0) -> dict[str, object]:
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     port = _free_port(host)
     url = f"http://{host}:{port}/metrics"

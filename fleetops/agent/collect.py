@@ -88,7 +88,7 @@ def reset_times(path: str | None = None) -> dict[str, float]:
 
 
 def _sim_dict(state_path: str | None, now: float) -> dict[str, Any]:
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     path = state_path or os.environ.get(sim.STATE_ENV)
     if not path:

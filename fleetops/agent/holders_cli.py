@@ -40,7 +40,7 @@ def run(args: Any) -> int:
     if not prefix:
         state = args.state or os.environ.get("FLEETOPS_SIM_STATE")
         if state:
-            from fleetops.gpu import sim
+            from fleetops.sim import gpu as sim
 
             prefix = sim.device_prefix(state)
         else:

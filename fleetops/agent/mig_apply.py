@@ -114,12 +114,12 @@ class SimMig(MigOps):
         return SimBackend(self.path, self.dry_run)
 
     def hostname(self) -> str:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         return str(sim.read_state(self.path)["hostname"])
 
     def read(self) -> list[GpuMig]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         state = sim.read_state(self.path)
         needs_reset = bool(state["node"].get(sim.MIG_NEEDS_RESET_FIELD))
@@ -149,7 +149,7 @@ class SimMig(MigOps):
         return out
 
     def _change(self, uuid: str, what: str, fn: Any) -> Any:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing(what)
         try:
@@ -162,18 +162,18 @@ class SimMig(MigOps):
             raise MigChangeError(str(exc)) from exc
 
     def set_mode(self, uuid: str, enabled: bool) -> bool:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         return bool(self._change(uuid, "set MIG mode", lambda st, pos: sim.set_mig_mode(st, pos, enabled)))
 
     def destroy(self, uuid: str, inst: Inst) -> None:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._change(uuid, "destroy a MIG instance",
                      lambda st, pos: sim.destroy_gpu_instance(st, pos, inst.gpu_instance_id))
 
     def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         def make(st: dict[str, Any], pos: int) -> int:
             gi = sim.create_gpu_instance(st, pos, profile.name, start)

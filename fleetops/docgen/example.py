@@ -29,7 +29,7 @@ EXAMPLE_FAULT_AGE_S = 120.0
 
 
 def _example_state(name: str, faults: tuple[str, ...]) -> dict[str, Any]:
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     state = sim.build_state(name, {"faults": list(faults)})
     boot = EXAMPLE_NOW - 3 * 86400
@@ -45,7 +45,7 @@ def _example_state(name: str, faults: tuple[str, ...]) -> dict[str, Any]:
 def _example_agent_output(name: str, faults: tuple[str, ...]) -> str:
     """What ``fleetops-agent collect`` prints for the node at ``EXAMPLE_NOW``."""
     from fleetops import model
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
     from fleetops.xid import kernlog as xid
 
     doc = sim.snapshot(_example_state(name, faults), now=EXAMPLE_NOW)

@@ -9,7 +9,7 @@ run for real against ``fleetops-agent`` on the far side. Layout of the fleet fol
     DIR/known_hosts             ``[127.0.10.1]:2222 ssh-ed25519 ...`` for every node
     DIR/id_ed25519              the client key; DIR/authorized_keys holds its public half
     DIR/ssh_host_ed25519_key    the host key, shared by the nodes of this fleet
-    DIR/state/<node>.json       simulator state (``fleetops.gpu.sim``), named by FLEETOPS_SIM_STATE
+    DIR/state/<node>.json       simulator state (``fleetops.sim.gpu``), named by FLEETOPS_SIM_STATE
     DIR/home/<node>/            the node's HOME (an empty .bashrc: root's own runs pyenv setup)
     DIR/sshd/<node>.conf        its sshd_config;  DIR/log/<node>.log  its sshd log
 
@@ -21,7 +21,7 @@ sshd takes it: a real node pays that cost on its own CPU, not the controller's),
 ecdh-sha2-nistp256 key exchange, which OpenSSL computes (OpenSSH's own curve25519 is slower, on
 both ends; sntrup761, the clients' default, slower still).
 
-Faults: everything ``fleetops.gpu.sim`` knows (written to the node's state file), plus the
+Faults: everything ``fleetops.sim.gpu`` knows (written to the node's state file), plus the
 fleet-level ``host-down`` (the node's sshd is killed; clearing starts it again with the same
 config), ``host-hang`` (sshd and its sessions are SIGSTOPped: TCP connects, no banner ever
 comes; clearing sends SIGCONT) and ``agent-missing`` (the node's PATH loses the agent's folder,
@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 FLEET_FAULTS = ("host-down", "host-hang", "agent-missing")
 FLEET_FILE = "fleet.json"

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleetops import model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.tui import data
 
 T0 = 1_800_000_000.0  # a fixed "now" (2027-01-15) for deterministic screens

@@ -79,7 +79,7 @@ def run_module(capsys: pytest.CaptureFixture[str]):
 
 @pytest.fixture
 def sim_state(tmp_path: Path) -> str:
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     path = str(tmp_path / "node001.json")
     sim.init_state(path, "node001")

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("FLEETOPS_DEBIAN_MIRROR", "http://deb.debian.org/debian")

@@ -22,7 +22,7 @@ import nspawn_hosts
 import pytest
 
 from fleetops.catalog import slurm as rule
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fleetops.gpu import sim
 from fleetops.rollout.runner import RunResult, run_playbook
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

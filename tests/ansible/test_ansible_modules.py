@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.root
 

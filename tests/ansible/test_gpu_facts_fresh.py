@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 DEADLINE_S = 60.0

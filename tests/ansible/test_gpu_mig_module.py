@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 MODULE = "fleetops_gpu_mig"
 LAYOUT = ["3g.71gb", "3g.71gb"]

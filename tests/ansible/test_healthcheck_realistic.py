@@ -25,7 +25,7 @@ import pytest
 from polling import until
 
 from fleetops.catalog import slurm as rule
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -59,8 +59,8 @@ class Fleet:
 @pytest.fixture
 def make_fleet(tmp_path: Path) -> Iterator[Callable[[str], Fleet]]:
     """Start a 3-node fleet from a scenario; node003 is then made a mixed node (GPUs 4-7 H100s)."""
-    from fleetops.gpu import sim
     from fleetops.sim import fleet
+    from fleetops.sim import gpu as sim
 
     if os.geteuid() != 0 or fleet.find_sshd() is None:
         pytest.skip("needs root and sshd: the simulated fleet runs real sshd processes")

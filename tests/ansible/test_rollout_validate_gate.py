@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = os.path.dirname(sys.executable)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetops.agent import backend_choice
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.gpu
 

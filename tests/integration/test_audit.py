@@ -16,7 +16,7 @@ import pytest
 from expected_faults import EXPECTED, NEEDS_PREVIOUS, NODE_LEVEL
 
 from fleetops.fleet.store import LAYOUT_VERSION
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

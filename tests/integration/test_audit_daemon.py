@@ -24,8 +24,8 @@ from promtool_util import assert_clean, promtool
 from fleetops.agent.serve import client
 from fleetops.checks import verdict
 from fleetops.fleet import audit as audit_mod
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

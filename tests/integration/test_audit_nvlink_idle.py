@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

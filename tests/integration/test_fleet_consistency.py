@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

@@ -19,8 +19,8 @@ import pytest
 
 from fleetops.fleet import inventory as fleet_inventory
 from fleetops.fleet import transport
-from fleetops.gpu import sim
 from fleetops.ops.reset import agent_argv
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

@@ -25,7 +25,7 @@ from promtool_util import INSTALL, promtool
 
 from fleetops import checks, model
 from fleetops.agent import metrics
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.xid import kernlog as xid
 
 pytestmark = [pytest.mark.promtool, pytest.mark.slow]

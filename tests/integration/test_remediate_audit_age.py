@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from fleetops.catalog.durations import parse_duration
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

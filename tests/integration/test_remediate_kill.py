@@ -19,8 +19,8 @@ import fake_scontrol
 import pytest
 import yaml
 
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]
 

@@ -28,8 +28,8 @@ import pytest
 
 from fleetops import model
 from fleetops.agent.serve import client
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 from fleetops.tui import data
 
 pytestmark = [pytest.mark.root]

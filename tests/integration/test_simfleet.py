@@ -13,8 +13,8 @@ import yaml
 
 from fleetops import model
 from fleetops.fleet import inventory, transport
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.root
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fleetops.common.errors import EXIT_CRIT
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.root
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from textual.widgets import Static
 
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 from fleetops.tui import simfeed
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.node import NodeScreen

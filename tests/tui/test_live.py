@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 from fleetops.tui import data
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.confirm import ConfirmScreen

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from fleetops.agent.serve import client
-from fleetops.gpu import sim
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.confirm import ConfirmScreen
 from fleetops.tui.source import SshSource, resolve_hosts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.tui import simfeed
 from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.widgets.fleet_table import FleetTable

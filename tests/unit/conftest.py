@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fleetops import baseline, model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 # The simulator's default node, as desired state.
 SIM_BASELINE: dict[str, Any] = {

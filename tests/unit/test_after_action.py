@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_agent_serve import AGENT, Daemon, _ask, _until
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _set(state: Path, *args: str) -> dict[str, object]:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fleetops import model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_USAGE, EXIT_WARN
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 H100 = "NVIDIA H100 80GB HBM3"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetops.agent.serve import client
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_agent_serve import AGENT, Daemon, _ask, _until
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 @pytest.fixture()

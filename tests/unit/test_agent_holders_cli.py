@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); time.sleep(60)"

@@ -19,7 +19,7 @@ import pytest
 
 from fleetops import model
 from fleetops.agent.collect import collect
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 DEADLINE_S = 60.0

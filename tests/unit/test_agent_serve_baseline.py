@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_agent_serve import AGENT, _ask, _until
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
-# The simulator's storms grow at these rates (fleetops/gpu/sim.py): the daemon must measure them.
+# The simulator's storms grow at these rates (fleetops/sim/gpu.py): the daemon must measure them.
 REPLAYS_PER_MIN = sim.REPLAY_STORM_PER_MIN
 SBE_PER_HOUR = sim.SBE_STORM_PER_MIN * 60
 

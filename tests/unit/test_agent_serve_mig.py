@@ -16,7 +16,7 @@ import pytest
 from test_agent_serve import AGENT, Daemon, _ask, _until
 
 from fleetops.agent.serve import instances
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 GPU = 3
 

@@ -19,8 +19,8 @@ import pytest
 from fleetops.agent.collect import collect
 from fleetops.agent.serve.node import NodeService, SimBackend
 from fleetops.agent.serve.ring import GPU_FIELDS, Ring
-from fleetops.gpu import sim
 from fleetops.model import to_dict
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 DEADLINE_S = 60.0

@@ -19,7 +19,7 @@ from fleetops.agent.serve.node import NodeService, SimBackend
 from fleetops.agent.serve.ring import GPU_FIELDS, Ring
 from fleetops.catalog import throttle
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings, throttle_hold
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 IDLE = throttle.encode(["gpu_idle"])
 CAP = throttle.encode(["sw_power_cap"])  # normal operation: a clean sample

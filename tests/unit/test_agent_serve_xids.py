@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_agent_serve import _ask, _until
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 HOST = os.environ.get("FLEETOPS_TEST_FLEET_ADDRESS", "127.0.0.1")

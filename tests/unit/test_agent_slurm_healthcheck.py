@@ -23,7 +23,7 @@ import pytest
 
 from fleetops.agent import lock as node_lock
 from fleetops.catalog import slurm as rule
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 

@@ -14,7 +14,7 @@ import pytest
 from fleetops import baseline, checks, model
 from fleetops.checks import verdict
 from fleetops.fleet import audit
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _pair(sim_node: Callable[..., model.Node], fault: str, dt: float) -> tuple[model.Node, model.Node]:

@@ -25,7 +25,7 @@ import pytest
 from fleetops.agent import backend_choice, collect
 from fleetops.agent.reset import backends as reset_backends
 from fleetops.agent.serve import client
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 

@@ -23,8 +23,8 @@ from fleetops import cli
 from fleetops.common import selectors
 from fleetops.fleet import inventory
 from fleetops.fleet.transport import Result
-from fleetops.gpu import sim
 from fleetops.ops import frontend, reset, results
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import pytest
 
 from fleetops import baseline, checks
 from fleetops.catalog import migparted
-from fleetops.gpu import sim
 from fleetops.model import MigInstance
+from fleetops.sim import gpu as sim
 
 PARTED = Path(__file__).resolve().parents[1] / "fixtures" / "mig" / "mig-parted.yaml"
 

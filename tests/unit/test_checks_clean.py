@@ -6,7 +6,7 @@ import time
 
 from fleetops import model
 from fleetops.checks import FAMILIES, REGISTRY, checks_run, registry_dicts, run_fleet_checks, run_node_checks
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def test_healthy_sim_node_with_matching_baseline_yields_no_findings(sim_node, sim_baseline):

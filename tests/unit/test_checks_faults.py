@@ -10,7 +10,7 @@ from expected_faults import EXPECTED, NODE_LEVEL
 
 from fleetops import model
 from fleetops.checks import checks_run, run_node_checks
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 TARGET = 3
 

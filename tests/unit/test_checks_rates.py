@@ -10,7 +10,7 @@ import pytest
 from fleetops import baseline
 from fleetops.checks import run_node_checks
 from fleetops.checks.pcie import replay_threshold
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _pair(sim_node, fault: str, dt: float = 120.0):

@@ -11,7 +11,7 @@ import pytest
 from fleetops import cli
 from fleetops.checks import registry_dicts, run_node_checks
 from fleetops.docgen import data as docs_data
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.xid import catalog as xid_catalog
 
 RESET = re.compile(r"fleetops reset (\S+) (\S+?) -i INVENTORY\b")

@@ -235,7 +235,7 @@ def test_xid_154_clears_when_nvml_reads_recovery_action_none(sim_node):
 
 def test_simulated_reset_is_recorded_as_the_gpus_last_reset(tmp_path):
     from fleetops.agent import collect
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     path = str(tmp_path / "n.json")
     sim.init_state(path, "n")

@@ -16,7 +16,7 @@ from fleetops import model
 from fleetops.agent.serve.node import NodeService, SimBackend
 from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, NO_VALUE, Ring
 from fleetops.checks import run_node_checks
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 T0 = 1_800_000_000.0
 IDLE_KIB = 8_700_000_000_123  # an idle link of a node that has run for months (past 2**24)

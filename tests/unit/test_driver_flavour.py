@@ -18,7 +18,7 @@ from fleetops.checks.versions import (
     driver_flavour,
     package_flavour,
 )
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 UBUNTU = "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>"
 NVIDIA = "NVIDIA <cudatools@nvidia.com>"

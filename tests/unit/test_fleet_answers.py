@@ -14,7 +14,7 @@ import pytest
 from fleetops import model
 from fleetops.fleet import answers, audit
 from fleetops.fleet.transport import Result
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 

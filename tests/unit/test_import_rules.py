@@ -291,7 +291,7 @@ def test_a_fresh_agent_loads_nothing_of_the_controller(table: Table, graph: tupl
     daemon's entry (``fleetops.agent.serve``) and every module its run path imports."""
     _, found = graph
     state = tmp_path / "state.json"
-    subprocess.run([sys.executable, "-c", f"from fleetops.gpu import sim; sim.init_state({str(state)!r}, 'n1')"],
+    subprocess.run([sys.executable, "-c", f"from fleetops.sim import gpu as sim; sim.init_state({str(state)!r}, 'n1')"],
                    check=True, cwd=REPO)  # fmt: skip
     daemon = sorted(m for m in _reachable(["fleetops.agent.serve"], found) if m.startswith("fleetops.agent.serve"))
     out = subprocess.run([sys.executable, "-c", _CHILD, str(state), *daemon], check=False,

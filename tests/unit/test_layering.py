@@ -134,9 +134,9 @@ def test_no_module_uses_a_private_name_of_another_fleetops_module() -> None:
 @pytest.mark.parametrize(
     "source, here",
     [
-        ("from fleetops.gpu import sim\nsim._inject(state, 'ecc-dbe', 1)\n", "fleetops.tui.simfeed"),
-        ("from fleetops.gpu.sim import _inject\n", "fleetops.tui.simfeed"),
-        ("import fleetops.gpu.sim\nfleetops.gpu.sim._inject(s, 'x', 1)\n", "fleetops.cli"),
+        ("from fleetops.sim import gpu as sim\nsim._inject(state, 'ecc-dbe', 1)\n", "fleetops.tui.simfeed"),
+        ("from fleetops.sim.gpu import _inject\n", "fleetops.tui.simfeed"),
+        ("import fleetops.sim.gpu\nfleetops.sim.gpu._inject(s, 'x', 1)\n", "fleetops.cli"),
         ("def f():\n    from fleetops.agent import reset as r\n    return r.flow._Attempt\n", "fleetops.remedy.cli"),
         ("from ..gpu import sim\nsim._log_xid(s, 0, 48)\n", "fleetops.agent.collect"),
         ("from fleetops.agent.reset.backends import Backend\nBackend._changing(b, 'x')\n", "fleetops.agent.mig"),
@@ -149,7 +149,7 @@ def test_a_private_use_is_found(source: str, here: str) -> None:
 @pytest.mark.parametrize(
     "source, here",
     [
-        ("from fleetops.gpu import sim\nsim.inject_into(state, 'ecc-dbe', 1)\n", "fleetops.tui.simfeed"),
+        ("from fleetops.sim import gpu as sim\nsim.inject_into(state, 'ecc-dbe', 1)\n", "fleetops.tui.simfeed"),
         ("import os\nos._exit(0)\n", "fleetops.agent.main"),  # not a fleetops module
         ("from fleetops import model\nmodel.__name__\n", "fleetops.cli"),  # dunders are public
         ("def _mine():\n    pass\n_mine()\n", "fleetops.agent.lock"),  # its own private name

@@ -14,7 +14,7 @@ from promtool_util import assert_clean
 
 from fleetops import baseline, checks, model
 from fleetops.agent import metrics
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.xid import kernlog as xid
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")

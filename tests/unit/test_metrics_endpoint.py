@@ -28,7 +28,7 @@ import polling
 import pytest
 
 from fleetops.agent import metrics, webconfig
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 PAGE = "fleetops_agent_up 1\n"
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")

@@ -21,7 +21,7 @@ from fleetops import baseline, checks, model
 from fleetops.agent import mig_apply
 from fleetops.agent.collect import collect
 from fleetops.catalog import mig as catalog
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from fleetops import baseline, checks, model
 from fleetops.agent import metrics
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 GPU = 2
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from fleetops import model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _node(faults=None):

@@ -9,7 +9,7 @@ import pytest
 
 from fleetops import baseline, model
 from fleetops.checks import run_node_checks
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 T0 = 1_800_000_000.0
 GIB = 1024 * 1024  # KiB

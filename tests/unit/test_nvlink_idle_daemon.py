@@ -19,7 +19,7 @@ from test_agent_serve import _ask, _until
 from fleetops.agent.serve import nvml_backend
 from fleetops.agent.serve.ring import LINK_FIELDS
 from fleetops.gpu import nvml as gpu_nvml
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 

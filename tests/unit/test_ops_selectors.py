@@ -11,7 +11,7 @@ import pytest
 
 from fleetops.agent.collect import collect
 from fleetops.common import selectors
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,10 +19,10 @@ from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.fleet.store import Store
 from fleetops.fleet.transport import Result
-from fleetops.gpu import sim
 from fleetops.ops import frontend
 from fleetops.remedy import cli as remedy_cli
 from fleetops.remedy import plan
+from fleetops.sim import gpu as sim
 
 REPO = Path(__file__).resolve().parents[2]
 

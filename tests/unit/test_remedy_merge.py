@@ -15,8 +15,8 @@ from fleetops.agent.collect import collect
 from fleetops.checks import verdict
 from fleetops.fleet import audit
 from fleetops.fleet.store import Store
-from fleetops.gpu import sim
 from fleetops.ops import frontend, remediate
+from fleetops.sim import gpu as sim
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from fleetops.agent import lock as node_lock
 from fleetops.agent import reset
 from fleetops.agent.collect import collect
 from fleetops.agent.reset import backends, journal
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from fleetops import model
 from fleetops.agent import hostinfo, reset
 from fleetops.agent import lock as node_lock
 from fleetops.agent.reset import backends
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ import polling
 import pytest
 
 from fleetops.agent.serve import claim, client
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 DEADLINE_S = 60.0

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from fleetops import model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 T0 = 1_800_000_000.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.xid import follower as kmsg
 
 MONTH_S = 30 * 86400.0

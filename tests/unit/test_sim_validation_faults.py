@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetops.agent.validate import simbackend
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 
 def _state_file(tmp_path: Path, scenario: dict | None = None) -> str:

@@ -26,7 +26,7 @@ import h200_capture as cap
 import pytest
 
 from fleetops import model
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from fleetops.catalog.durations import DurationError, parse_retention
 from fleetops.checks.verdict import NodeResult
 from fleetops.fleet.audit import AuditResult
 from fleetops.fleet.store import LAYOUT_VERSION, Store, StoreError
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 
 # The first release's layout, as that release created it.
 LAYOUT_1 = (Path(__file__).parent.parent / "fixtures" / "history_layout1.sql").read_text()

@@ -14,7 +14,7 @@ from fleetops.agent.main import EXIT_USAGE
 from fleetops.agent.validate import dcgmbackend
 from fleetops.agent.validate.run import _summarize_node
 from fleetops.agent.validate.simbackend import run_node
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.validation.floors import SHIPPED
 from fleetops.validation.judge import judge, judge_nodes
 

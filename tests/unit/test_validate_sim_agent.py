@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.validation.judge import judge, steady
 
 ROOT = Path(__file__).resolve().parents[2]

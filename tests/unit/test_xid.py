@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleetops.gpu import sim
+from fleetops.sim import gpu as sim
 from fleetops.xid import catalog as catalog
 from fleetops.xid import kernlog as xid
 

@@ -175,7 +175,7 @@ def test_a_bad_policy_names_the_file_line_and_key(tmp_path, body, line, path, wo
 def test_volatile_dbe_holds_across_daemon_samples_until_a_simulated_reset(tmp_path):
     from test_agent_serve import Daemon, _ask, _until
 
-    from fleetops.gpu import sim
+    from fleetops.sim import gpu as sim
 
     state = tmp_path / "n.json"
     sim.init_state(str(state), "n")

@@ -272,12 +272,12 @@ class SimBackend(Backend):
         return collect("sim", self.path)
 
     def _state(self) -> dict[str, Any]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         return sim.read_state(self.path)
 
     def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         state = self._state()
         pos, why = sim.find_gpu(state, uuid or bus_id or "")
@@ -288,7 +288,7 @@ class SimBackend(Backend):
         return {"uuid": raw["uuid"], "bus_id": raw["bus_id"], "reason": text}
 
     def cross_check(self, gpu: model.Gpu) -> tuple[str, str]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         state = self._state()
         by_uuid, _ = sim.find_gpu(state, gpu.uuid)
@@ -311,7 +311,7 @@ class SimBackend(Backend):
         return os.path.abspath(self.path) + ".maintenance.lock"
 
     def device_prefix(self) -> str:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         return sim.device_prefix(os.path.abspath(self.path))
 
@@ -325,7 +325,7 @@ class SimBackend(Backend):
         return stem + ".reset.jsonl"
 
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing("end processes")
         state = self._state()
@@ -356,7 +356,7 @@ class SimBackend(Backend):
         return self._service(unit, "active", "start")
 
     def _service(self, unit: str, status: str, verb: str) -> tuple[bool, str]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing(f"{verb} {unit}")
         with sim.locked_state(self.path) as st:
@@ -364,7 +364,7 @@ class SimBackend(Backend):
         return True, f"simulated: {unit} recorded {status}"
 
     def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing("reset the GPU")
         held, why = self.holders()
@@ -397,7 +397,7 @@ class SimBackend(Backend):
         }
 
     def recreate_mig(self, uuid: str, profiles: list[str]) -> tuple[bool, str]:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing("recreate MIG instances")
         try:
@@ -411,7 +411,7 @@ class SimBackend(Backend):
         return True, "simulated: destroyed and recreated"
 
     def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._changing(f"set {setting}")
         with sim.locked_state(self.path) as state:
@@ -585,7 +585,7 @@ def make_backend(requested: str, state_path: str | None, dry_run: bool) -> Backe
     except CollectError as exc:
         raise ResetError(str(exc), "usage", 2) from exc
     if chosen == "sim":
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         path = state_path or os.environ.get(sim.STATE_ENV)
         if not path:

@@ -67,7 +67,7 @@ class SimBackend:
 
     def _hold(self) -> None:
         if self._device is None:
-            from fleetops.gpu import sim
+            from fleetops.sim import gpu as sim
 
             self._device = sim.open_device(self.state_path)
 
@@ -83,7 +83,7 @@ class SimBackend:
         text was read more than ``RACY_S`` after the file's last change (git's racy-clean rule):
         a write in the same clock tick as that read, or one that got a freed inode back with
         the same size, is then caught by reading the text again."""
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         try:
             st = os.stat(self.state_path)
@@ -105,7 +105,7 @@ class SimBackend:
 
     def light(self) -> tuple[dict[str, dict[str, Value]], dict[str, str]]:
         """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         self._hold()
         state = self._current()
@@ -131,7 +131,7 @@ class SimBackend:
 
     def full(self) -> Any:
         from fleetops.agent.collect import collect
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         start = time.perf_counter()
         self._hold()
@@ -240,7 +240,7 @@ class NodeService:
 
     def _boot_id(self) -> str:
         if self.backend.name == "sim":
-            from fleetops.gpu import sim
+            from fleetops.sim import gpu as sim
 
             try:
                 return "sim:" + str(sim.read_state(self.backend.state_path)["node"].get("boot_time"))

@@ -121,7 +121,7 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
     backend = pick_backend(backend, state_path)
     node: dict[str, Any]
     if backend == "sim":
-        from fleetops.gpu import sim
+        from fleetops.sim import gpu as sim
 
         path = state_path or os.environ.get("FLEETOPS_SIM_STATE")
         if not path:

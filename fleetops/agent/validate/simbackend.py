@@ -46,7 +46,7 @@ def _telemetry(tests: dict[str, Any]) -> dict[str, Any]:
 def lost_error(state: dict[str, Any], index: int) -> str | None:
     """What a workload on a lost GPU gets: the CUDA context cannot be made on a GPU that fell off
     the bus, so every test errors (a result without a figure, never a pass)."""
-    from fleetops.gpu.sim import lost_reason
+    from fleetops.sim.gpu import lost_reason
 
     why = lost_reason(state, index)
     if why is None:
@@ -57,7 +57,7 @@ def lost_error(state: dict[str, Any], index: int) -> str | None:
 
 
 def run(state: dict[str, Any], noise: float, seed: int | None, gpus: list[int]) -> list[dict[str, Any]]:
-    from fleetops.gpu.sim import VALIDATION_FAULTS, validation_faults
+    from fleetops.sim.gpu import VALIDATION_FAULTS, validation_faults
 
     rng = random.Random(seed)
     out = []
@@ -113,7 +113,7 @@ def _slow_links(state: dict[str, Any]) -> tuple[set[int], set[frozenset[int]]]:
 
 def run_node(state: dict[str, Any], noise: float, seed: int | None, level: str) -> dict[str, dict[str, Any]]:
     """The P2P matrix and all_reduce of one simulated node, as raw samples per pair."""
-    from fleetops.gpu.sim import validation_faults
+    from fleetops.sim.gpu import validation_faults
 
     gpus = state["gpus"]
     n = len(gpus)
