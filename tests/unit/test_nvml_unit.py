@@ -19,6 +19,8 @@ pynvml = pytest.importorskip("pynvml")
 
 from fleetops import model  # noqa: E402 - after the skip: pynvml must be importable
 from fleetops.gpu import nvml  # noqa: E402
+from fleetops.gpu.nvml import snapshot as nvml_snapshot  # noqa: E402
+from fleetops.gpu.nvml import topology as nvml_topology  # noqa: E402
 
 MIB = 1024 * 1024
 # The capture's probe predates nvmlSystemGetDriverBranch: the fake answers the name the simulator
@@ -415,8 +417,8 @@ class FakeNvml:
 @pytest.fixture(autouse=True)
 def _no_sysfs(tmp_path, monkeypatch):
     """No host sysfs/procfs leaks into the tests: both point at empty folders."""
-    monkeypatch.setattr(nvml, "SYSFS_PCI", str(tmp_path / "sys"))
-    monkeypatch.setattr(nvml, "PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(nvml_topology, "SYSFS_PCI", str(tmp_path / "sys"))
+    monkeypatch.setattr(nvml_snapshot, "PROC", str(tmp_path / "proc"))
     monkeypatch.delenv("FLEETOPS_NVML_TRACE", raising=False)
 
 

@@ -48,7 +48,7 @@ LIGHT_FIELDS = (
 )
 # ring.LINK_FIELDS name -> the per-link field id (scopeId = link): NVML's data-link error
 # counters (CRC, replay, recovery) and the THROUGHPUT_DATA counters in KiB. The full snapshot
-# reads the same fields (gpu/nvml.py), so a rate from a ring sample to a snapshot compares alike.
+# reads the same fields (gpu/nvml/topology.py), so a rate from a ring sample to a snapshot compares alike.
 LINK_LIGHT_FIELDS = (
     ("crc_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"),
     ("replay_errors", "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY"),
