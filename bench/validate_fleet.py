@@ -46,12 +46,12 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fleetops.agent.validate import simbackend
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
 from fleetops.validation.floors import NODE_METRICS, PER_GPU_METRICS, SHIPPED
 from fleetops.validation.judge import STRAGGLER_K, STRAGGLER_PCT, mad
+from fleetops.validation.node import simbackend
 
 MODEL = "H200 SXM"
 # (node, GPU index, fault, peer GPU for a single slow link)

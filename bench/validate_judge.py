@@ -19,10 +19,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetops.agent.validate import simbackend
-from fleetops.agent.validate.run import _summaries, _summarize_node
 from fleetops.sim import gpu as sim
 from fleetops.validation.judge import judge, judge_nodes
+from fleetops.validation.node import simbackend
+from fleetops.validation.node.run import _summaries, _summarize_node
 
 # node number -> a simulated degradation (fault, GPU[, peer GPU]), so the figures say the judge
 # still finds them

@@ -29,12 +29,12 @@ def main() -> int:
 
         torch.cuda.init()
         torch.zeros(1, device="cuda:0")
-        from fleetops.agent.validate import torchbackend as mod
+        from fleetops.validation.node import torchbackend as mod
     else:
         import cupy
 
         cupy.zeros(1)
-        from fleetops.agent.validate import cupybackend as mod  # type: ignore[no-redef]
+        from fleetops.validation.node import cupybackend as mod  # type: ignore[no-redef]
     doc["import_and_context_s"] = round(time.monotonic() - t0, 3)
     passes = []
     for _ in range(2):

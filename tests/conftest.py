@@ -8,7 +8,7 @@ import os
 import pytest
 
 # The simulator's tests simulate nodes without a GPU driver, also when they run on a GPU machine:
-# there ``--backend auto`` would be NVML and ``--backend sim`` refused (agent/backend_choice.py).
+# there ``--backend auto`` would be NVML and ``--backend sim`` refused (gpu/backend_choice.py).
 # An empty marker list says "no driver here"; tests of the guard set their own markers, and the
 # GPU tier looks at the real device files (tests/gpu/test_backend_choice_real.py).
 os.environ.setdefault("FLEETOPS_AGENT_GPU_MARKERS", "")

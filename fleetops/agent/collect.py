@@ -27,7 +27,7 @@ class CollectError(Exception):
 def choose_backend(requested: str) -> str:
     """``nvml`` or ``sim``, decided by ``backend_choice.choose`` (``auto`` is never the simulator
     on a node with an NVIDIA driver; ``sim`` there needs ``--sim-on-gpu-node``)."""
-    from fleetops.agent import backend_choice
+    from fleetops.gpu import backend_choice
 
     try:
         return backend_choice.choose(requested)

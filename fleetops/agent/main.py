@@ -235,7 +235,7 @@ def _backend_refusal(backend: str | None, sim_on_gpu_node: bool) -> str | None:
     """Why ``--backend sim`` may not run here (a node with an NVIDIA driver, without
     ``--sim-on-gpu-node``), or None. The flag's consent also reaches the processes this one
     starts (``backend_choice.consent``)."""
-    from fleetops.agent import backend_choice
+    from fleetops.gpu import backend_choice
 
     if sim_on_gpu_node:
         backend_choice.consent()
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail(exc.kind, str(exc), exc.exit_code)
             return _verdict(doc, code, args.pretty)
         if args.command == "validate" and args.probe:
-            from fleetops.agent.validate.probe import probe
+            from fleetops.validation.node.probe import probe
 
             doc = probe(args.backend, args.state)
             _emit(doc, args.pretty)
@@ -420,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail("backend", f"{doc['error']}; {doc['install']}", EXIT_FAIL)
             return EXIT_OK
         if args.command == "validate":
-            from fleetops.agent.validate.run import ValidateError, validate
             from fleetops.validation.gate import GateError, judge_node, parse_floors
+            from fleetops.validation.node.run import ValidateError, validate
 
             try:
                 overrides = parse_floors(args.floors) if args.judge else None

@@ -251,7 +251,7 @@ def sim_state(backend: str, state: str | None) -> str | None:
     state = state or os.environ.get("FLEETOPS_SIM_STATE")
     if not state:
         return None
-    from fleetops.agent import backend_choice
+    from fleetops.gpu import backend_choice
 
     try:
         return state if backend_choice.choose(backend, True) == "sim" else None

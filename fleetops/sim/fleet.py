@@ -505,7 +505,7 @@ def _sshd_config(fleet: dict[str, Any], name: str) -> str:
     if "agent-missing" in node.get("faults", []):
         path = path[1:]
     # FLEETOPS_SIM_ON_GPU_NODE: these nodes are simulated even on a machine with a GPU driver, where
-    # the agent refuses an explicit --backend sim without it (agent/backend_choice.py)
+    # the agent refuses an explicit --backend sim without it (gpu/backend_choice.py)
     env = (f"FLEETOPS_SIM_STATE={node['state']} FLEETOPS_SIM_ON_GPU_NODE=1 HOME={node['home']} "
            f"PATH={':'.join(path)}")
     return "\n".join(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.agent import backend_choice
+from fleetops.gpu import backend_choice
 from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.gpu

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.agent.validate import levels
 from fleetops.validation.floors import floors_for
 from fleetops.validation.judge import judge
+from fleetops.validation.node import levels
 
 pytestmark = pytest.mark.gpu
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from fleetops.agent import backend_choice, collect
+from fleetops.agent import collect
 from fleetops.agent.reset import backends as reset_backends
 from fleetops.agent.serve import client
+from fleetops.gpu import backend_choice
 from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")

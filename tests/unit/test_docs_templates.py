@@ -253,7 +253,7 @@ def _agent_help(*argv: str) -> str:
 
 
 def test_validate_backend_help_names_its_own_backends_and_what_auto_picks() -> None:
-    from fleetops.agent.validate.run import BACKENDS
+    from fleetops.validation.node.run import BACKENDS
 
     text = _agent_help("validate")
     assert "--backend BACKEND torch|cupy|dcgm|sim|auto (default auto: sim with --state or $FLEETOPS_SIM_STATE" in text

@@ -24,7 +24,7 @@ from fleetops.gpu.nvml import topology as nvml_topology  # noqa: E402
 
 MIB = 1024 * 1024
 # The capture's probe predates nvmlSystemGetDriverBranch: the fake answers the name the simulator
-# gives driver 580.159.04's branch (fleetops.gpu.sim.driver_branch_of).
+# gives driver 580.159.04's branch (fleetops.sim.gpu.driver_branch_of).
 DRIVER_BRANCH = "r580_00"
 NS = pynvml.NVML_ERROR_NOT_SUPPORTED
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.agent.validate import simbackend
 from fleetops.sim import gpu as sim
+from fleetops.validation.node import simbackend
 
 
 def _state_file(tmp_path: Path, scenario: dict | None = None) -> str:

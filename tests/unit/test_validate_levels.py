@@ -3,7 +3,7 @@ GPU: batch times that fall while the power cap pulls the clock down, then hold."
 
 from __future__ import annotations
 
-from fleetops.agent.validate import levels
+from fleetops.validation.node import levels
 
 
 class Script:

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from fleetops.agent.main import EXIT_USAGE
-from fleetops.agent.validate import dcgmbackend
-from fleetops.agent.validate.run import _summarize_node
-from fleetops.agent.validate.simbackend import run_node
 from fleetops.sim import gpu as sim
 from fleetops.validation.floors import SHIPPED
 from fleetops.validation.judge import judge, judge_nodes
+from fleetops.validation.node import dcgmbackend
+from fleetops.validation.node.run import _summarize_node
+from fleetops.validation.node.simbackend import run_node
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "dcgm"

@@ -105,8 +105,8 @@ def test_a_noisy_gpu_shows_no_steady_state_at_any_fleet_noise() -> None:
     (always inside the judge's 15 % limit: never seen as noisy) and at the limit at 2 % (one test
     in four looked steady). Every test of it, and every node test it takes part in, is unsteady
     now, whatever the fleet's noise."""
-    from fleetops.agent.validate.run import _summaries, _summarize_node
-    from fleetops.agent.validate.simbackend import run, run_node
+    from fleetops.validation.node.run import _summaries, _summarize_node
+    from fleetops.validation.node.simbackend import run, run_node
 
     st = sim.build_state("n01")
     sim.inject_validation_fault(st, "noisy", 4)
@@ -144,8 +144,8 @@ def test_fleet_of_32_flags_exactly_the_degraded(tmp_path: Path) -> None:
     # the same backend function the agent calls, keeping the test inside this machine's budget.
     first = [json.loads(_agent("--backend", "sim", "--state", str(p), "--seed", "0").stdout) for p in paths[:2]]
     assert all(len(d["gpus"]) == 8 for d in first)
-    from fleetops.agent.validate.run import _summaries
-    from fleetops.agent.validate.simbackend import run
+    from fleetops.validation.node.run import _summaries
+    from fleetops.validation.node.simbackend import run
 
     for seed in range(20):
         results: list[dict[str, Any]] = []

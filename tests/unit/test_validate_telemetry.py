@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from fleetops.agent.validate import telemetry
+from fleetops.validation.node import telemetry
 
 
 class ScriptedNvml:

@@ -175,7 +175,7 @@ def run(args: Any) -> int:
              "clear_after_samples": "clear_after"}
     for key, value in config.items():
         setattr(args, flags[key], value)
-    from fleetops.agent import backend_choice
+    from fleetops.gpu import backend_choice
 
     try:  # auto is never the simulator on a node with an NVIDIA driver; sim there needs consent
         use_sim = backend_choice.choose(

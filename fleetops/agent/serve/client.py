@@ -39,7 +39,7 @@ def _simulated(backend: str, state: str) -> bool:
     """Whether ``backend`` is the simulator here (``backend_choice.choose``: auto never is on a
     node with an NVIDIA driver, so its snapshot comes from the real daemon's socket). Raises
     ``backend_choice.BackendRefused`` for ``sim`` on such a node without consent."""
-    from fleetops.agent import backend_choice
+    from fleetops.gpu import backend_choice
 
     try:
         return backend_choice.choose(backend, bool(state)) == "sim"

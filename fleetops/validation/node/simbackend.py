@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fleetops.agent.validate import telemetry
+from fleetops.validation.node import telemetry
 
 # Healthy figures of one H200 SXM measured the agent's way (median of repeats).
 HEALTHY: dict[str, float] = {

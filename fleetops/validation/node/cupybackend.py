@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetops.agent.validate import levels, telemetry
+from fleetops.validation.node import levels, telemetry
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fleetops.agent.validate.run import ValidateError, pick_backend
+from fleetops.validation.node.run import ValidateError, pick_backend
 
 # What makes each backend work, in the terms of the fleetops_agent role's
 # fleetops_agent_validate_backend, so the refusal names the inventory setting to change.
@@ -32,14 +32,14 @@ def _why_not(name: str) -> str | None:
     install that raises on import) is a reason too, never a traceback."""
     try:
         if name == "torch":
-            from fleetops.agent.validate import torchbackend
+            from fleetops.validation.node import torchbackend
 
             return torchbackend.available()
         if name == "cupy":
-            from fleetops.agent.validate import cupybackend
+            from fleetops.validation.node import cupybackend
 
             return cupybackend.available()
-        from fleetops.agent.validate import dcgmbackend
+        from fleetops.validation.node import dcgmbackend
 
         return dcgmbackend.available()
     except Exception as exc:  # noqa: BLE001 - a backend that cannot even be asked does not work

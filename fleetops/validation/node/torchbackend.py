@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetops.agent.validate import levels, telemetry
+from fleetops.validation.node import levels, telemetry
 
 REPEATS = {"quick": 10, "full": 30}
 HBM_BYTES = {"quick": 4 << 30, "full": 8 << 30}
@@ -198,7 +198,7 @@ def run_allreduce(gpus: list[dict[str, Any]], level: str, sample: Any) -> dict[s
     rendezvous on 127.0.0.1 only), the figures from the ranks' timings."""
     import torch
 
-    from fleetops.agent.validate import torchnccl
+    from fleetops.validation.node import torchnccl
 
     if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
         return {"skipped": "this torch build has no NCCL backend"}

@@ -6,8 +6,8 @@ import os
 import time
 from typing import Any
 
-from fleetops.agent.validate import telemetry
 from fleetops.validation.judge import summarize
+from fleetops.validation.node import telemetry
 
 EXPIRY_S = {"quick": 7 * 86400, "full": 30 * 86400}
 
@@ -72,14 +72,14 @@ def _summarize_node(node: dict[str, Any]) -> dict[str, Any]:
 
 def _why_not(backend: str) -> str | None:
     if backend == "torch":
-        from fleetops.agent.validate import torchbackend
+        from fleetops.validation.node import torchbackend
 
         return torchbackend.available()
     if backend == "cupy":
-        from fleetops.agent.validate import cupybackend
+        from fleetops.validation.node import cupybackend
 
         return cupybackend.available()
-    from fleetops.agent.validate import dcgmbackend
+    from fleetops.validation.node import dcgmbackend
 
     return dcgmbackend.available()
 
@@ -91,7 +91,7 @@ def pick_backend(backend: str, state_path: str | None) -> str:
     if backend not in BACKENDS:
         raise ValidateError("usage", f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
     if backend in ("sim", "auto"):
-        from fleetops.agent import backend_choice
+        from fleetops.gpu import backend_choice
 
         try:  # auto is never the simulator on a node with an NVIDIA driver
             chosen = backend_choice.choose(backend, bool(state_path or os.environ.get(backend_choice.SIM_STATE_ENV)))
@@ -130,7 +130,7 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
             state = sim.read_state(path)
         except sim.SimError as exc:
             raise ValidateError("usage", str(exc)) from exc
-        from fleetops.agent.validate import simbackend
+        from fleetops.validation.node import simbackend
 
         setting = state.get("validation_noise") or {}
         if noise is None:
@@ -144,7 +144,7 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
         prov = {"backend": "sim", "versions": {"fleetops-sim": "1"}, "driver": state["node"].get("driver_version"),
                 "noise": noise, "seed": seed}
     elif backend == "dcgm":
-        from fleetops.agent.validate import dcgmbackend
+        from fleetops.validation.node import dcgmbackend
 
         gpus = _nvml_gpus()
         index = _select(gpus, gpu)[0] if gpu != "all" and gpus else None
@@ -191,7 +191,7 @@ def _nvml_gpus() -> list[dict[str, Any]]:
 
 def _run_cuda(backend: str, level: str, gpu: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """torch or CuPy: the same tests, the same telemetry per test, the same result shape."""
-    from fleetops.agent.validate import cupybackend, torchbackend
+    from fleetops.validation.node import cupybackend, torchbackend
 
     mod: Any = torchbackend if backend == "torch" else cupybackend
     nv, _ = _nvml_sampler()
