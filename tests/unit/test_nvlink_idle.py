@@ -241,7 +241,7 @@ def test_nvlink_idle_freezes_one_link_and_a_clear_resumes_it_without_a_jump() ->
     during = _link_kib(state, 2, t0 + 60)
     assert during[5] == start[5] and all(now[0] > then[0] for now, then in zip(during[:5] + during[6:],
                                                                                  start[:5] + start[6:], strict=True))
-    sim._clear(state, "nvlink-idle", 2)
+    sim.clear_from(state, "nvlink-idle", 2)
     now = time.time()
     after = _link_kib(state, 2, now + 60)
     assert after[5] == start[5]  # the load went with the job: nothing moves, nothing jumps
