@@ -1,0 +1,115 @@
+"""What the fleet looks like to the TUI: per-node entries, view rows, filters, sorts, totals.
+
+Pure Python with no Textual (or rich) import, so it is unit-testable and its heavy part runs in
+the refresh thread: ``summarize`` turns one node's snapshot and findings into a ``NodeEntry``
+holding every row that node contributes to every view, precomputed and immutable. The main
+thread only swaps entries into ``FleetState`` and asks it for the rows of the current view,
+which is cheap: it filters, sorts and fills in the few cells that depend on the clock (ages,
+XIDs in the last hour).
+
+A node that stops answering keeps its last good entry; ``mark_failed`` copies it with the
+failure status and the transport finding, so the screen shows what the node looked like and
+how long ago, with an unreachable mark.
+
+The modules: ``columns`` (formatters, ``Column``, ``Row``, cells), ``entry`` (``NodeEntry``,
+``summarize``, ``mark_failed``), ``state`` (``FleetState``, ``Filter``). Callers import this
+package; the submodules import one another directly.
+"""
+
+from fleetops.tui.data.columns import (
+    COLUMNS,
+    DETAIL_GPU_COLUMNS,
+    DETAIL_XID_COLUMNS,
+    FAULT_SEVERITIES,
+    HEALTH_RANK,
+    STATUS_LABEL,
+    STATUS_OK,
+    STATUS_PENDING,
+    STATUS_STALE,
+    VIEWS,
+    XID_WINDOW_S,
+    Column,
+    Row,
+    column_index,
+    finding_cells,
+    fmt_ecc,
+    fmt_finding,
+    fmt_mig,
+    fmt_nvlink,
+    fmt_pcie,
+    fmt_power,
+    fmt_remap,
+    fmt_throttle,
+    fmt_util,
+    format_age,
+    gpu_cells,
+    health_label,
+    make_row,
+    natural_key,
+    short_uuid,
+    xid_cells,
+)
+from fleetops.tui.data.entry import (
+    GpuView,
+    NodeEntry,
+    XidView,
+    mark_failed,
+    pending_entry,
+    share_links,
+    summarize,
+)
+from fleetops.tui.data.state import (
+    DEFAULT_SORT,
+    Filter,
+    FleetState,
+    Totals,
+    ViewState,
+    detail_gpu_rows,
+)
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_SORT",
+    "DETAIL_GPU_COLUMNS",
+    "DETAIL_XID_COLUMNS",
+    "FAULT_SEVERITIES",
+    "HEALTH_RANK",
+    "STATUS_LABEL",
+    "STATUS_OK",
+    "STATUS_PENDING",
+    "STATUS_STALE",
+    "VIEWS",
+    "XID_WINDOW_S",
+    "Column",
+    "Filter",
+    "FleetState",
+    "GpuView",
+    "NodeEntry",
+    "Row",
+    "Totals",
+    "ViewState",
+    "XidView",
+    "column_index",
+    "detail_gpu_rows",
+    "finding_cells",
+    "fmt_ecc",
+    "fmt_finding",
+    "fmt_mig",
+    "fmt_nvlink",
+    "fmt_pcie",
+    "fmt_power",
+    "fmt_remap",
+    "fmt_throttle",
+    "fmt_util",
+    "format_age",
+    "gpu_cells",
+    "health_label",
+    "make_row",
+    "mark_failed",
+    "natural_key",
+    "pending_entry",
+    "share_links",
+    "short_uuid",
+    "summarize",
+    "xid_cells",
+]

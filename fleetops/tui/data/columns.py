@@ -1,0 +1,429 @@
+"""The views' columns and how a value reads in a cell: the formatters (ages, power, ECC, PCIe,
+NVLink, throttle reasons, MIG), ``Column``, ``Row``, and the cells of a GPU, a finding, an XID."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fleetops import model
+
+if TYPE_CHECKING:  # annotations only: entry builds on these columns
+    from fleetops.tui.data.entry import GpuView, XidView
+
+VIEWS = ("nodes", "gpus", "findings", "xids")
+XID_WINDOW_S = 3600.0
+
+# Node status: whether the latest poll gave a snapshot. Anything but "ok" is a fault mark.
+STATUS_OK = "ok"
+STATUS_PENDING = "pending"  # not polled yet
+# Connected, but the node's stream has been silent past the source's limit: its last data is
+# shown with its age. Never unreachable: only a failed connect makes a node UNREACH.
+STATUS_STALE = "stale"
+STATUS_LABEL = {
+    "ok": None,
+    "pending": "WAITING",
+    "stale": "STALE",
+    "unreachable": "UNREACH",
+    "timeout": "HUNG",
+    "error": "NODATA",
+}
+# Health ranks for sorting: an unreachable node sorts above a critical one.
+HEALTH_RANK = {**model.SEVERITY_RANK, "pending": -1, "stale": 4.5, "unreach": 5}
+FAULT_SEVERITIES = model.FAULT_SEVERITIES  # the one definition, which the n/m tally uses too
+
+# Which cells of a GPU row a finding's check id points at, so the value at fault is coloured.
+_CHECK_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("remap", ("remap",)),
+    ("retired", ("ecc",)),
+    ("ecc", ("ecc",)),
+    ("pcie", ("pcie", "replays")),
+    ("replay", ("replays",)),
+    ("nvlink", ("nvlink",)),
+    ("thermal", ("temp", "hbm", "throttle")),
+    ("hbm", ("hbm",)),
+    ("memory_temp", ("hbm",)),
+    ("temp", ("temp",)),
+    ("memory", ("ecc", "remap")),
+    ("power", ("power",)),
+    ("throttl", ("throttle",)),
+    ("clock", ("throttle",)),
+    ("mig", ("mig",)),
+)
+
+_THROTTLE_SHORT = {
+    "gpu_idle": None,
+    "applications_clocks_setting": "APPCLK",
+    "sw_power_cap": "SWPWR",
+    "hw_slowdown": "HWSLOW",
+    "sync_boost": "SYNC",
+    "sw_thermal_slowdown": "SWTHERM",
+    "hw_thermal_slowdown": "HWTHERM",
+    "hw_power_brake_slowdown": "PWRBRAKE",
+    "display_clock_setting": "DISP",
+}
+
+
+# --- formatting -------------------------------------------------------------------------
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """``node2`` before ``node10``."""
+    return tuple(int(p) if p.isdigit() else p.lower() for p in re.split(r"(\d+)", text))
+
+
+def format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def short_uuid(uuid: str) -> str:
+    """``GPU-`` and the first 8 hex digits: unique enough to read, the full one is in the detail."""
+    return uuid[:12]
+
+
+def _num(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def fmt_power(gpu: model.Gpu) -> str:
+    if gpu.power_draw_w is None and gpu.power_limit_w is None:
+        return "n/a"
+    return f"{_num(gpu.power_draw_w)}/{_num(gpu.power_limit_w)}W"
+
+
+def fmt_ecc(gpu: model.Gpu) -> str:
+    """Volatile corrected/uncorrected (this boot), the counts that say "now"."""
+    if gpu.ecc_corrected_volatile is None and gpu.ecc_uncorrected_volatile is None:
+        return "n/a"
+    return f"{_num(gpu.ecc_corrected_volatile, '{}')}/{_num(gpu.ecc_uncorrected_volatile, '{}')}"
+
+
+def fmt_remap(gpu: model.Gpu) -> str:
+    if gpu.remapped_rows_corrected is None and gpu.remapped_rows_uncorrected is None:
+        return "n/a"
+    text = f"{_num(gpu.remapped_rows_corrected, '{}')}/{_num(gpu.remapped_rows_uncorrected, '{}')}"
+    if gpu.remapped_rows_failure:
+        text += " FAIL"
+    elif gpu.remapped_rows_pending:
+        text += " PEND"
+    return text
+
+
+def fmt_pcie(gpu: model.Gpu) -> str:
+    if gpu.pcie_gen_current is None or gpu.pcie_width_current is None:
+        return "n/a"
+    text = f"G{gpu.pcie_gen_current}x{gpu.pcie_width_current}"
+    below = (gpu.pcie_gen_max is not None and gpu.pcie_gen_current < gpu.pcie_gen_max) or (
+        gpu.pcie_width_max is not None and gpu.pcie_width_current < gpu.pcie_width_max
+    )
+    if below:
+        text += f"<G{_num(gpu.pcie_gen_max, '{}')}x{_num(gpu.pcie_width_max, '{}')}"
+    return text
+
+
+def fmt_nvlink(gpu: model.Gpu) -> str:
+    if gpu.nvlinks is None:
+        return "n/a"
+    if not gpu.nvlinks:
+        return "none"
+    if gpu.mig_mode_current:
+        return "mig"  # NVML reports every link down under MIG, by design: not a count to read as a fault
+    return f"{gpu.nvlinks_up}/{len(gpu.nvlinks)}"
+
+
+def fmt_throttle(gpu: model.Gpu) -> str:
+    if gpu.clocks_event_reasons is None:
+        return "n/a"
+    names = [_THROTTLE_SHORT.get(r, r) for r in gpu.clocks_event_reasons]
+    shown = [n for n in names if n]
+    if shown:
+        return ",".join(shown)
+    return "idle" if "gpu_idle" in gpu.clocks_event_reasons else "-"
+
+
+def fmt_mig(gpu: model.Gpu) -> str:
+    if gpu.mig_mode_current is None:
+        return "n/a"
+    if not gpu.mig_mode_current:
+        return "off"
+    text = f"on:{len(gpu.mig_instances or [])}"
+    if gpu.mig_mode_pending is not None and gpu.mig_mode_pending != gpu.mig_mode_current:
+        text += "*"
+    return text
+
+
+def fmt_util(gpu: model.Gpu) -> str:
+    return "n/a" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
+
+
+def fmt_finding(f: model.Finding) -> str:
+    """``check: message``; messages already name the GPU (index and bus id) they are about."""
+    return f"{f.check}: {f.message}"
+
+
+def health_label(health: str) -> str:
+    return {"unreach": "UNREACH", "pending": "WAITING", "stale": "STALE"}.get(health, health.upper())
+
+
+# --- rows -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    width: int
+    sort_key: str | None = None  # the shift-letter that sorts by this column
+    clock: bool = False  # changes with time alone (ages): not highlighted when it does
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: cell texts, a style name per cell ("" for plain), a sort value per
+    cell, whether it is a fault (for the faults-only toggle) and the text the filter sees."""
+
+    key: str
+    cells: tuple[str, ...]
+    styles: tuple[str, ...]
+    sort: tuple[Any, ...]
+    fault: bool
+    haystack: str
+    node: str = ""  # the node the row is about (Enter drills down to it)
+    gpu: str | None = None  # and the GPU's UUID when it is about one
+    placeholder: bool = False  # no data yet: its first data is not a "change"
+
+
+COLUMNS: dict[str, tuple[Column, ...]] = {
+    "nodes": (
+        Column("node", "NODE", 16, "N"),
+        Column("health", "HEALTH", 8, "H"),
+        Column("gpus", "GPUS", 5, "G"),
+        Column("driver", "DRIVER", 11, "D"),
+        Column("xids", "XID/1H", 6, "X"),
+        Column("seen", "SEEN", 7, "A", clock=True),
+        Column("worst", "WORST FINDING", 88, "W"),
+    ),
+    "gpus": (
+        Column("node", "NODE", 12, "N"),
+        Column("idx", "GPU", 3, "I"),
+        Column("uuid", "UUID", 12, "U"),
+        Column("health", "HEALTH", 7, "H"),
+        Column("temp", "TEMP", 4, "T"),
+        Column("hbm", "HBM", 4, "M"),
+        Column("power", "POWER", 9, "P"),
+        Column("util", "UTIL", 4, "L"),
+        Column("ecc", "ECC c/u", 9, "E"),
+        Column("remap", "REMAP", 8, "R"),
+        Column("pcie", "PCIE", 10, "C"),
+        Column("replays", "REPLAY", 6, "Y"),
+        Column("nvlink", "NVL", 5, "V"),
+        Column("throttle", "THROTTLE", 13, "O"),
+        Column("check", "WORST CHECK", 22, "W"),
+    ),
+    "findings": (
+        Column("severity", "SEV", 7, "S"),
+        Column("node", "NODE", 12, "N"),
+        Column("gpu", "GPU", 3, "G"),
+        Column("check", "CHECK", 28, "C"),
+        Column("message", "MESSAGE", 62, "M"),
+        Column("action", "ACTION", 30, "A"),
+    ),
+    "xids": (
+        Column("age", "AGE", 7, "A", clock=True),
+        Column("node", "NODE", 12, "N"),
+        Column("gpu", "GPU", 3, "G"),
+        Column("code", "XID", 5, "X"),
+        Column("severity", "SEV", 5, "S"),
+        Column("name", "MEANING", 32, "M"),
+        Column("action", "ACTION", 18, "C"),
+        Column("message", "LOG MESSAGE", 58, "L"),
+    ),
+}
+# The GPU table of the node detail screen: every field the issue asks for.
+DETAIL_GPU_COLUMNS: tuple[Column, ...] = (
+    Column("idx", "GPU", 3),
+    Column("uuid", "UUID", 40),
+    Column("health", "HEALTH", 7),
+    Column("temp", "TEMP", 4),
+    Column("hbm", "HBM", 4),
+    Column("power", "POWER", 9),
+    Column("util", "UTIL", 4),
+    Column("ecc", "ECC c/u", 9),
+    Column("remap", "REMAP", 8),
+    Column("pcie", "PCIE", 10),
+    Column("replays", "REPLAY", 6),
+    Column("nvlink", "NVL", 5),
+    Column("throttle", "THROTTLE", 13),
+    Column("mig", "MIG", 4),
+)
+DETAIL_XID_COLUMNS: tuple[Column, ...] = (
+    Column("age", "AGE", 7, clock=True),
+    Column("gpu", "GPU", 3),
+    Column("code", "XID", 5),
+    Column("severity", "SEV", 5),
+    Column("name", "MEANING", 30),
+    Column("action", "ACTION", 18),
+    Column("message", "LOG MESSAGE", 70),
+)
+
+
+def make_row(
+    key: str,
+    cells: dict[str, tuple[str, str, Any]],
+    cols: tuple[Column, ...],
+    fault: bool,
+    hay: str,
+    node: str = "",
+    gpu: str | None = None,
+) -> Row:
+    """A row from ``{column key: (text, style, sort value)}`` in the order of ``cols``."""
+    picked = [cells[c.key] for c in cols]
+    return Row(
+        key,
+        tuple(p[0] for p in picked),
+        tuple(p[1] for p in picked),
+        tuple(p[2] for p in picked),
+        fault,
+        hay,
+        node,
+        gpu,
+    )
+
+
+def column_index(view: str, key: str) -> int:
+    return next(i for i, c in enumerate(COLUMNS[view]) if c.key == key)
+
+def _cell_styles(findings: Iterable[model.Finding]) -> dict[str, str]:
+    """Colour the cells a fault is about: the first needle found in the check's own name
+    (``pcie_replays``), else in its family (``nvlink.``); so ``thermal_power.power_limit``
+    colours POWER only."""
+    out: dict[str, str] = {}
+    for f in findings:
+        if f.severity not in FAULT_SEVERITIES:
+            continue
+        family, _, name = f.check.rpartition(".")
+        cols = next((cs for needle, cs in _CHECK_COLUMNS if needle in name), None)
+        if cols is None:
+            cols = next((cs for needle, cs in _CHECK_COLUMNS if needle in family), ())
+        for col in cols:
+            out[col] = model.worst([out.get(col, "ok"), f.severity])
+    return out
+
+
+def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
+    """Cell text, style and sort value for each GPU column (both GPU tables use these)."""
+    gpu = g.gpu
+    worst_f = next((f for f in g.findings if f.severity not in ("ok", "info")), None)
+    check = worst_f.check if worst_f else ("(lost)" if g.lost else "")
+    out: dict[str, tuple[str, str, Any]] = {
+        "idx": (str(g.index), "", g.index),
+        "uuid": (g.uuid, "", g.uuid),
+        "health": (
+            "LOST" if g.lost else g.health.upper(),
+            "crit" if g.lost else g.health,
+            HEALTH_RANK.get(g.health, 0) + (1 if g.lost else 0),
+        ),
+        "check": (check, "crit" if g.lost else (worst_f.severity if worst_f else ""), check),
+    }
+    if gpu is None or g.lost:
+        for key in (
+            "temp",
+            "hbm",
+            "power",
+            "util",
+            "ecc",
+            "remap",
+            "pcie",
+            "replays",
+            "nvlink",
+            "throttle",
+            "mig",
+        ):
+            out[key] = ("-", "dim", -1)
+        return out
+    styles = _cell_styles(g.findings)
+    out.update(
+        {
+            "temp": (_num(gpu.temp_gpu_c), styles.get("temp", ""), gpu.temp_gpu_c or -1),
+            "hbm": (_num(gpu.temp_memory_c), styles.get("hbm", ""), gpu.temp_memory_c or -1),
+            "power": (fmt_power(gpu), styles.get("power", ""), gpu.power_draw_w or -1),
+            "util": (
+                fmt_util(gpu),
+                "",
+                gpu.utilization_gpu_pct if gpu.utilization_gpu_pct is not None else -1,
+            ),
+            "ecc": (
+                fmt_ecc(gpu),
+                styles.get("ecc", ""),
+                ((gpu.ecc_uncorrected_volatile or 0), (gpu.ecc_corrected_volatile or 0)),
+            ),
+            "remap": (
+                fmt_remap(gpu),
+                styles.get("remap", ""),
+                (
+                    bool(gpu.remapped_rows_failure),
+                    bool(gpu.remapped_rows_pending),
+                    gpu.remapped_rows_uncorrected or 0,
+                ),
+            ),
+            "pcie": (
+                fmt_pcie(gpu),
+                styles.get("pcie", ""),
+                ((gpu.pcie_gen_current or 0) * 100 + (gpu.pcie_width_current or 0)),
+            ),
+            "replays": (
+                _num(gpu.pcie_replay_counter, "{}"),
+                styles.get("replays", ""),
+                gpu.pcie_replay_counter or 0,
+            ),
+            "nvlink": (
+                fmt_nvlink(gpu),
+                styles.get("nvlink", ""),
+                gpu.nvlinks_up if gpu.nvlinks_up is not None else -1,
+            ),
+            "throttle": (fmt_throttle(gpu), styles.get("throttle", ""), fmt_throttle(gpu)),
+            "mig": (fmt_mig(gpu), styles.get("mig", ""), fmt_mig(gpu)),
+        }
+    )
+    return out
+
+
+def finding_cells(f: model.Finding) -> dict[str, tuple[str, str, Any]]:
+    idx = (f.gpu or {}).get("index")
+    return {
+        "severity": (f.severity.upper(), f.severity, -model.SEVERITY_RANK.get(f.severity, 0)),
+        "node": (f.node, "", natural_key(f.node)),
+        "gpu": ("-" if idx is None else str(idx), "", -1 if idx is None else idx),
+        "check": (f.check, "", f.check),
+        "message": (f.message, "", f.message),
+        "action": (f.action or "", "dim", f.action or ""),
+    }
+
+
+def xid_cells(x: XidView, now: float) -> dict[str, tuple[str, str, Any]]:
+    ev = x.event
+    age = None if ev.timestamp is None else now - ev.timestamp
+    return {
+        "age": (format_age(age) if age is not None else "?", "", age if age is not None else float("inf")),
+        "gpu": (
+            "-" if ev.gpu_index is None else str(ev.gpu_index),
+            "",
+            -1 if ev.gpu_index is None else ev.gpu_index,
+        ),
+        "code": (("S" if x.sxid else "") + str(x.code), "", x.code),
+        "severity": (x.severity.upper(), x.severity, -model.SEVERITY_RANK.get(x.severity, 0)),
+        "name": (x.name, "", x.name),
+        "action": (x.action, "dim", x.action),
+        "message": (ev.message.strip(), "", ev.message),
+    }

@@ -1,0 +1,253 @@
+"""The fleet as the TUI shows it: ``FleetState`` (every node's entry, the view, the sort, the
+``Filter``, the ``Totals``) and the node screen's GPU rows."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetops.tui.data.columns import (
+    COLUMNS,
+    DETAIL_GPU_COLUMNS,
+    DETAIL_XID_COLUMNS,
+    FAULT_SEVERITIES,
+    STATUS_OK,
+    STATUS_PENDING,
+    STATUS_STALE,
+    VIEWS,
+    XID_WINDOW_S,
+    Row,
+    column_index,
+    format_age,
+    gpu_cells,
+    make_row,
+    natural_key,
+    xid_cells,
+)
+from fleetops.tui.data.entry import NodeEntry, pending_entry
+
+# --- filter ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filter:
+    """``/`` filter text: a case-insensitive regex; a leading ``!`` keeps what does NOT match.
+    Text that is not a valid regex is matched literally (``error`` says why)."""
+
+    text: str = ""
+    pattern: re.Pattern[str] | None = None
+    invert: bool = False
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Filter:
+        text = text.strip()
+        invert = text.startswith("!")
+        body = text[1:] if invert else text
+        if not body:
+            return cls(text=text, invert=False)
+        try:
+            pattern, error = re.compile(body, re.IGNORECASE), None
+        except re.error as exc:
+            pattern, error = (
+                re.compile(re.escape(body), re.IGNORECASE),
+                f"not a regex ({exc}); matched literally",
+            )
+        return cls(text=text, pattern=pattern, invert=invert, error=error)
+
+    @property
+    def active(self) -> bool:
+        return self.pattern is not None
+
+    def matches(self, haystack: str) -> bool:
+        if self.pattern is None:
+            return True
+        return bool(self.pattern.search(haystack)) != self.invert
+
+
+# --- the fleet ---------------------------------------------------------------------------
+
+
+@dataclass
+class Totals:
+    nodes: int = 0
+    ok: int = 0
+    warn: int = 0
+    crit: int = 0
+    unknown: int = 0
+    unreachable: int = 0
+    stale: int = 0
+    pending: int = 0
+    gpus_ok: int = 0
+    gpus: int = 0
+    xids_1h: int = 0
+
+
+@dataclass
+class ViewState:
+    sort_column: str
+    reverse: bool = False
+
+
+DEFAULT_SORT = {"nodes": "node", "gpus": "node", "findings": "severity", "xids": "age"}
+
+
+@dataclass
+class FleetState:
+    """Every node's latest entry, in inventory order, and how the operator is looking at them."""
+
+    clock: Callable[[], float] = time.time
+    entries: dict[str, NodeEntry] = field(default_factory=dict)
+    view: str = "nodes"
+    filter: Filter = field(default_factory=Filter)
+    faults_only: bool = False
+    sorts: dict[str, ViewState] = field(
+        default_factory=lambda: {v: ViewState(c) for v, c in DEFAULT_SORT.items()}
+    )
+    stale_after: float | None = None  # a reachable node's age beyond this is shown as stale
+    last_total: int = 0  # rows of the last ``rows()`` view before filtering
+    # name -> (entry, XIDs in the window, age text, age style, the row built from them)
+    _node_rows: dict[str, tuple[NodeEntry, int, str, str, Row]] = field(default_factory=dict, repr=False)
+
+    def set_hosts(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.entries.setdefault(name, pending_entry(name))
+
+    def update(self, entries: Iterable[NodeEntry]) -> list[str]:
+        """Swap in new entries; returns the names whose entry changed."""
+        changed = []
+        for e in entries:
+            if self.entries.get(e.name) is not e:
+                self.entries[e.name] = e
+                changed.append(e.name)
+        return changed
+
+    def sort_by(self, view: str, column: str) -> None:
+        """Sorting by the column already sorted on flips the direction."""
+        state = self.sorts[view]
+        if state.sort_column == column:
+            state.reverse = not state.reverse
+        else:
+            state.sort_column, state.reverse = column, False
+
+    def sort_letter(self, view: str, letter: str) -> str | None:
+        col = next((c for c in COLUMNS[view] if c.sort_key == letter), None)
+        if col is None:
+            return None
+        self.sort_by(view, col.key)
+        return col.key
+
+    def totals(self, now: float | None = None) -> Totals:
+        now = self.clock() if now is None else now
+        t = Totals()
+        for e in self.entries.values():
+            t.nodes += 1
+            h = e.display_health
+            if h == "unreach":
+                t.unreachable += 1
+            elif h == "stale":
+                t.stale += 1
+            elif h == "pending":
+                t.pending += 1
+            elif h in ("warn", "crit", "unknown"):
+                setattr(t, h, getattr(t, h) + 1)
+            else:
+                t.ok += 1
+            t.gpus += e.gpus_total
+            t.gpus_ok += e.gpus_ok
+            t.xids_1h += e.xids_since(now - XID_WINDOW_S)
+        return t
+
+    # rows of each view, before filtering and sorting
+
+    def _node_row(self, e: NodeEntry, now: float) -> Row:
+        xids = e.xids_since(now - XID_WINDOW_S)
+        age = None if e.seen_at is None else now - e.seen_at
+        seen = format_age(age) if age is not None else "-"
+        seen_style = self._seen_style(e, age)
+        cached = self._node_rows.get(e.name)
+        if cached is not None and cached[0] is e and cached[1:4] == (xids, seen, seen_style):
+            return cached[4]  # the same object: the table skips it without looking inside
+        cells, styles, sort = e.node_row_parts
+        has_data = e.snapshot is not None
+        cells = (*cells[:4], str(xids) if has_data else "-", seen, cells[6])
+        styles = (*styles[:4], "warn" if xids else "dim", seen_style, styles[6])
+        sort = (*sort[:4], xids, age if age is not None else float("inf"), sort[6])
+        placeholder = e.status == STATUS_PENDING and not has_data
+        row = Row(e.name, cells, styles, sort, e.fault, e.haystack, e.name, placeholder=placeholder)
+        self._node_rows[e.name] = (e, xids, seen, seen_style, row)
+        return row
+
+    def _seen_style(self, e: NodeEntry, age: float | None) -> str:
+        if e.status == STATUS_STALE:
+            return "stale"
+        if e.status not in (STATUS_OK, STATUS_PENDING):
+            return "unreach"
+        if age is not None and self.stale_after is not None and age > self.stale_after:
+            return "stale"
+        return ""
+
+    def _xid_rows(self, e: NodeEntry, now: float, with_node: bool = True) -> list[Row]:
+        cols = COLUMNS["xids"] if with_node else DETAIL_XID_COLUMNS
+        rows = []
+        for x in e.xids:
+            cells = xid_cells(x, now)
+            cells["node"] = (e.name, "", natural_key(e.name))
+            hay = f"{e.name} xid {x.code} {x.name} {x.event.message}".lower()
+            rows.append(
+                make_row(x.key, cells, cols, x.severity in FAULT_SEVERITIES, hay, e.name, x.event.gpu_uuid)
+            )
+        return rows
+
+    def all_rows(self, view: str, now: float | None = None) -> list[Row]:
+        now = self.clock() if now is None else now
+        entries = self.entries.values()
+        if view == "nodes":
+            return [self._node_row(e, now) for e in entries]
+        if view == "gpus":
+            return [r for e in entries for r in e.gpu_rows]
+        if view == "findings":
+            return [r for e in entries for r in e.finding_rows]
+        if view == "xids":
+            return [r for e in entries for r in self._xid_rows(e, now)]
+        raise ValueError(f"unknown view {view!r}; views: {', '.join(VIEWS)}")
+
+    def rows(self, view: str | None = None, now: float | None = None) -> list[Row]:
+        """The rows of a view as the operator asked to see them: filtered, faults only or
+        not, sorted (stable: ties keep inventory order)."""
+        view = view or self.view
+        rows = self.all_rows(view, now)
+        self.last_total = len(rows)
+        flt = self.filter
+        if self.faults_only or flt.active:
+            rows = [r for r in rows if (r.fault or not self.faults_only) and flt.matches(r.haystack)]
+        state = self.sorts[view]
+        idx = column_index(view, state.sort_column)
+        rows.sort(key=lambda r: r.sort[idx], reverse=state.reverse)
+        return rows
+
+    def detail_xid_rows(self, name: str, now: float | None = None) -> list[Row]:
+        e = self.entries.get(name)
+        if e is None:
+            return []
+        rows = self._xid_rows(e, self.clock() if now is None else now, with_node=False)
+        rows.sort(key=lambda r: r.sort[0])
+        return rows
+
+
+def detail_gpu_rows(entry: NodeEntry) -> list[Row]:
+    """The node screen's GPU rows, in bus order like the entry (keyed by UUID)."""
+    return [
+        make_row(
+            g.uuid,
+            gpu_cells(g),
+            DETAIL_GPU_COLUMNS,
+            g.lost or g.health in FAULT_SEVERITIES,
+            g.uuid.lower(),
+            entry.name,
+            g.uuid,
+        )
+        for g in entry.gpus
+    ]
