@@ -70,9 +70,6 @@ from fleetops.baseline.values import (
     ValidationBaseline,
 )
 
-# the name it had when the package was one module (a test checks every key's range with it)
-_range_problem = range_problem
-
 __all__ = [
     "DEFAULT_THRESHOLDS",
     "EXAMPLE_ALONE",

@@ -130,7 +130,7 @@ def test_on_result_errors_surface_after_all_hosts(clean_fleet):
 
 def test_forks_bound_concurrency(clean_fleet):
     active, peak, lock = [0], [0], threading.Lock()
-    original = transport._Runner.run_once
+    original = transport.Runner.run_once
 
     def counting(self, host, command, env, **kw):
         with lock:
@@ -142,11 +142,11 @@ def test_forks_bound_concurrency(clean_fleet):
             with lock:
                 active[0] -= 1
 
-    transport._Runner.run_once = counting
+    transport.Runner.run_once = counting
     try:
         results = transport.run_all(clean_fleet.hosts, ["sleep", "0.2"], forks=2)
     finally:
-        transport._Runner.run_once = original
+        transport.Runner.run_once = original
     assert all(r.ok for r in results.values())
     assert peak[0] == 2
 

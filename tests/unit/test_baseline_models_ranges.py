@@ -80,7 +80,7 @@ def test_every_json_schema_example_and_default_is_in_its_range():
     for key in bl.SCHEMA:
         for value in (key.default, key.example):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                assert bl._range_problem(key, value) is None, key.path
+                assert bl.range_problem(key, value) is None, key.path
 
 
 def _node(host: str, name: str, count: int = 8) -> Any:

@@ -278,7 +278,7 @@ def test_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
 # --- host-key decisions -----------------------------------------------------------------------
 
 
-def _policy(tmp_path: Path, text: str, name: str, strict: str = "yes") -> transport._HostKeyPolicy:
+def _policy(tmp_path: Path, text: str, name: str, strict: str = "yes") -> transport.HostKeyPolicy:
     path = tmp_path / "known_hosts"
     path.write_text(text)
     target = sshconfig.Target(
@@ -286,15 +286,15 @@ def _policy(tmp_path: Path, text: str, name: str, strict: str = "yes") -> transp
         global_known_hosts=(), strict=strict, connect_timeout=None,
     )
     store = hostkeys.KnownHosts()
-    return transport._HostKeyPolicy(store, target, store.verdict([str(path)], name))
+    return transport.HostKeyPolicy(store, target, store.verdict([str(path)], name))
 
 
 def test_unknown_key_is_refused_by_default_and_recorded_on_accept_new(tmp_path: Path) -> None:
     key = _key()
-    with pytest.raises(transport._Failure) as info:
+    with pytest.raises(transport.Failure) as info:
         _policy(tmp_path, "", "h").missing_host_key(paramiko.SSHClient(), "h", key)
     assert info.value.kind == "hostkey" and "is not in" in info.value.message
-    with pytest.raises(transport._Failure) as info:
+    with pytest.raises(transport.Failure) as info:
         _policy(tmp_path, "h ssh-ed25519 broken!!\n", "h").missing_host_key(paramiko.SSHClient(), "h", key)
     assert "lines skipped there:" in info.value.message and ":1: unreadable key" in info.value.message
     _policy(tmp_path, "", "h", "accept-new").missing_host_key(paramiko.SSHClient(), "h", key)
@@ -304,14 +304,14 @@ def test_unknown_key_is_refused_by_default_and_recorded_on_accept_new(tmp_path: 
 def test_revoked_key_is_refused_even_when_accepting_new(tmp_path: Path) -> None:
     key = _key()
     policy = _policy(tmp_path, _line("*", key, "revoked"), "h", "accept-new")
-    with pytest.raises(transport._Failure) as info:
+    with pytest.raises(transport.Failure) as info:
         policy.missing_host_key(paramiko.SSHClient(), "h", key)
     assert info.value.kind == "hostkey" and "REVOKED" in info.value.message and ":1" in info.value.message
 
 
 def test_ca_only_host_gets_the_fix_named(tmp_path: Path) -> None:
     policy = _policy(tmp_path, _line("h", _key(), "cert-authority"), "h")
-    with pytest.raises(transport._Failure) as info:
+    with pytest.raises(transport.Failure) as info:
         policy.missing_host_key(paramiko.SSHClient(), "h", _key())
     msg = info.value.message
     assert info.value.kind == "hostkey"

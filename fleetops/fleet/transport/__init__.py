@@ -75,11 +75,6 @@ from fleetops.fleet.transport.pool import SessionPool
 from fleetops.fleet.transport.runner import HostKeyPolicy, Runner, classify_connect, set_default_ssh_config
 from fleetops.fleet.transport.stream import Stream, StreamFailure, StreamOpener
 
-# the names these had when the package was one module (tests build and catch them)
-_Failure = Failure
-_HostKeyPolicy = HostKeyPolicy
-_Runner = Runner
-
 __all__ = [
     "DEFAULT_KNOWN_HOSTS",
     "ERROR_KINDS",
