@@ -32,9 +32,9 @@ def main() -> int:
     os.environ["FAKE_NVML_CONTROL"] = ctl.name
     os.environ["FLEETOPS_AGENT_NVML_MODULE"] = "fake_nvml"
     try:
-        from fleetops.agent.serve import nvml_backend
+        from fleetops.gpu.nvml.access import NvmlAccess
 
-        backend = nvml_backend.NvmlBackend()
+        backend = NvmlAccess()
         fake = backend.N
         sizes: list[int] = []
         real = fake.nvmlDeviceGetFieldValues

@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 from fleetops.catalog.actions import RESET_JOURNAL, RESET_JOURNAL_ENV
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleetops import model
+    from fleetops.gpu.nvml.access import NvmlAccess
+    from fleetops.sim.access import SimAccess
 
 BACKENDS = ("auto", "nvml", "sim")
 SIM_STATE_ENV = "FLEETOPS_SIM_STATE"  # = gpu.sim.STATE_ENV, kept here so the NVML path never imports sim
@@ -199,3 +203,39 @@ def collect(backend: str = "auto", state_path: str | None = None, *, release: bo
         node = nvml_node(now, release=release)
     node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
     return node
+
+
+# --- the GPU access objects, with this module's snapshot builders ----------------------------
+
+
+def nvml_full(**kwargs: Any) -> model.Node:
+    """``nvml_node`` as ``NvmlAccess.full`` calls it: a snapshot that cannot be built is the
+    daemon's failed call (RuntimeError), as a failed ``nvmlInit`` there is."""
+    try:
+        return nvml_node(**kwargs)
+    except CollectError as exc:
+        raise RuntimeError(str(exc)) from exc
+
+
+def sim_builder(state_path: str) -> Callable[[], model.Node]:
+    """The cold collect of one simulator state file, as ``SimAccess.full`` calls it."""
+    return lambda: collect("sim", state_path)
+
+
+def nvml_access(load: bool = False) -> NvmlAccess:
+    """NVML access (``gpu/nvml/access.py``) for every command: the daemon, resets, MIG, setters.
+    ``load``: the NVML module now (the daemon: a node without nvidia-ml-py fails its start, not
+    its first sample); otherwise at the first sampling call."""
+    from fleetops.gpu.nvml.access import NvmlAccess
+
+    access = NvmlAccess(node=nvml_full)
+    if load:
+        access.N  # noqa: B018 - loads it
+    return access
+
+
+def sim_access(state_path: str) -> SimAccess:
+    """Simulator access (``sim/access.py``) to ``state_path`` for every command."""
+    from fleetops.sim.access import SimAccess
+
+    return SimAccess(state_path, node=sim_builder(state_path))

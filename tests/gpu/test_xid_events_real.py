@@ -21,7 +21,7 @@ import polling
 import pytest
 
 from fleetops.agent.serve import client
-from fleetops.agent.serve.nvml_backend import _handle_key
+from fleetops.gpu.nvml.access import _handle_key
 
 pytestmark = pytest.mark.gpu
 

@@ -171,9 +171,9 @@ def test_history_rejects_unknown_field_naming_it(node: Path, daemon: Daemon) -> 
 
 HANGING = textwrap.dedent('''
     import os, time
-    from fleetops.agent.serve.node import SimBackend
+    from fleetops.sim.access import SimAccess
 
-    class Hanging(SimBackend):
+    class Hanging(SimAccess):
         def light(self):
             while os.path.exists(self.state_path + ".hang"):
                 time.sleep(0.05)

@@ -15,7 +15,7 @@ from typing import IO, Any
 import pytest
 from test_agent_serve import AGENT, Daemon, _ask, _until
 
-from fleetops.agent.serve import instances
+from fleetops.gpu import instances
 from fleetops.sim import gpu as sim
 
 GPU = 3
@@ -192,7 +192,8 @@ def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, m
     import fake_nvml
 
     from fleetops.agent import hostinfo
-    from fleetops.agent.serve.nvml_backend import NvmlBackend
+    from fleetops.agent.collect import nvml_full
+    from fleetops.gpu.nvml.access import NvmlAccess
 
     control = tmp_path / "control.json"
     control.write_text(json.dumps({"mode": "ok", "temp": 40}))
@@ -201,7 +202,7 @@ def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, m
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # put back after the test
     fake_nvml.fresh()  # NVML not initialised in this process yet, whatever ran before
     monkeypatch.setattr(hostinfo, "nvidia_packages_with_origins", lambda: ({}, {}, None))
-    backend = NvmlBackend()
+    backend = NvmlAccess(node=nvml_full)
     mig_calls = ("nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
                  "nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetMaxMigDeviceCount",
                  "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetComputeRunningProcesses")

@@ -121,6 +121,7 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     from fleetops import model
     from fleetops.agent import hostinfo
     from fleetops.agent.reset import backends
+    from fleetops.gpu.nvml import access as nvml_access
 
     calls: list[tuple[Any, ...]] = []
 
@@ -148,7 +149,7 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # the flow's second look-up and its snapshots
     monkeypatch.setattr(backends, "nvml_snapshot", snapshot)
-    monkeypatch.setattr(backends, "nvidia_smi_reset", smi_reset)
+    monkeypatch.setattr(nvml_access, "nvidia_smi_reset", smi_reset)
     monkeypatch.setattr(backends, "systemctl", systemctl)
     monkeypatch.setattr(backends, "send_signal", lambda *a: pytest.fail(f"a signal was sent: {a}"))
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))

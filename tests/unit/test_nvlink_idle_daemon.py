@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_agent_serve import _ask, _until
 
-from fleetops.agent.serve import nvml_backend
 from fleetops.agent.serve.ring import LINK_FIELDS
 from fleetops.gpu import nvml as gpu_nvml
+from fleetops.gpu.nvml import access as nvml_access
 from fleetops.sim import gpu as sim
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
@@ -56,7 +56,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any,
 
 
 def _tick_calls(module: Any) -> tuple[dict[str, int], dict[str, dict[str, float | None]]]:
-    backend = nvml_backend.NvmlBackend()
+    backend = nvml_access.NvmlAccess()
     backend.light()  # the first tick initialises NVML (and reads each GPU's link count once)
     module.reset_calls()
     values, lost = backend.light()
@@ -90,7 +90,7 @@ def test_light_read_without_nvlink_costs_the_same_calls_and_asks_for_no_link(fak
 def test_link_count_is_read_again_after_a_driver_reload(fake: tuple[Any, Path]) -> None:
     module, control = fake
     control.write_text(json.dumps({"mode": "ok", "temp": 40}))
-    backend = nvml_backend.NvmlBackend()
+    backend = nvml_access.NvmlAccess()
     backend.light()
     assert backend.link_counts == {"GPU-fake-0": 0, "GPU-fake-1": 0}
     # the driver does not unload under a process that holds NVML: this one, through the backend

@@ -18,8 +18,8 @@ import polling
 import pytest
 
 from fleetops.agent.serve import client, exposition
-from fleetops.agent.serve.nvml_backend import NvmlBackend
 from fleetops.gpu import nvml as gpu_nvml
+from fleetops.gpu.nvml.access import NvmlAccess
 
 BUS = ["0000:18:00.0", "0000:19:00.0"]  # the fake's two GPUs
 
@@ -52,7 +52,7 @@ def _edit(path: Path, **changes: Any) -> None:
 class Loop:
     """The daemon's events loop on its own thread, as ``NodeService.start_events`` runs it."""
 
-    def __init__(self, backend: NvmlBackend, on_xid: Callable[[str | None, int], None] | None = None) -> None:
+    def __init__(self, backend: NvmlAccess, on_xid: Callable[[str | None, int], None] | None = None) -> None:
         self.backend = backend
         self.got: list[tuple[str | None, int]] = []
         self.stop = threading.Event()
@@ -71,7 +71,7 @@ class Loop:
         assert not self.thread.is_alive()
 
 
-def _registered(backend: NvmlBackend, n: int) -> Callable[[], bool]:
+def _registered(backend: NvmlAccess, n: int) -> Callable[[], bool]:
     return lambda: backend.events_status()["registered"] == n
 
 
@@ -129,7 +129,7 @@ def test_a_lost_gpu_answers_gpu_is_lost_to_every_query_but_its_xid_79_is_deliver
 
 
 def test_a_lost_gpus_nvml_event_gets_its_bus_id_from_its_registered_handle(control: Path) -> None:
-    backend = NvmlBackend()
+    backend = NvmlAccess()
     backend.light()
     with Loop(backend) as loop:
         _until("both GPUs registered", _registered(backend, 2))
@@ -139,7 +139,7 @@ def test_a_lost_gpus_nvml_event_gets_its_bus_id_from_its_registered_handle(contr
 
 
 def test_the_events_thread_survives_a_non_nvml_exception_and_registers_again(control: Path) -> None:
-    backend = NvmlBackend()
+    backend = NvmlAccess()
     backend.light()
     got: list[tuple[str | None, int]] = []
 
@@ -172,7 +172,7 @@ def test_the_events_thread_survives_a_non_nvml_exception_and_registers_again(con
 
 def test_a_registration_that_keeps_failing_is_reported_then_registered_again(control: Path) -> None:
     _edit(control, register_error={"1": "Unknown"})
-    backend = NvmlBackend()
+    backend = NvmlAccess()
     backend.light()
     with Loop(backend) as loop:
         status = _until("the failure reported", lambda: (lambda s: s if s["error"] else None)(backend.events_status()))
@@ -192,7 +192,7 @@ def test_a_registration_that_keeps_failing_is_reported_then_registered_again(con
 
 def test_released_the_loop_holds_no_set_reports_nothing_and_registers_again_after(control: Path) -> None:
     _edit(control, register_error={"0": "Unknown", "1": "Unknown"})
-    backend = NvmlBackend()
+    backend = NvmlAccess()
     backend.light()
     with Loop(backend) as loop:
         _until("the failure reported", lambda: backend.events_status()["error"])
@@ -213,7 +213,7 @@ def test_a_reinit_with_more_gpus_registers_a_new_set_on_them(control: Path) -> N
     """A partial init (a GPU not enumerated) and a re-init after it: the loop registers on the
     complete new list of handles, not only on what it found first."""
     _edit(control, lost=[1])
-    backend = NvmlBackend()
+    backend = NvmlAccess()
     backend.light()
     assert [bus for _, bus, _ in backend.handles] == [BUS[0]]
     with Loop(backend) as loop:

@@ -385,8 +385,12 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
     from fleetops.agent import hostinfo
 
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
-    for name in ("nvidia_smi_reset", "systemctl", "send_signal", "nvidia_smi_mig"):
+    from fleetops.gpu.nvml import access as nvml_access
+
+    for name in ("systemctl", "send_signal"):
         monkeypatch.setattr(backends, name, _forbid(name))
+    for name in ("nvidia_smi_reset", "nvidia_smi_mig"):  # the NVML access runs them
+        monkeypatch.setattr(nvml_access, name, _forbid(name))
     monkeypatch.setattr(journal, "send_syslog", _forbid("send_syslog"))
     monkeypatch.setattr(os, "kill", _forbid("os.kill"))
     monkeypatch.setattr(subprocess, "run", _forbid("subprocess.run"))

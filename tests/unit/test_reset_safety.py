@@ -20,6 +20,7 @@ from fleetops import model
 from fleetops.agent import hostinfo, reset
 from fleetops.agent import lock as node_lock
 from fleetops.agent.reset import backends
+from fleetops.gpu.nvml import access as nvml_access
 from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
@@ -115,7 +116,7 @@ def fake_node(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(backends, "send_signal", node.signal)
         monkeypatch.setattr(backends, "process_alive", lambda pid: pid in node.alive)
         monkeypatch.setattr(backends, "systemctl", node.systemctl)
-        monkeypatch.setattr(backends, "nvidia_smi_reset", node.nvidia_smi_reset)
+        monkeypatch.setattr(nvml_access, "nvidia_smi_reset", node.nvidia_smi_reset)
         monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
         monkeypatch.setattr(os, "kill", lambda *a: pytest.fail(f"os.kill{a} reached past the fake"))
         return node

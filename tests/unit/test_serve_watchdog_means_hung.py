@@ -35,9 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # while ``<state>.hang`` exists.
 FLAKY = '''
 import os, time
-from fleetops.agent.serve.node import SimBackend
+from fleetops.sim.access import SimAccess
 
-class Flaky(SimBackend):
+class Flaky(SimAccess):
     def light(self):
         if os.path.exists(self.state_path + ".fail"):
             raise RuntimeError("injected sample failure")

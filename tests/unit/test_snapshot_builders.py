@@ -76,7 +76,7 @@ def test_the_daemon_and_the_cold_collect_build_the_same_nvml_snapshot(tmp_path: 
     # and every other field, GPU by GPU
     # the served document's own view of the GPUs' MIG instances (a key a watcher reads) is
     # derived from the same GPUs
-    from fleetops.agent.serve import instances
+    from fleetops.gpu import instances
 
     assert served.pop("mig") == instances.table(collected["gpus"])
     mine, theirs = _node_fields(served), _node_fields(collected)

@@ -1,14 +1,20 @@
 """Where the reset flow reads and changes a node: the backend interface and its two backends.
 
 The flow (``flow.py``) only talks to a ``Backend``; every way the simulator differs from a real
-node lives here, behind the same methods, so the flow has no ``if sim`` branch and the NVML path
-runs the same steps in unit tests as on a node.
+node lives behind the same methods, so the flow has no ``if sim`` branch and the NVML path runs
+the same steps in unit tests as on a node.
 
-The few functions that change a real node (``send_signal``, ``systemctl``, ``nvidia_smi_reset``)
-and the two that read it for the flow (``nvml_snapshot``, ``process_alive``) are module-level
-functions, looked up at call time: tests replace them with fakes that record each call, and so
-run the NVML backend's whole changing path without a GPU. A backend built for a dry run refuses
-every changing method (``DryRunViolation``) before it does anything.
+A backend holds the node's GPU access (``self.gpu``: ``gpu.nvml.access.NvmlAccess`` or
+``sim.access.SimAccess``, the classes the daemon samples through), which looks up, resets and
+changes GPUs; what is not GPU access is here: the cold snapshot (the agent's collect), systemd
+units, signals to processes, the node lock, the reset journal and the daemon's socket.
+
+The functions that change a real node from here (``send_signal``, ``systemctl``) and the two
+that read it for the flow (``nvml_snapshot``, ``process_alive``) are module-level functions,
+looked up at call time: tests replace them (and ``gpu.nvml.access.nvidia_smi_reset``) with
+fakes that record each call, and so run the NVML backend's whole changing path without a GPU. A
+backend built for a dry run refuses every changing method (``DryRunViolation``) before it does
+anything, the GPU access's included.
 """
 
 from __future__ import annotations
@@ -17,11 +23,17 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetops import model
 from fleetops.agent import lock as node_lock
 from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_ENV, SERVICE_TIMEOUT_S
+
+# the GPU access raises it; callers catch it here
+from fleetops.gpu.backend import NodeChangeError as NodeChangeError
+
+if TYPE_CHECKING:
+    from fleetops.gpu.backend import GpuAccess
 
 DEFAULT_LOG = RESET_JOURNAL
 LOG_ENV = RESET_JOURNAL_ENV
@@ -35,10 +47,6 @@ class ResetError(Exception):
         super().__init__(message)
         self.kind = kind
         self.exit_code = exit_code
-
-
-class NodeChangeError(Exception):
-    """The node refused a change (NVML said no); the message names the setting and the reason."""
 
 
 class DryRunViolation(RuntimeError):
@@ -65,18 +73,6 @@ def systemctl(verb: str, unit: str, timeout: float = SERVICE_TIMEOUT_S) -> tuple
     except subprocess.TimeoutExpired:
         return 124, f"systemctl {verb} {unit} timed out after {timeout:.0f}s"
     return proc.returncode, (proc.stderr or proc.stdout).strip()
-
-
-def nvidia_smi_reset(bus_id: str, timeout: float) -> tuple[int, str]:
-    """``nvidia-smi -r -i BUS_ID`` (argument list, no shell); (exit status, output)."""
-    cmd = ["nvidia-smi", "-r", "-i", bus_id]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        return 127, "nvidia-smi not found"
-    except subprocess.TimeoutExpired:
-        return 124, f"nvidia-smi -r timed out after {timeout:.0f}s"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
 def nvml_snapshot() -> model.Node:
@@ -164,9 +160,14 @@ class DryRunGuard:
 
 
 class Backend(DryRunGuard):
-    """What the reset flow (and ``mig reset``) may do to a node."""
+    """What the reset flow (and ``mig reset``, the setters) may do to a node: the GPU operations
+    through ``self.gpu`` (guarded in a dry run here), the rest in this class and its two kinds."""
 
     name = "unknown"
+
+    def __init__(self, gpu: GpuAccess, dry_run: bool) -> None:
+        super().__init__(dry_run)
+        self.gpu = gpu
 
     # reading
     def snapshot(self) -> model.Node:
@@ -174,11 +175,11 @@ class Backend(DryRunGuard):
 
     def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
         """The GPU the selector names when it is known but not enumerated (fallen off the bus)."""
-        raise NotImplementedError
+        return self.gpu.lost_gpu(node, uuid, bus_id)
 
     def cross_check(self, gpu: model.Gpu) -> tuple[str, str]:
         """A second, independent look-up that the UUID and the bus id name the same GPU."""
-        return "ok", "UUID and bus id from one snapshot"
+        return self.gpu.cross_check(gpu)
 
     def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
         raise NotImplementedError
@@ -191,8 +192,8 @@ class Backend(DryRunGuard):
         return [p.pid for p in again.processes or []]
 
     def xids_since_reset(self, node: model.Node, reset_at: float) -> list[model.XidEvent]:
-        """The XIDs that count after a reset at ``reset_at``: a kernel log keeps the ones that led to it."""
-        return [x for x in node.xids if x.timestamp is None or x.timestamp >= reset_at]
+        """The XIDs that count after a reset at ``reset_at``."""
+        return self.gpu.xids_since_reset(node, reset_at)
 
     def default_lock(self) -> str:
         return os.environ.get(LOCK_ENV) or node_lock.DEFAULT_PATH
@@ -202,17 +203,11 @@ class Backend(DryRunGuard):
 
     def device_prefix(self) -> str:
         """Where the node's device files start (``gpu.holders``)."""
-        from fleetops.gpu import holders
-
-        return holders.DEVICE_PREFIX
+        return self.gpu.device_prefix()
 
     def holders(self) -> tuple[list[Any] | None, str | None]:
         """(every process holding a device file, None) or (None, why they cannot be listed)."""
-        from fleetops.gpu import holders
-
-        if not holders.readable():
-            return None, "not root: other processes' descriptors are not readable"
-        return holders.scan(self.device_prefix()), None
+        return self.gpu.holders()
 
     def daemon_socket(self) -> str:
         """The resident agent's socket on this node (it is paused for the reset)."""
@@ -227,7 +222,7 @@ class Backend(DryRunGuard):
     def release_own(self) -> int:
         """Let go of whatever this process holds of the GPUs (NVML's device files) right before
         the reset; how many NVML initialisations were shut down."""
-        return 0
+        return self.gpu.release_own()
 
     # changing
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
@@ -240,19 +235,23 @@ class Backend(DryRunGuard):
         raise NotImplementedError
 
     def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
-        raise NotImplementedError
+        self._changing("reset the GPU")
+        return self.gpu.reset(gpu, timeout)
 
     def recreate_mig(self, uuid: str, profiles: list[str]) -> tuple[bool, str]:
         """Destroy the GPU's MIG instances and create ``profiles`` (``mig reset``)."""
-        raise NotImplementedError
+        self._changing("recreate MIG instances")
+        return self.gpu.recreate_mig(uuid, profiles)
 
     def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
         """Set power cap, persistence or MIG mode on the GPUs ``uuids`` (``fleetops-agent set``)."""
-        raise NotImplementedError
+        self._changing(f"set {setting}")
+        self.gpu.apply_setting(setting, field_name, value, uuids)
 
 
 class SimBackend(Backend):
-    """The node's simulator state file: processes, services and the reset are records in it.
+    """The node's simulator state file: processes and services are records in it, the GPUs are
+    ``SimAccess``'s.
 
     A process record marked ``real`` stands for a process of this machine (tests start one) and
     is signalled like on a node; the others are ended by removing their record. The simulated
@@ -263,7 +262,9 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self, path: str, dry_run: bool) -> None:
-        super().__init__(dry_run)
+        from fleetops.agent import collect
+
+        super().__init__(collect.sim_access(path), dry_run)
         self.path = path
 
     def snapshot(self) -> model.Node:
@@ -276,44 +277,12 @@ class SimBackend(Backend):
 
         return sim.read_state(self.path)
 
-    def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
-        from fleetops.sim import gpu as sim
-
-        state = self._state()
-        pos, why = sim.find_gpu(state, uuid or bus_id or "")
-        if pos is None or why is None:
-            return None
-        raw = state["gpus"][pos]
-        text = "Xid 79: the GPU has fallen off the bus" if why == "xid:79" else "the driver does not enumerate it"
-        return {"uuid": raw["uuid"], "bus_id": raw["bus_id"], "reason": text}
-
-    def cross_check(self, gpu: model.Gpu) -> tuple[str, str]:
-        from fleetops.sim import gpu as sim
-
-        state = self._state()
-        by_uuid, _ = sim.find_gpu(state, gpu.uuid)
-        by_bus, _ = sim.find_gpu(state, gpu.bus_id)
-        if by_uuid is None or by_uuid != by_bus:
-            other = state["gpus"][by_bus]["uuid"] if by_bus is not None else "nothing"
-            return "failed", f"bus id {gpu.bus_id} holds {other}, not {gpu.uuid}"
-        return "ok", "looked up by UUID and by bus id: the same GPU"
-
     def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
         known = self._state()["node"].get("services", {})
         return {u: known.get(u, "inactive") for u in units}, None
 
-    def xids_since_reset(self, node: model.Node, reset_at: float) -> list[model.XidEvent]:
-        # the simulated reset removes the XIDs it cleared from the simulated kernel log and keeps
-        # those of the faults it cannot clear: every XID left counts
-        return list(node.xids)
-
     def default_lock(self) -> str:
         return os.path.abspath(self.path) + ".maintenance.lock"
-
-    def device_prefix(self) -> str:
-        from fleetops.sim import gpu as sim
-
-        return sim.device_prefix(os.path.abspath(self.path))
 
     def daemon_socket(self) -> str:
         from fleetops.agent.serve import client
@@ -363,123 +332,19 @@ class SimBackend(Backend):
             sim.set_service(st, unit, status)
         return True, f"simulated: {unit} recorded {status}"
 
-    def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
-        from fleetops.sim import gpu as sim
-
-        self._changing("reset the GPU")
-        held, why = self.holders()
-        if held:  # the driver refuses a GPU any client holds, a monitoring one too
-            return False, f"simulated nvidia-smi -r -i {gpu.bus_id}: {sim.in_use_message(gpu.bus_id, held)}", {
-                "holders": [h.to_dict() for h in held]}
-        if held is None:
-            return False, f"simulated nvidia-smi -r -i {gpu.bus_id}: cannot tell who holds the GPU ({why})", {}
-        duration = sim.reset_duration_s(self._state())
-        if duration > 0:
-            # the GPU is away while it resets; the state says which one, as long as it is away
-            with sim.locked_state(self.path) as st:
-                st["node"][sim.RESETTING_FIELD] = gpu.uuid
-            time.sleep(min(duration, timeout))
-        try:
-            with sim.locked_state(self.path) as st:
-                st["node"].pop(sim.RESETTING_FIELD, None)
-                pos, _ = sim.find_gpu(st, gpu.uuid)
-                if pos is None:
-                    raise sim.SimError(f"{gpu.uuid} is no longer on this node")
-                done = sim.reset_gpu(st, pos)
-        except sim.SimError as exc:
-            return False, f"simulated reset failed: {exc}", {}
-        cleared = ", ".join(done["cleared"]) or "nothing (no volatile fault pending)"
-        kept = f"; still present: {', '.join(done['kept'])}" if done["kept"] else ""
-        return True, f"simulated nvidia-smi -r -i {gpu.bus_id}: cleared {cleared}{kept}", {
-            "cleared": done["cleared"],
-            "kept": done["kept"],
-            "xids_cleared": done["xids_cleared"],
-        }
-
-    def recreate_mig(self, uuid: str, profiles: list[str]) -> tuple[bool, str]:
-        from fleetops.sim import gpu as sim
-
-        self._changing("recreate MIG instances")
-        try:
-            with sim.locked_state(self.path) as st:
-                pos, _ = sim.find_gpu(st, uuid)
-                if pos is None:
-                    raise sim.SimError(f"{uuid} is no longer on this node")
-                sim.mig_reset(st, pos, profiles)
-        except sim.SimError as exc:
-            return False, str(exc)
-        return True, "simulated: destroyed and recreated"
-
-    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
-        from fleetops.sim import gpu as sim
-
-        self._changing(f"set {setting}")
-        with sim.locked_state(self.path) as state:
-            for uuid in uuids:
-                pos = next(i for i, g in enumerate(state["gpus"]) if g["uuid"] == uuid)
-                try:
-                    sim.require_present(state, pos, f"set {setting}")
-                except sim.SimError as exc:  # nothing is written: the state lock's body raised
-                    raise NodeChangeError(str(exc)) from exc
-                state["gpus"][pos][field_name] = value
-                if field_name == "mig_mode_current":
-                    state["gpus"][pos]["mig_mode_pending"] = value
-                sim.retire_setting_fault(state, field_name, pos)
-
 
 class NvmlBackend(Backend):
-    """A real node: NVML for reading, signals, systemctl and ``nvidia-smi -r`` for changing."""
+    """A real node: ``NvmlAccess`` for the GPUs, signals and systemctl for processes and units."""
 
     name = "nvml"
 
+    def __init__(self, dry_run: bool) -> None:
+        from fleetops.agent import collect
+
+        super().__init__(collect.nvml_access(), dry_run)
+
     def snapshot(self) -> model.Node:
         return nvml_snapshot()
-
-    def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
-        lost_buses = {x.bus_id for x in node.xids if x.code == 79 and x.bus_id and x.gpu_uuid is None}
-        enumerated = {g.bus_id for g in node.gpus}
-        if bus_id:
-            on_pci = _pci_vendor(bus_id) == "0x10de"
-            if bus_id in lost_buses:
-                return {"uuid": uuid, "bus_id": bus_id, "reason": "Xid 79: the GPU has fallen off the bus"}
-            if on_pci and bus_id not in enumerated:
-                return {"uuid": uuid, "bus_id": bus_id, "reason": "on the PCI bus but not enumerated by the driver"}
-            return None
-        unclaimed = sorted(b for b in lost_buses - enumerated if b)
-        if unclaimed:
-            return {
-                "uuid": uuid,
-                "bus_id": None,
-                "reason": f"not enumerated; Xid 79 (fallen off the bus) was logged for {', '.join(unclaimed)}",
-            }
-        return None
-
-    def cross_check(self, gpu: model.Gpu) -> tuple[str, str]:
-        try:
-            import pynvml as nv
-        except ImportError:
-            return "ok", "UUID and bus id from one snapshot (pynvml not importable for a second look-up)"
-        try:
-            nv.nvmlInit()
-        except nv.NVMLError as exc:
-            return "failed", f"NVML does not start for the second look-up: {exc}"
-        try:
-            by_uuid = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            bus_of_uuid = _text(nv.nvmlDeviceGetPciInfo(by_uuid).busId)
-            by_bus = nv.nvmlDeviceGetHandleByPciBusId(_nvml_bus(gpu.bus_id))
-            uuid_of_bus = _text(nv.nvmlDeviceGetUUID(by_bus))
-        except nv.NVMLError as exc:
-            return "failed", f"NVML look-up of {gpu.uuid} / {gpu.bus_id} failed: {exc}"
-        finally:
-            try:
-                nv.nvmlShutdown()
-            except nv.NVMLError:
-                pass
-        if model.normalize_bus_id(bus_of_uuid) != gpu.bus_id or uuid_of_bus != gpu.uuid:
-            return "failed", (
-                f"NVML by UUID {gpu.uuid} -> bus {bus_of_uuid}; by bus {gpu.bus_id} -> UUID {uuid_of_bus}: they disagree"
-            )
-        return "ok", f"NVML by UUID -> {model.normalize_bus_id(bus_of_uuid)}, by bus id -> {uuid_of_bus}: the same GPU"
 
     def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
         from fleetops.agent import hostinfo
@@ -490,11 +355,6 @@ class NvmlBackend(Backend):
 
     def service_pids(self, units: list[str]) -> dict[int, str]:
         return {pid: unit for unit in units for pid in unit_pids(unit)}
-
-    def release_own(self) -> int:
-        from fleetops.gpu import nvml
-
-        return nvml.release_process()
 
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         self._changing("end processes")
@@ -509,72 +369,6 @@ class NvmlBackend(Backend):
         self._changing(f"start {unit}")
         rc, out = systemctl("start", unit)
         return rc == 0, out or f"systemctl start {unit}: exit {rc}"
-
-    def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
-        self._changing("reset the GPU")
-        rc, out = nvidia_smi_reset(gpu.bus_id, timeout)
-        return rc == 0, out or f"exit {rc}", {"command": ["nvidia-smi", "-r", "-i", gpu.bus_id], "exit_status": rc}
-
-    def recreate_mig(self, uuid: str, profiles: list[str]) -> tuple[bool, str]:
-        self._changing("recreate MIG instances")
-        steps = [["-i", uuid, "-dci"], ["-i", uuid, "-dgi"], ["-i", uuid, "-cgi", ",".join(profiles), "-C"]]
-        said = []
-        for step in steps:
-            rc, out = nvidia_smi_mig(step)
-            said.append(f"nvidia-smi mig {' '.join(step)}: exit {rc}")
-            # destroying when there is nothing to destroy is not an error worth stopping for
-            if rc != 0 and step[-1] not in ("-dci", "-dgi"):
-                return False, "; ".join(said) + (f": {out}" if out else "")
-        return True, "; ".join(said)
-
-    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
-        import pynvml as nv
-
-        self._changing(f"set {setting}")
-        nv.nvmlInit()
-        try:
-            for uuid in uuids:
-                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
-                if setting == "power":
-                    nv.nvmlDeviceSetPowerManagementLimit(handle, int(value * 1000))
-                elif setting == "persistence":
-                    nv.nvmlDeviceSetPersistenceMode(handle, 1 if value else 0)
-                elif setting == "mig":
-                    nv.nvmlDeviceSetMigMode(handle, 1 if value else 0)
-        except nv.NVMLError as exc:
-            raise NodeChangeError(f"{setting}: NVML refused the change: {exc}") from exc
-        finally:
-            nv.nvmlShutdown()
-
-
-def nvidia_smi_mig(args: list[str], timeout: float | None = None) -> tuple[int, str]:
-    """``nvidia-smi mig ARGS`` (argument list, no shell); (exit status, output)."""
-    from fleetops.catalog.actions import MIG_COMMAND_TIMEOUT_S
-
-    limit = MIG_COMMAND_TIMEOUT_S if timeout is None else timeout
-    try:
-        proc = subprocess.run(["nvidia-smi", "mig", *args], capture_output=True, text=True, timeout=limit, check=False)
-    except FileNotFoundError:
-        return 127, "nvidia-smi not found"
-    except subprocess.TimeoutExpired:
-        return 124, "nvidia-smi mig timed out"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _nvml_bus(bus_id: str) -> str:
-    return "0000" + bus_id if len(bus_id) == 12 else bus_id  # NVML's 8-digit domain form
-
-
-def _pci_vendor(bus_id: str) -> str | None:
-    try:
-        with open(f"/sys/bus/pci/devices/{bus_id}/vendor", encoding="ascii") as fh:
-            return fh.read().strip().lower()
-    except OSError:
-        return None
 
 
 def make_backend(requested: str, state_path: str | None, dry_run: bool) -> Backend:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/run/fleetops/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/fleetops/agent"
-# Test hook: "module:Class" naming a SimBackend replacement (same constructor and methods).
+# Test hook: "module:Class" naming a SimAccess replacement (same constructor and methods).
 BACKEND_HOOK_ENV = "FLEETOPS_AGENT_SERVE_BACKEND"
 
 
@@ -156,7 +156,7 @@ def run(args: Any) -> int:
     import signal
     import threading
 
-    from fleetops.agent.serve.node import NodeService, SimBackend
+    from fleetops.agent.serve.node import NodeService
     from fleetops.agent.serve.sdnotify import notify
 
     services: list[NodeService] = []
@@ -200,7 +200,10 @@ def run(args: Any) -> int:
         if not expanded:
             sys.stderr.write('{"error": "serve --backend sim needs --states or --state", "kind": "usage"}\n')
             return 2
-        backend_class: Any = SimBackend
+        from fleetops.agent import collect
+        from fleetops.sim.access import SimAccess
+
+        backend_class: Any = SimAccess
         hook = os.environ.get(BACKEND_HOOK_ENV)
         if hook:  # tests: a backend that hangs or fails on demand, in place of the simulator's
             import importlib
@@ -208,7 +211,7 @@ def run(args: Any) -> int:
             module_name, _, class_name = hook.partition(":")
             backend_class = getattr(importlib.import_module(module_name), class_name)
         for path in expanded:
-            backend = backend_class(path)
+            backend = backend_class(path, node=collect.sim_builder(path))
             services.append(
                 NodeService(
                     backend,
@@ -223,12 +226,12 @@ def run(args: Any) -> int:
                 )
             )
     else:
-        from fleetops.agent.serve.nvml_backend import NvmlBackend
+        from fleetops.agent import collect
 
         state_dir = os.environ.get("FLEETOPS_AGENT_STATE_DIR", DEFAULT_STATE_DIR)
         services.append(
             NodeService(
-                NvmlBackend(),
+                collect.nvml_access(load=True),
                 args.socket or DEFAULT_SOCKET,
                 state_dir,
                 os.environ.get("FLEETOPS_AGENT_KMSG", "/dev/kmsg"),

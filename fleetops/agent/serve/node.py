@@ -1,4 +1,5 @@
-"""One served node: the sampler, health, XID book and the unix socket for one backend.
+"""One served node: the sampler, health, XID book and the unix socket for one GPU access
+(``gpu.backend.GpuAccess``: ``NvmlAccess`` on a real node, ``SimAccess`` on a simulated one).
 
 Loops (``loops.py``, shared by the nodes one process serves): the sampler (``tick``: light read
 every ``interval_s``, full snapshot every ``full_interval_s``), the kernel-log follower, the
@@ -15,141 +16,20 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetops.agent.serve import instances
-from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, Ring, Value
+from fleetops.agent.serve.ring import GPU_FIELDS, Ring, Value
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
+from fleetops.gpu import instances
 from fleetops.xid import follower as kmsg
+
+if TYPE_CHECKING:
+    from fleetops.gpu.backend import GpuAccess
 
 HISTORY_S = 3600.0
 # The snapshot's counters that rate checks compare, as the ring names them.
 RATE_GPU_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter")
 RATE_LINK_COUNTERS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
-
-
-RACY_S = 1.0  # a state file changed this recently before it was read is read again next time
-
-
-class SimBackend:
-    """The simulator: its state file is read on every tick (it changes under the daemon).
-
-    The file's text is kept and parsed again only when it changed; a state that ``sim.steady``
-    finds time-independent (an idle node without a growing storm: a simulated fleet's usual
-    node) answers its light samples and full snapshots from what the last change produced, the
-    snapshot's time and uptime renewed. One process serves every node of ``sim up --daemon``, a
-    thousand of them on a two-core machine, and rebuilding a thousand identical snapshots cost
-    that process more than a core (the simulator's cost, not the daemon's). Callers must not
-    mutate what ``light`` and ``full`` return (the daemon never does): both share what they
-    hold between calls."""
-
-    name = "sim"
-
-    def __init__(self, state_path: str) -> None:
-        self.state_path = state_path
-        base = state_path[:-5] if state_path.endswith(".json") else state_path
-        self.run_dir = base + ".agent"
-        self.kmsg_path = base + ".kmsg"
-        self.boot: float | None = None
-        # MIG instances as of the last light read (serve/instances.py): the simulator's state
-        # holds them, so every tick sees them at no extra cost
-        self.mig: dict[str, dict[str, Any]] | None = None
-        self._text: str | None = None
-        self._key: tuple[int, ...] | None = None  # the file's stat when ``_text`` may be trusted by it
-        self._state: dict[str, Any] = {}
-        self._steady = False
-        self._light: tuple[dict[str, dict[str, Value]], dict[str, str]] | None = None
-        self._node: Any = None  # the full snapshot of a steady state, kept until the file changes
-        # the simulated node's control device, held open while "NVML is initialised", as a real
-        # daemon holds /dev/nvidiactl: a simulated reset or driver unload sees this process
-        # holding the GPU (gpu/holders.py) until ``release``
-        self._device: int | None = None
-
-    def _hold(self) -> None:
-        if self._device is None:
-            from fleetops.sim import gpu as sim
-
-            self._device = sim.open_device(self.state_path)
-
-    def release(self) -> None:
-        """Give the node's device files back (the quiesce before a reset): nothing held until
-        the next ``light`` or ``full``, which takes them again."""
-        fd, self._device = self._device, None
-        if fd is not None:
-            os.close(fd)
-
-    def _current(self) -> dict[str, Any]:
-        """The state as the file holds it now. An unchanged ``stat`` is trusted only when the
-        text was read more than ``RACY_S`` after the file's last change (git's racy-clean rule):
-        a write in the same clock tick as that read, or one that got a freed inode back with
-        the same size, is then caught by reading the text again."""
-        from fleetops.sim import gpu as sim
-
-        try:
-            st = os.stat(self.state_path)
-            key: tuple[int, ...] | None = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        except OSError:
-            key = None  # the read below says why
-        if key is None or key != self._key:
-            self._key = None
-            read_at = time.time()
-            text = sim.read_state_text(self.state_path)
-            if text != self._text:
-                state = sim.parse_state(self.state_path, text)
-                self._text, self._state, self._steady = text, state, sim.steady(state)
-                self._light = self._node = None
-            if key is not None and read_at - max(key[3], key[4]) / 1e9 > RACY_S:
-                self._key = key
-        self.boot = float(self._state["node"].get("boot_time", 0.0)) or None
-        return self._state
-
-    def light(self) -> tuple[dict[str, dict[str, Value]], dict[str, str]]:
-        """(uuid -> ring values, uuid -> lost reason) without building a model.Node."""
-        from fleetops.sim import gpu as sim
-
-        self._hold()
-        state = self._current()
-        if self._light is not None:
-            return self._light
-        data = sim.snapshot(state)
-        self.mig = instances.table(data["gpus"])
-        values: dict[str, dict[str, Value]] = {}
-        lost: dict[str, str] = {}
-        for g in data["gpus"]:
-            if sim.GPU_IS_LOST in (g.get("unavailable") or {}).values():
-                lost[g["uuid"]] = sim.GPU_IS_LOST  # at its index, sampled no more: as the NVML backend
-                continue
-            row: dict[str, Value] = {n: _num(g.get(n)) for n in GPU_FIELDS}
-            for link in g.get("nvlinks") or []:
-                for n in LINK_FIELDS:
-                    row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
-            values[g["uuid"]] = row
-        result: tuple[dict[str, dict[str, Value]], dict[str, str]] = (values, lost)
-        if self._steady:
-            self._light = result
-        return result
-
-    def full(self) -> Any:
-        from fleetops.agent.collect import collect
-        from fleetops.sim import gpu as sim
-
-        start = time.perf_counter()
-        self._hold()
-        state = self._current()
-        if self._node is None:
-            node = collect("sim", self.state_path)
-            if not self._steady:
-                return node
-            self._node = node
-        now = time.time()
-        node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
-        node.collected_at = now
-        node.uptime_s = sim.uptime_s(state, now)
-        node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
-        return node
-
-    def boot_epoch(self) -> float | None:
-        return self.boot
 
 
 def _count(value: Value) -> int | None:
@@ -178,7 +58,7 @@ def _known(value: Any) -> Value:
 class NodeService:
     def __init__(
         self,
-        backend: Any,
+        backend: GpuAccess,
         socket_path: str,
         state_dir: str,
         kmsg_path: str,
@@ -230,7 +110,7 @@ class NodeService:
         self._doc: dict[str, Any] | None = None
         self._node_doc: tuple[Any, dict[str, Any]] | None = None  # (node, to_dict(node)), shared by docs
         self._baseline_cache: tuple[Any, dict[str, Any]] | None = None
-        # GPU UUID -> MIG instances and the PIDs in each (serve/instances.py): from every light
+        # GPU UUID -> MIG instances and the PIDs in each (gpu/instances.py): from every light
         # read where the backend samples them (``backend.mig``), else from each full snapshot
         self.mig: dict[str, dict[str, Any]] = {}
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -239,18 +119,7 @@ class NodeService:
         self.follower = kmsg.Follower(kmsg_path, self.book, backend.boot_epoch, self._on_xid, self.stop)
 
     def _boot_id(self) -> str:
-        if self.backend.name == "sim":
-            from fleetops.sim import gpu as sim
-
-            try:
-                return "sim:" + str(sim.read_state(self.backend.state_path)["node"].get("boot_time"))
-            except sim.SimError:
-                return "sim:unknown"
-        try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-                return fh.read().strip()
-        except OSError:
-            return "unknown"
+        return self.backend.boot_id()
 
     # --- threads -------------------------------------------------------------------------
 
@@ -261,9 +130,9 @@ class NodeService:
         loops.start([self])
 
     def start_events(self) -> None:
-        events = getattr(self.backend, "events", None)
-        if events is not None:  # NVML: critical XIDs as events, beside the kernel log
-            threading.Thread(target=events, args=(self._nvml_xid, self.stop), name="nvml-events", daemon=True).start()
+        if getattr(self.backend, "xid_events", False):  # NVML: critical XIDs as events, beside the kernel log
+            threading.Thread(target=self.backend.events, args=(self._nvml_xid, self.stop), name="nvml-events",
+                             daemon=True).start()
 
     def _nvml_xid(self, bus_id: str | None, code: int) -> None:
         event = {"seq": None, "source": "nvml", "bus_id": bus_id, "code": code, "uptime_s": None,

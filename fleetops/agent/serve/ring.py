@@ -30,31 +30,18 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Any
 
-# Scalar fields every GPU has; per-link NVLink fields are added as ``nvlink<N>_<name>``.
-GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came from
-    "temp_gpu_c",
-    "temp_memory_c",
-    "power_draw_w",
-    "clock_sm_mhz",
-    "clocks_event_mask",
-    "utilization_gpu_pct",
-    "ecc_corrected_volatile",
-    "ecc_uncorrected_volatile",
-    "pcie_replay_counter",
-    "pcie_tx_kbps",  # NVML throughput counters; the simulator has none (NaN)
-    "pcie_rx_kbps",
-)
-# Cumulative counters, as model.NvLink names them (tx_kib / rx_kib: KiB since the driver loaded).
-LINK_FIELDS = ("crc_errors", "replay_errors", "recovery_errors", "tx_kib", "rx_kib")
-# The GPU fields kept as exact integers: cumulative counters, and a bitmask (its bits are names).
-COUNTER_FIELDS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "pcie_replay_counter")
-INTEGER_FIELDS = frozenset((*COUNTER_FIELDS, "clocks_event_mask"))
+# The light sample's fields are the GPU access layer's vocabulary (both access kinds fill them);
+# the ring stores them, and its importers read them here too.
+from fleetops.gpu.backend import COUNTER_FIELDS as COUNTER_FIELDS
+from fleetops.gpu.backend import GPU_FIELDS as GPU_FIELDS
+from fleetops.gpu.backend import INTEGER_FIELDS as INTEGER_FIELDS
+from fleetops.gpu.backend import LINK_FIELDS as LINK_FIELDS
+from fleetops.gpu.backend import Value as Value
 
 # "No value" in an integer column: the one unsigned 64-bit value it cannot hold (a counter that
 # reaches it makes its column a list instead, so nothing is lost).
 NO_VALUE = (1 << 64) - 1
 
-Value = float | int | None  # what a column gives back: int from an integer field, None: not read
 
 _RUN_BYTES = 16  # one run: an int64 sample number and an 8-byte value
 BLOCK = 32  # samples per base in a compact integer column: a 2 s link moving 50 GB/s fits 32 bits

@@ -322,7 +322,7 @@ class MigControl:
 
 def mig_sample(N: Any, handle: Any, table: Any) -> dict[str, Any] | None:
     """One GPU's MIG mode, instances and compute processes in the snapshot's form (the keys
-    ``serve/instances.gpu_table`` reads), for the daemon's light sample of a GPU in MIG mode.
+    ``gpu/instances.gpu_table`` reads), for the daemon's light sample of a GPU in MIG mode.
 
     ``table`` is the GPU's profile table (``MigControl.profiles``, read once per GPU by the
     caller): only its profiles are listed, not every profile index, and names come from it. The

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
-from fleetops.agent.serve import instances
+from fleetops.gpu import instances
 from fleetops.tui import data
 from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable

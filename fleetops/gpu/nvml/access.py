@@ -1,5 +1,9 @@
-"""The NVML backend of the daemon: NVML initialised once, a light per-tick read, a full
-``model.Node`` at the slower cadence, and critical-XID events (``nvmlEventSetWait_v2``).
+"""NVML access (``NvmlAccess``, the ``gpu.backend.GpuAccess`` of a real node): the one class
+through which the daemon samples and the reset flow, ``mig reset`` and the setters look up,
+reset and change GPUs.
+
+Sampling: NVML initialised once, a light per-tick read, a full ``model.Node`` at the slower
+cadence, and critical-XID events (``nvmlEventSetWait_v2``).
 
 Light read per GPU: temperature, power, SM clock, clocks-event reasons, utilisation, PCIe
 throughput, and one ``nvmlDeviceGetFieldValues`` call for memory temperature, volatile ECC
@@ -7,7 +11,7 @@ totals, the PCIe replay counter and, per NVLink (``scopeId`` = link id), the CRC
 recovery error counters and the TX / RX data counters (KiB, cumulative): 18 links add fields
 to that call, not calls. The link count is read once per GPU when NVML is initialised.
 On the GPUs the last full snapshot found in MIG mode, and only on those, the light read also
-lists the GPU and compute instances and their processes (``backend.mig``, through
+lists the GPU and compute instances and their processes (``access.mig``, through
 ``fleetops.gpu.nvml.mig_sample``; the profile table is read once per GPU), so the daemon serves
 an instance created, destroyed or taken by a job within a sample; a GPU with MIG off costs no
 MIG call, and one whose MIG mode is turned on is picked up at the next full snapshot.
@@ -22,19 +26,38 @@ registration missed, and on a new set of handles after a re-init. Failing repeat
 (``events_status``), never silent. Each event's GPU is the bus id its handle was registered
 with, so a GPU that fell off the bus (every query answers ``GpuIsLost``) keeps its bus id.
 
+GPU operations: the look-ups of a GPU that fell off the bus and the second look-up by UUID and
+bus id, ``nvidia-smi -r`` and ``nvidia-smi mig`` (``nvidia_smi_reset``, ``nvidia_smi_mig``:
+module-level functions looked up at call time, which tests replace with fakes that record each
+call) and the NVML setters. They do not guard a dry run: their callers do.
+
+The full snapshot is built by the agent's collect (host facts, the reset journal), handed in as
+``node`` (``gpu.backend.NodeBuilder``, called with ``collect.nvml_node``'s keywords).
+
 Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml``
-(``fleetops.gpu.nvml.load_module``: the GPU layer owns the NVML module, the daemon asks it).
+(``fleetops.gpu.nvml.load_module``: the GPU layer owns the NVML module).
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetops.agent.serve.ring import INTEGER_FIELDS, Value
+from fleetops.gpu.backend import (
+    INTEGER_FIELDS,
+    LightSample,
+    NodeBuilder,
+    NodeChangeError,
+    Value,
+    holders_under,
+)
+
+if TYPE_CHECKING:
+    from fleetops import model
 
 REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
 EVENTS_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # before each new registration after a failure
@@ -64,22 +87,21 @@ def _reason(N: Any, exc: BaseException) -> str:
     return reason_of(exc)
 
 
-class NvmlBackend:
+class NvmlAccess:
     name = "nvml"
+    xid_events = True
 
-    def __init__(self, state_path: str | None = None) -> None:
-        from fleetops.gpu.nvml import load_module
-
-        self.N = load_module()
+    def __init__(self, node: NodeBuilder | None = None) -> None:
+        self.node = node  # the agent's snapshot builder (``full``); None: light reads and events only
+        self._module: Any = None
         self.initialised = False
         self.handles: list[tuple[str, str, Any]] = []  # (uuid, bus id, handle)
         self.link_counts: dict[str, int] = {}  # uuid -> NVLinks to sample (0: none or unknown)
         self.lost: dict[str, str] = {}
         self.reinits = 0
-        self.state_path = state_path or ""
         self._hostname = socket.gethostname()
         self._packages: tuple[dict[str, str], dict[str, str], str | None] | None = None
-        # MIG instances as of the last light read (serve/instances.py), sampled only on the GPUs
+        # MIG instances as of the last light read (gpu/instances.py), sampled only on the GPUs
         # the last full snapshot found in MIG mode (None until the first full snapshot)
         self.mig: dict[str, dict[str, Any]] | None = None
         self._mig_gpus: dict[str, dict[str, Any]] | None = None  # uuid -> its entry in the full snapshot
@@ -90,6 +112,17 @@ class NvmlBackend:
         # error reported once they are repeated, sets made since the start
         self._events: dict[str, Any] = {"registered": 0, "gpus": 0, "failures": 0, "error": None, "sets": 0,
                                         "last_failure": None}
+
+    @property
+    def N(self) -> Any:  # the NVML module, named as every reader in this layer names it
+        """The NVML module, loaded on first use: the GPU operations below do not need it (they
+        import ``pynvml`` themselves), so a reset or a setter on a node without nvidia-ml-py
+        builds this object as before; the daemon loads it at its start (``collect.nvml_access``)."""
+        if self._module is None:
+            from fleetops.gpu.nvml import load_module
+
+            self._module = load_module()
+        return self._module
 
     # NVML lifecycle ----------------------------------------------------------------------
 
@@ -133,7 +166,7 @@ class NvmlBackend:
         self.link_counts = {}
         self.reinits += 1
 
-    def light(self) -> tuple[dict[str, dict[str, Value]], dict[str, str]]:
+    def light(self) -> LightSample:
         try:
             self._init()
         except self.N.NVMLError as exc:
@@ -163,8 +196,7 @@ class NvmlBackend:
         """The instances of the GPUs in MIG mode (``gpu.nvml.mig_sample``); a GPU NVML does not
         answer for keeps its last entry; one whose mode went off has none and is not asked again
         until a full snapshot finds it in MIG mode. GPUs with MIG off cost nothing here."""
-        from fleetops.agent.serve import instances
-        from fleetops.gpu import nvml
+        from fleetops.gpu import instances, nvml
 
         assert self._mig_gpus is not None
         out: dict[str, dict[str, Any]] = {}
@@ -243,30 +275,28 @@ class NvmlBackend:
             if getattr(fv, "nvmlReturn", 1) == 0:
                 row[name] = _num(field_value(fv))
 
-    def full(self) -> Any:
-        """The node's full snapshot through ``collect.nvml_node``, the cold collect's own builder
-        (services, packages, the reset journal's ``last_reset_at`` included), on the NVML this
-        backend holds initialised; the XIDs are the daemon's book's (``NodeService._full``)."""
+    def full(self) -> model.Node:
+        """The node's full snapshot through the agent's builder (``collect.nvml_node``, the cold
+        collect's own: services, packages, the reset journal's ``last_reset_at`` included), on the
+        NVML this object holds initialised; the XIDs are the daemon's book's (``NodeService._full``).
+        The package list is read with the first snapshot and handed back afterwards: it changes
+        only with a reboot or a rollout that restarts the daemon."""
         from fleetops import model
-        from fleetops.agent import hostinfo
-        from fleetops.agent.collect import CollectError, nvml_node
+        from fleetops.gpu import instances
 
+        if self.node is None:
+            raise RuntimeError("NVML access built without a snapshot builder: no full snapshot")
         try:
             self._init()
         except self.N.NVMLError as exc:
             self._drop()
             raise RuntimeError(f"nvmlInit: {_reason(self.N, exc)}") from exc
+        node = self.node(held=True, packages=self._packages, kernel_log=False)
         if self._packages is None:
-            self._packages = hostinfo.nvidia_packages_with_origins()
-        try:
-            node = nvml_node(held=True, packages=self._packages, kernel_log=False)
-        except CollectError as exc:
-            raise RuntimeError(str(exc)) from exc
+            self._packages = (dict(node.packages), dict(node.package_origins), node.unavailable.get("packages"))
         node.hostname = self._hostname
         for g in node.gpus:
             self.lost.pop(g.uuid, None)  # enumerated again (a reset, a driver reload)
-        from fleetops.agent.serve import instances
-
         # the GPUs whose instances the light reads sample until the next full snapshot
         self._mig_gpus = instances.table(model.to_dict(g) for g in node.gpus if g.mig_mode_current or g.mig_instances)
         return node
@@ -288,6 +318,13 @@ class NvmlBackend:
                 return time.time() - float(fh.read().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def boot_id(self) -> str:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+                return fh.read().strip()
+        except OSError:
+            return "unknown"
 
     # events ------------------------------------------------------------------------------
 
@@ -403,6 +440,151 @@ class NvmlBackend:
         """The events path as the daemon's snapshot shows it: GPUs registered of those NVML
         enumerated, failures in a row, and ``error`` once they repeat (None while quiesced)."""
         return dict(self._events)
+
+    # GPU operations (the reset flow, ``mig reset``, the setters) ----------------------------
+
+    def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
+        lost_buses = {x.bus_id for x in node.xids if x.code == 79 and x.bus_id and x.gpu_uuid is None}
+        enumerated = {g.bus_id for g in node.gpus}
+        if bus_id:
+            on_pci = _pci_vendor(bus_id) == "0x10de"
+            if bus_id in lost_buses:
+                return {"uuid": uuid, "bus_id": bus_id, "reason": "Xid 79: the GPU has fallen off the bus"}
+            if on_pci and bus_id not in enumerated:
+                return {"uuid": uuid, "bus_id": bus_id, "reason": "on the PCI bus but not enumerated by the driver"}
+            return None
+        unclaimed = sorted(b for b in lost_buses - enumerated if b)
+        if unclaimed:
+            return {
+                "uuid": uuid,
+                "bus_id": None,
+                "reason": f"not enumerated; Xid 79 (fallen off the bus) was logged for {', '.join(unclaimed)}",
+            }
+        return None
+
+    def cross_check(self, gpu: model.Gpu) -> tuple[str, str]:
+        from fleetops import model
+
+        try:
+            import pynvml as nv
+        except ImportError:
+            return "ok", "UUID and bus id from one snapshot (pynvml not importable for a second look-up)"
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            return "failed", f"NVML does not start for the second look-up: {exc}"
+        try:
+            by_uuid = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            bus_of_uuid = _decoded(nv.nvmlDeviceGetPciInfo(by_uuid).busId)
+            by_bus = nv.nvmlDeviceGetHandleByPciBusId(_nvml_bus(gpu.bus_id))
+            uuid_of_bus = _decoded(nv.nvmlDeviceGetUUID(by_bus))
+        except nv.NVMLError as exc:
+            return "failed", f"NVML look-up of {gpu.uuid} / {gpu.bus_id} failed: {exc}"
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+        if model.normalize_bus_id(bus_of_uuid) != gpu.bus_id or uuid_of_bus != gpu.uuid:
+            return "failed", (
+                f"NVML by UUID {gpu.uuid} -> bus {bus_of_uuid}; by bus {gpu.bus_id} -> UUID {uuid_of_bus}: they disagree"
+            )
+        return "ok", f"NVML by UUID -> {model.normalize_bus_id(bus_of_uuid)}, by bus id -> {uuid_of_bus}: the same GPU"
+
+    def xids_since_reset(self, node: model.Node, reset_at: float) -> list[model.XidEvent]:
+        # a kernel log keeps the XIDs that led to the reset: only later ones count
+        return [x for x in node.xids if x.timestamp is None or x.timestamp >= reset_at]
+
+    def device_prefix(self) -> str:
+        from fleetops.gpu import holders
+
+        return holders.DEVICE_PREFIX
+
+    def holders(self) -> tuple[list[Any] | None, str | None]:
+        return holders_under(self.device_prefix())
+
+    def release_own(self) -> int:
+        from fleetops.gpu import nvml
+
+        return nvml.release_process()
+
+    def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
+        rc, out = nvidia_smi_reset(gpu.bus_id, timeout)
+        return rc == 0, out or f"exit {rc}", {"command": ["nvidia-smi", "-r", "-i", gpu.bus_id], "exit_status": rc}
+
+    def recreate_mig(self, uuid: str, profiles: list[str]) -> tuple[bool, str]:
+        steps = [["-i", uuid, "-dci"], ["-i", uuid, "-dgi"], ["-i", uuid, "-cgi", ",".join(profiles), "-C"]]
+        said = []
+        for step in steps:
+            rc, out = nvidia_smi_mig(step)
+            said.append(f"nvidia-smi mig {' '.join(step)}: exit {rc}")
+            # destroying when there is nothing to destroy is not an error worth stopping for
+            if rc != 0 and step[-1] not in ("-dci", "-dgi"):
+                return False, "; ".join(said) + (f": {out}" if out else "")
+        return True, "; ".join(said)
+
+    def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
+        import pynvml as nv
+
+        nv.nvmlInit()
+        try:
+            for uuid in uuids:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                if setting == "power":
+                    nv.nvmlDeviceSetPowerManagementLimit(handle, int(value * 1000))
+                elif setting == "persistence":
+                    nv.nvmlDeviceSetPersistenceMode(handle, 1 if value else 0)
+                elif setting == "mig":
+                    nv.nvmlDeviceSetMigMode(handle, 1 if value else 0)
+        except nv.NVMLError as exc:
+            raise NodeChangeError(f"{setting}: NVML refused the change: {exc}") from exc
+        finally:
+            nv.nvmlShutdown()
+
+
+# --- the commands that change a real node's GPUs (tests replace them) -------------------------
+
+
+def nvidia_smi_reset(bus_id: str, timeout: float) -> tuple[int, str]:
+    """``nvidia-smi -r -i BUS_ID`` (argument list, no shell); (exit status, output)."""
+    cmd = ["nvidia-smi", "-r", "-i", bus_id]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return 127, "nvidia-smi not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"nvidia-smi -r timed out after {timeout:.0f}s"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def nvidia_smi_mig(args: list[str], timeout: float | None = None) -> tuple[int, str]:
+    """``nvidia-smi mig ARGS`` (argument list, no shell); (exit status, output)."""
+    from fleetops.catalog.actions import MIG_COMMAND_TIMEOUT_S
+
+    limit = MIG_COMMAND_TIMEOUT_S if timeout is None else timeout
+    try:
+        proc = subprocess.run(["nvidia-smi", "mig", *args], capture_output=True, text=True, timeout=limit, check=False)
+    except FileNotFoundError:
+        return 127, "nvidia-smi not found"
+    except subprocess.TimeoutExpired:
+        return 124, "nvidia-smi mig timed out"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _decoded(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_bus(bus_id: str) -> str:
+    return "0000" + bus_id if len(bus_id) == 12 else bus_id  # NVML's 8-digit domain form
+
+
+def _pci_vendor(bus_id: str) -> str | None:
+    try:
+        with open(f"/sys/bus/pci/devices/{bus_id}/vendor", encoding="ascii") as fh:
+            return fh.read().strip().lower()
+    except OSError:
+        return None
 
 
 def _handle_key(h: Any) -> Any:

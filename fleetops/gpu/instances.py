@@ -6,7 +6,8 @@ It is its own key of the served document (``mig``) rather than only the snapshot
 while instances change when someone creates or destroys one, or a job starts in one. A watcher
 (the TUI, an operator's script) sees an instance change in one short line, and none otherwise.
 
-Stdlib only: the daemon imports this on its cold path.
+Stdlib only: the daemon imports this on its cold path. In the GPU access layer because both
+access kinds' light reads build it (``NvmlAccess``, ``SimAccess``).
 """
 
 from __future__ import annotations
