@@ -23,6 +23,7 @@ from fleetops.catalog import mig as _mig_catalog
 from fleetops.catalog import migparted as _migparted
 from fleetops.validation import floors as _floors  # plain data, cheap for the agent's cold path
 from fleetops.xid import catalog as _xid
+from fleetops.xid import policy as _xpolicy
 
 WRAPPER_KEY = "fleetops_baseline"
 
@@ -153,8 +154,8 @@ def _mig(raw: Mapping[str, Any] | None, source: str, origins: Mapping[str, tuple
 
 def _xid_policy(
     raw: Mapping[str, Any], source: str, origins: Mapping[str, tuple[str, int | None]]
-) -> dict[int, _xid.XidPolicy]:
-    out: dict[int, _xid.XidPolicy] = {}
+) -> dict[int, _xpolicy.XidPolicy]:
+    out: dict[int, _xpolicy.XidPolicy] = {}
     for code, spec in raw.items():
         spec = spec or {}
         esc = spec.get("escalate")
@@ -166,11 +167,11 @@ def _xid_policy(
                 src, line = origins.get(path, (source, None))
                 raise BaselineError(src, path, f"needs {' and '.join(missing)}", line)
             base = _xid.lookup(int(code))
-            escalation = _xid.Escalation(
+            escalation = _xpolicy.Escalation(
                 int(esc["count"]), float(esc["within_s"]), esc.get("severity") or "crit",
                 esc.get("action") or spec.get("action") or base.action,
             )
-        out[int(code)] = _xid.XidPolicy(spec.get("severity"), spec.get("action"), escalation)
+        out[int(code)] = _xpolicy.XidPolicy(spec.get("severity"), spec.get("action"), escalation)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from fleetops.baseline.schema import SCHEMA, SERVICE_PERSISTENCED, T_INT
 from fleetops.catalog import mig as _mig_catalog
 from fleetops.catalog import migparted as _migparted
-from fleetops.xid import catalog as _xid
+from fleetops.xid import policy as _xpolicy
 
 # --- the baseline ----------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ class Baseline:
     driver: DriverBaseline = field(default_factory=DriverBaseline)
     packages: Mapping[str, str] = field(default_factory=dict)  # name -> pinned version
     thresholds: Thresholds = field(default_factory=Thresholds)
-    xid_policy: Mapping[int, _xid.XidPolicy] = field(default_factory=dict)
+    xid_policy: Mapping[int, _xpolicy.XidPolicy] = field(default_factory=dict)
     validation: ValidationBaseline = field(default_factory=ValidationBaseline)
     source: str = "<defaults>"
     # The validated mapping as written (explicit keys only) and where each key came from:

@@ -15,6 +15,7 @@ from fleetops.checks.base import (
     reset_action,
 )
 from fleetops.xid import catalog as xid_catalog
+from fleetops.xid import policy as xid_policy
 
 FAMILY = "xid"
 _RANK = model.SEVERITY_RANK
@@ -131,7 +132,7 @@ class _Seen:
     """One event of this boot, with what the policy says about it."""
 
     event: model.XidEvent
-    judged: xid_catalog.Judgement
+    judged: xid_policy.Judgement
     name: str
     at: float | None  # epoch seconds, when known
     age: float | None
@@ -139,7 +140,7 @@ class _Seen:
 
 
 class _Holds:
-    """Which events still count: the evidence that ends each kind of hold (``xid.catalog.HOLDS``)."""
+    """Which events still count: the evidence that ends each kind of hold (``xid.policy.HOLDS``)."""
 
     def __init__(self, ctx: Context) -> None:
         self.window_s = ctx.th.xid_window_hours * 3600.0
@@ -156,12 +157,12 @@ class _Holds:
         return seen.new or seen.age is None or seen.age <= self.window_s
 
 
-def _judge(ctx: Context, event: model.XidEvent, sxid: bool) -> tuple[xid_catalog.Judgement, str]:
+def _judge(ctx: Context, event: model.XidEvent, sxid: bool) -> tuple[xid_policy.Judgement, str]:
     info = xid_catalog.info_for(event)
     policy = ctx.baseline.xid_policy if ctx.baseline is not None else {}
-    judged = xid_catalog.judgement(info, None if sxid else policy.get(event.code))
+    judged = xid_policy.judgement(info, None if sxid else policy.get(event.code))
     if judged.severity not in ("info", "warn", "crit"):
-        judged = xid_catalog.Judgement("warn", judged.action, judged.escalate, judged.hold)
+        judged = xid_policy.Judgement("warn", judged.action, judged.escalate, judged.hold)
     return judged, info.name
 
 
@@ -229,9 +230,9 @@ def _code_entry(holds: _Holds, gpu: Any, sxid: bool, events: list[_Seen]) -> dic
     kept = [s for s in events if holds.counts(s, s.judged.hold, gpu)]
     fired: dict[str, Any] | None = None
     if escalate is not None:
-        esc_hold = xid_catalog.hold_for(escalate.action)
+        esc_hold = xid_policy.hold_for(escalate.action)
         candidates = [s for s in events if holds.counts(s, esc_hold, gpu)]
-        peak = xid_catalog.peak_count([s.at for s in candidates if s.at is not None], escalate.within_s)
+        peak = xid_policy.peak_count([s.at for s in candidates if s.at is not None], escalate.within_s)
         fired = {"peak": peak, "count": escalate.count, "within_s": escalate.within_s,
                  "fired": peak >= escalate.count}
         if fired["fired"]:
@@ -241,7 +242,7 @@ def _code_entry(holds: _Holds, gpu: Any, sxid: bool, events: list[_Seen]) -> dic
     worst_seen = max(kept, key=lambda s: _RANK[s.judged.severity])
     sev, action, hold = worst_seen.judged.severity, worst_seen.judged.action, worst_seen.judged.hold
     if escalate is not None and fired is not None and fired["fired"] and _RANK[escalate.severity] >= _RANK[sev]:
-        sev, action, hold = escalate.severity, escalate.action, xid_catalog.hold_for(escalate.action)
+        sev, action, hold = escalate.severity, escalate.action, xid_policy.hold_for(escalate.action)
     ages = [s.age for s in kept if s.age is not None]
     return {
         "code": kept[0].event.code, "name": worst_seen.name, "severity": sev, "action": action,
@@ -259,7 +260,7 @@ def _ref_key(gpu: model.Gpu | dict[str, Any] | None) -> str:
 
 def _escalation_text(c: dict[str, Any]) -> str:
     e = c["escalated"]
-    return f"{e['peak']} x XID {c['code']} within {xid_catalog.span_text(e['within_s'])} (policy: {e['count']})"
+    return f"{e['peak']} x XID {c['code']} within {xid_policy.span_text(e['within_s'])} (policy: {e['count']})"
 
 
 def _report(ctx: Context, gpu: Any, where: str, codes: list[dict[str, Any]]) -> None:

@@ -313,7 +313,6 @@ def _planned(info: Any, sxid: bool = False) -> str:
 
 def _xid_info(info: Any, sxid: bool = False) -> dict[str, Any]:
     from fleetops.xid import catalog as xid
-
     return {
         "code": info.code,
         "name": info.name,
@@ -330,13 +329,14 @@ def _xid_info(info: Any, sxid: bool = False) -> dict[str, Any]:
 def xid_page_data() -> dict[str, Any]:
     from fleetops import model
     from fleetops.xid import catalog as xid
+    from fleetops.xid import policy as xid_policy
 
     unmapped = [a for a in xid.ACTIONS if a not in ACTION_COMMANDS]
     if unmapped:
         raise KeyError(f"ACTION_COMMANDS has no entry for XID actions {unmapped}")
     policy = []
-    for code, entry in sorted(xid.DEFAULT_POLICY.items()):
-        judged = xid.judgement(xid.lookup(code))
+    for code, entry in sorted(xid_policy.DEFAULT_POLICY.items()):
+        judged = xid_policy.judgement(xid.lookup(code))
         esc = judged.escalate
         policy.append({
             "code": code,
@@ -344,7 +344,7 @@ def xid_page_data() -> dict[str, Any]:
             "action": judged.action,
             "escalation": None if esc is None else {
                 "count": esc.count,
-                "within": xid.span_text(esc.within_s),
+                "within": xid_policy.span_text(esc.within_s),
                 "severity": esc.severity,
                 "action": esc.action,
             },

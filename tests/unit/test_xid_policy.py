@@ -11,7 +11,7 @@ import pytest
 
 from fleetops import baseline, model
 from fleetops.checks import run_node_checks
-from fleetops.xid import catalog as catalog
+from fleetops.xid import policy as xid_policy
 
 # The decisions, written out by hand: code -> (severity, action, escalation or None), escalation
 # as (count, within_s, severity, action). A change to DEFAULT_POLICY must change this table too.
@@ -44,8 +44,8 @@ def _recent(node: model.Node, b: baseline.Baseline | None = None) -> model.Findi
 
 
 def test_the_decided_codes_are_exactly_the_shipped_policy():
-    assert set(catalog.DEFAULT_POLICY) == set(DECIDED)
-    for code, policy in catalog.DEFAULT_POLICY.items():
+    assert set(xid_policy.DEFAULT_POLICY) == set(DECIDED)
+    for code, policy in xid_policy.DEFAULT_POLICY.items():
         assert policy.decision.strip(), f"XID {code} has no reason written down"
 
 
@@ -56,7 +56,7 @@ def test_decided_code(sim_node, code):
     node.xids = _events(node, code, [0.0])
     f = _recent(node)
     assert (f.severity, f.observed[0]["severity"], f.observed[0]["action"]) == (severity, severity, action)
-    assert f.gpu["index"] == GPU and f.observed[0]["hold"] == catalog.hold_for(action)
+    assert f.gpu["index"] == GPU and f.observed[0]["hold"] == xid_policy.hold_for(action)
     if escalate is None:
         assert f.observed[0]["escalated"] is None
         node.xids = _events(node, code, [float(i) for i in range(12)])  # repeats do not escalate it
@@ -72,8 +72,8 @@ def test_decided_code(sim_node, code):
     node.xids = _events(node, code, [within_s * i / (count - 1) for i in range(count)])
     f = _recent(node)
     assert (f.severity, f.observed[0]["action"]) == (esc_severity, esc_action)
-    assert f.observed[0]["hold"] == catalog.hold_for(esc_action)
-    span = catalog.span_text(within_s)
+    assert f.observed[0]["hold"] == xid_policy.hold_for(esc_action)
+    span = xid_policy.span_text(within_s)
     assert f"{count} x XID {code} within {span} (policy: {count})" in f.message
     assert f.action.startswith(f"{count} x XID {code} within {span} (policy: {count}): ")
     # count events, the first one second outside the span: not escalated
@@ -88,7 +88,7 @@ def test_decided_code(sim_node, code):
 
 
 def test_escalation_message_names_the_span_as_people_write_it():
-    assert [catalog.span_text(s) for s in (600.0, 3600.0, 90.0, 5400.0, 7200.0, 30.0)] == [
+    assert [xid_policy.span_text(s) for s in (600.0, 3600.0, 90.0, 5400.0, 7200.0, 30.0)] == [
         "10 min", "1 h", "90 s", "90 min", "2 h", "30 s"]
 
 
