@@ -286,7 +286,10 @@ def render(node: str, doc: dict[str, Any]) -> str:
         elif a.get("action") in ("stop_service", "start_service"):
             lines.append(f"  action  {a['action'].split('_')[0]} {a.get('unit')}: {'ok' if a.get('ok') else 'FAILED'}")
         else:
-            lines.append(f"  action  {a.get('action')}: {'ok' if a.get('ok') else 'FAILED'}: {a.get('detail')}")
+            detail = a.get("detail")
+            lines.append(
+                f"  action  {a.get('action')}: {'ok' if a.get('ok') else 'FAILED'}" + (f": {detail}" if detail else "")
+            )
     if doc.get("verification"):
         lines.append(f"  verify  {'ok' if doc.get('verified') else 'FAILED'}: {doc['verification'].get('detail')}")
     if doc.get("remedy"):
