@@ -37,7 +37,6 @@ from __future__ import annotations
 import calendar
 import math
 import re
-import secrets
 import time
 from dataclasses import dataclass
 
@@ -116,6 +115,11 @@ class Decision:
 
 def new_run_id(now: float | None = None) -> str:
     """A run id: UTC time to the second and four random hex digits."""
+    # secrets here, not at the top: it loads hashlib and with it OpenSSL's libcrypto (3.5 MiB
+    # resident), and the resident agent imports this module (its health-program metrics)
+    # without ever making a run id.
+    import secrets
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     return f"{stamp}-{secrets.token_hex(2)}"
 

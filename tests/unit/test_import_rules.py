@@ -282,7 +282,11 @@ for argv in (["collect", "--backend", "sim", "--state", state, "--fresh"],
 import importlib
 for name in sys.argv[2:]:  # the daemon's entry and every module its run path imports
     importlib.import_module(name)
-print(json.dumps({"codes": codes, "modules": sorted(m for m in sys.modules if m.split(".")[0] == "fleetops")}))
+from fleetops.agent.serve import exposition
+exposition.healthcheck_page(None)  # the health program's metrics, which every scrape reads
+heavy = sorted(m for m in ("hashlib", "_hashlib", "ssl", "_ssl", "secrets") if m in sys.modules)
+print(json.dumps({"codes": codes, "heavy": heavy,
+                  "modules": sorted(m for m in sys.modules if m.split(".")[0] == "fleetops")}))
 """
 
 
@@ -304,3 +308,6 @@ def test_a_fresh_agent_loads_nothing_of_the_controller(table: Table, graph: tupl
     assert "fleetops.agent.serve.loops" in loaded and "fleetops.checks.verdict" in loaded
     bad = [m for m in loaded if table.sides[room_of(m, table) or ""] == CONTROLLER]
     assert not bad, f"controller modules loaded by the agent: {bad}"
+    # hashlib maps OpenSSL's libcrypto (3.5 MiB resident in the daemon on a GPU node); nothing
+    # the agent does without TLS or a run id needs it
+    assert doc["heavy"] == [], f"modules that load OpenSSL on the agent's path: {doc['heavy']}"
