@@ -166,6 +166,23 @@ def test_driver_rollout_refuses_loopback_nodes_and_the_failed_canary_stops_it(co
     assert "node001 is a loopback simulated node" in out
 
 
+def test_a_check_run_that_fails_says_nothing_was_drained(converged, capsys) -> None:
+    """A rollout to another version, in check mode: the package step refuses the loopback node,
+    and the failure says that check mode changed and drained nothing (not "stays drained"),
+    with one full stop after the task's own message."""
+    parser = cli.argparse.ArgumentParser(prog="fleetops")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["rollout", "driver", "--version", "580.163.01", "-i", converged.inventory, "--check",
+                              "--artifacts", str(converged.artifacts)])
+    code = args.func(args)
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_HOSTS_FAILED, out
+    assert "FAILED: node001" in out, out
+    # the progress line is cut at the terminal's width, after these words
+    assert "or a real node. Check mode: nothing was changed" in out, out
+    assert "stays drained" not in out and "a real node.." not in out, out
+
+
 def test_firmware_audit_names_the_node_whose_vbios_drifted(converged, capsys) -> None:
     """firmware.yml has the agent's checks judge VBIOS/InfoROM per GPU model against the baseline;
     with gpu_firmware_fail_on_drift the drifted node fails and is named, the others pass."""

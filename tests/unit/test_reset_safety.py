@@ -467,3 +467,21 @@ def test_a_released_lock_handed_in_is_refused_and_nothing_is_done(state: Path, t
     assert check["status"] == "failed" and "already released" in check["detail"]
     assert doc["actions"] == [] and not sim.read_state(str(state)).get("resets")
     assert sim.read_state(str(state))["node"]["services"] == services
+
+
+def test_a_foreign_holder_refuses_the_reset_and_the_remedy_names_where_clients_are_set() -> None:
+    """A process the reset does not stop holds the device files: refused, the holder named, and
+    the remedy says where a client unit is named (the node's agent: --clients or its environment),
+    since the controller's ``fleetops reset`` has no --clients of its own."""
+    from fleetops.agent.reset import preconditions
+    from fleetops.gpu.holders import Holder
+
+    other = Holder(pid=5150, user="alice", command="python3 train.py", devices=("/dev/nvidia3",))
+    check = preconditions.check_holders([other], None, own_pid=1, daemon_pid=None, client_pids={}, end_pids=[])
+    assert check.status == "failed"
+    assert check.detail == ("1 process(es) that this reset does not stop hold the GPU's device files: "
+                            "pid 5150 (alice: python3 train.py) holds /dev/nvidia3")
+    assert check.remedy == (
+        "stop them (a monitoring tool, a job outside the scheduler, another user's session), or name their "
+        "systemd unit as a GPU client the reset stops and starts again (on the node: fleetops-agent reset "
+        "--clients UNIT,..., or FLEETOPS_RESET_CLIENTS in the agent's environment), then retry")

@@ -379,8 +379,10 @@ def check_holders(
             "failed",
             f"{len(others)} process(es) that this reset does not stop hold the GPU's device files: "
             + "; ".join(h.describe() for h in others),
-            "stop them (a monitoring tool, a job outside the scheduler, another user's session) or add "
-            "their unit to --clients, then retry",
+            "stop them (a monitoring tool, a job outside the scheduler, another user's session), or name "
+            "their systemd unit as a GPU client the reset stops and starts again (on the node: "
+            "fleetops-agent reset --clients UNIT,..., or FLEETOPS_RESET_CLIENTS in the agent's environment), "
+            "then retry",
             data,
         )
     if not holders:
