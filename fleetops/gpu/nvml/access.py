@@ -55,6 +55,7 @@ from fleetops.gpu.backend import (
     Value,
     holders_under,
 )
+from fleetops.gpu.nvml.core import as_text
 
 if TYPE_CHECKING:
     from fleetops import model
@@ -137,8 +138,8 @@ class NvmlAccess:
         for index in range(count):
             try:
                 h = self.N.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(self.N.nvmlDeviceGetUUID(h))
-                bus = _text(self.N.nvmlDeviceGetPciInfo(h).busId)
+                uuid = as_text(self.N.nvmlDeviceGetUUID(h))
+                bus = as_text(self.N.nvmlDeviceGetPciInfo(h).busId)
             except self.N.NVMLError:
                 continue
             handles.append((uuid, _norm_bus(bus), h))
@@ -223,7 +224,7 @@ class NvmlAccess:
 
             name = None
             try:
-                name = _text(self.N.nvmlDeviceGetName(h))
+                name = as_text(self.N.nvmlDeviceGetName(h))
             except self.N.NVMLError:
                 pass
             self._mig_tables[uuid], _why = nvml.MigControl(self.N).profiles(h, name or "")
@@ -386,7 +387,7 @@ class NvmlAccess:
                 bus = bus_of.get(_handle_key(data.device))
                 if bus is None:  # a device registered by no handle of this list: ask NVML
                     try:
-                        bus = _norm_bus(_text(N.nvmlDeviceGetPciInfo(data.device).busId))
+                        bus = _norm_bus(as_text(N.nvmlDeviceGetPciInfo(data.device).busId))
                     except N.NVMLError:
                         bus = None
                 on_xid(bus, int(data.eventData))
@@ -475,9 +476,9 @@ class NvmlAccess:
             return "failed", f"NVML does not start for the second look-up: {exc}"
         try:
             by_uuid = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            bus_of_uuid = _decoded(nv.nvmlDeviceGetPciInfo(by_uuid).busId)
+            bus_of_uuid = as_text(nv.nvmlDeviceGetPciInfo(by_uuid).busId)
             by_bus = nv.nvmlDeviceGetHandleByPciBusId(_nvml_bus(gpu.bus_id))
-            uuid_of_bus = _decoded(nv.nvmlDeviceGetUUID(by_bus))
+            uuid_of_bus = as_text(nv.nvmlDeviceGetUUID(by_bus))
         except nv.NVMLError as exc:
             return "failed", f"NVML look-up of {gpu.uuid} / {gpu.bus_id} failed: {exc}"
         finally:
@@ -571,10 +572,6 @@ def nvidia_smi_mig(args: list[str], timeout: float | None = None) -> tuple[int, 
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def _decoded(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _nvml_bus(bus_id: str) -> str:
     return "0000" + bus_id if len(bus_id) == 12 else bus_id  # NVML's 8-digit domain form
 
@@ -600,10 +597,6 @@ def _handle_key(h: Any) -> Any:
         return id(h)
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").strip("\x00").strip()
-    return str(value).strip()
 
 
 def _norm_bus(bus: str) -> str:
