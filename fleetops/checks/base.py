@@ -49,6 +49,9 @@ class CheckSpec:
     not_a_fault: str | None = None  # what looks like this fault but is not
     scope: str = "node"  # "node", "fleet" or "node+fleet"
     requires: str = "always"  # baseline keys it needs, as text
+    # The unit of its bare-number observed/expected values ("C", "W"), which the reports and the
+    # TUI print after the number (report/values.py); None where the values carry no unit.
+    unit: str | None = None
     applies: Callable[[model.Node, Baseline | None], bool] = field(default=_always, compare=False, repr=False)
     # For fleet-capable checks: whether run_fleet_checks can raise it under this baseline.
     fleet_applies: Callable[[Baseline | None], bool] | None = field(default=None, compare=False, repr=False)

@@ -45,6 +45,7 @@ SPECS = (
         action="Corrected errors are arriving fast: plan a GPU reset to remap the failing rows and "
         "watch for uncorrectable errors.",
         not_a_fault="A counter that went down was reset (GPU reset, driver reload): no rate is computed.",
+        unit="/h",
     ),
     CheckSpec(
         "memory.row_remap_pending", FAMILY, "Row remap waiting for a GPU reset",

@@ -52,6 +52,7 @@ SPECS = (
         threshold="warn within thresholds.temp_slowdown_margin_c (5 C) of slowdown, crit at or above it",
         severities=("warn", "crit"),
         action=COOLING_ACTION,
+        unit="C",
     ),
     CheckSpec(
         "thermal_power.memory_temperature", FAMILY, "HBM temperature",
@@ -59,6 +60,7 @@ SPECS = (
         threshold="warn at thresholds.temp_memory_warn_c (85 C), crit at the GPU's maximum memory temperature",
         severities=("warn", "crit"),
         action=COOLING_ACTION,
+        unit="C",
     ),
     CheckSpec(
         "thermal_power.power_limit", FAMILY, "Power limit per GPU model",
@@ -73,6 +75,7 @@ SPECS = (
             b.power_limit_w is not None or any(m.power_limit_w is not None for m in b.gpu_models.values())
         ),
         fleet_applies=lambda b: b is None or b.power_limit_w is None,
+        unit="W",
     ),
     CheckSpec(
         "thermal_power.power_enforced", FAMILY, "Enforced power limit below the set limit",
@@ -81,6 +84,7 @@ SPECS = (
         severities=("warn",),
         action="Another cap is in force (out-of-band/BMC power capping, a chassis power budget): check the "
         "BMC's power policy.",
+        unit="W",
     ),
 )
 

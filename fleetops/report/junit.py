@@ -9,6 +9,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from fleetops.report import values
+
 
 def render(result: Any, exit_code: int) -> str:
     suites = ET.Element("testsuites", name="fleetops audit")
@@ -18,6 +20,7 @@ def render(result: Any, exit_code: int) -> str:
     total = failures = errors = 0
     for node in result.nodes:
         findings = by_node.get(node.name, [])
+        at = node.snapshot.collected_at if node.snapshot is not None else getattr(result, "started_at", None)
         checks = list(result.checks_run.get(node.name, []))
         for f in findings:  # transport and fleet findings are checks too
             if f.check not in checks:
@@ -39,14 +42,14 @@ def render(result: Any, exit_code: int) -> str:
                 s_fail += 1
                 worst = "crit" if any(f.severity == "crit" for f in bad) else "warn"
                 el = ET.SubElement(case, "failure", type=worst, message="; ".join(f.message for f in bad)[:2000])
-                el.text = "\n".join(_line(f) for f in bad)
+                el.text = "\n".join(_line(f, at) for f in bad)
             elif unknown:
                 s_err += 1
                 el = ET.SubElement(case, "error", type="unknown", message="; ".join(f.message for f in unknown)[:2000])
-                el.text = "\n".join(_line(f) for f in unknown)
+                el.text = "\n".join(_line(f, at) for f in unknown)
             elif mine:
                 out = ET.SubElement(case, "system-out")
-                out.text = "\n".join(_line(f) for f in mine)
+                out.text = "\n".join(_line(f, at) for f in mine)
         suite.set("tests", str(len(checks)))
         suite.set("failures", str(s_fail))
         suite.set("errors", str(s_err))
@@ -60,6 +63,7 @@ def render(result: Any, exit_code: int) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-def _line(f: Any) -> str:
+def _line(f: Any, at: float | None) -> str:
     gpu = f" gpu {f.gpu['index']} {f.gpu['uuid']} {f.gpu['bus_id']}" if f.gpu else ""
-    return f"[{f.severity}] {f.node}{gpu}: {f.message} (observed {f.observed!r}, expected {f.expected!r}) -> {f.action}"
+    shown = values.values_text(f, at)
+    return f"[{f.severity}] {f.node}{gpu}: {f.message}" + (f" ({shown})" if shown else "") + f" -> {f.action}"

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from fleetops import model
+from fleetops.report import values
 
 STYLE = {"ok": "green", "info": "cyan", "unknown": "magenta", "warn": "yellow", "crit": "bold red"}
 HEAD = {"crit": "CRITICAL", "warn": "WARNING", "unknown": "UNKNOWN (could not tell)", "info": "INFO"}
@@ -50,6 +51,7 @@ def render(result: Any, exit_code: int, console: Any) -> None:
         _print_unwrapped(console, table)
     else:
         console.print(table)
+    at = {node.name: node.snapshot.collected_at for node in result.nodes if node.snapshot is not None}
     for level in ("crit", "warn", "unknown", "info"):
         group = [f for f in result.findings if f.severity == level]
         if not group:
@@ -63,9 +65,9 @@ def render(result: Any, exit_code: int, console: Any) -> None:
             line.append(f"{where}", style="bold")
             line.append(f"  [{f.check}] {f.message}")
             console.print(line, soft_wrap=piped)
-            if f.observed is not None or f.expected is not None:
-                console.print(f"      observed {f.observed!r}  expected {f.expected!r}", style="dim", markup=False,
-                              soft_wrap=piped)
+            shown = values.values_text(f, at.get(f.node) or getattr(result, "started_at", None))
+            if shown is not None:
+                console.print(f"      {shown}", style="dim", markup=False, soft_wrap=piped)
             if f.action:
                 console.print(Text(f"      -> {f.action}", style="italic"), soft_wrap=piped)
     s = result.summary()

@@ -18,6 +18,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
 from fleetops.gpu import instances
+from fleetops.report import values
 from fleetops.tui import data
 from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
@@ -66,15 +67,21 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
     return t
 
 
-def _finding_lines(t: Text, findings: Any) -> None:
+def _finding_lines(t: Text, findings: Any, at: float | None) -> None:
+    """``at``: when the snapshot was taken, the clock an XID finding's age is read against."""
     for f in findings:
         t.append(f"{f.severity.upper():7}", style=STYLES.get(f.severity, STYLES[""]))
         t.append(f.check, style="bold")
         t.append(f"  {f.message}\n")
-        if f.observed is not None or f.expected is not None:
-            t.append(f"       observed {f.observed!r}, expected {f.expected!r}\n", style="dim")
+        shown = values.values_text(f, at)
+        if shown is not None:
+            t.append(f"       {shown}\n", style="dim")
         if f.action:
             t.append(f"       -> {f.action}\n", style="italic")
+
+
+def _taken_at(entry: data.NodeEntry) -> float | None:
+    return entry.snapshot.collected_at if entry.snapshot is not None and entry.snapshot.collected_at else None
 
 
 def findings_text(entry: data.NodeEntry) -> Text:
@@ -83,7 +90,7 @@ def findings_text(entry: data.NodeEntry) -> Text:
     if not entry.all_findings:
         t.append("no findings" if entry.snapshot is not None else "no data yet", style="dim")
         return t
-    _finding_lines(t, entry.all_findings)
+    _finding_lines(t, entry.all_findings, _taken_at(entry))
     return t
 
 
@@ -138,7 +145,7 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
         _mig_lines(t, g)
     if gv.findings:
         t.append("\n\n")
-        _finding_lines(t, gv.findings)
+        _finding_lines(t, gv.findings, _taken_at(entry))
     return t
 
 
