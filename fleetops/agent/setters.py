@@ -88,7 +88,8 @@ def apply(
         raise SetError(f"{setting}: --baseline gives power caps only")
     field_name = SETTINGS[setting]
     fallback = parse_value(setting, raw_value)
-    from fleetops.agent.reset.backends import NodeChangeError, ResetError, make_backend
+    from fleetops.agent.reset.backends import ResetError, make_backend
+    from fleetops.gpu.backend import NodeChangeError
 
     try:
         back = make_backend(backend, state_path, dry_run)

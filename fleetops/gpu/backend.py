@@ -3,13 +3,15 @@
 Two kinds implement it: NVML on a real node (``gpu/nvml/access.py``: ``NvmlAccess``) and the
 simulator's state file (``sim/access.py``: ``SimAccess``). Every command that reads or changes
 the GPUs goes through one of them: the daemon samples through ``light``/``full``/``events``, the
-reset flow, ``mig reset`` and the setters look up, reset and change GPUs through the rest.
+reset flow, ``mig reset`` and the setters look up, reset and change GPUs through the rest, and
+``mig apply`` reads and changes MIG through the ``mig_*`` methods (changes raise ``NodeChangeError``).
 
-What is not GPU access stays with the command: the systemd units, signals to processes, the
-node lock and the daemon's socket are the reset flow's (``agent/reset/backends.py``), and the
-host facts and kernel-log XIDs around the GPUs are the agent's collect, which each access
-object is handed at construction (``NodeBuilder``) so that this layer imports nothing of the
-agent.
+The node snapshot is an access method too (``snapshot``, the cold one that ``collect``, the
+reset flow and ``mig reset`` read; ``full``, the daemon's, on what the object holds open): the
+host facts around the GPUs (``gpu/hostinfo.py``), the kernel log's XIDs and the reset journal's
+``last_reset_at`` (``gpu/node.py``) are read in this layer. What is not GPU access stays with
+the command: the systemd units, signals to processes, the node lock, writing the reset journal
+and the daemon's socket are the reset flow's (``agent/reset/backends.py``).
 
 Also here: the light sample's vocabulary (the field names a light read fills, which the
 daemon's ring stores). The changing operations do not guard a dry run themselves: their
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fleetops import model
+    from fleetops.catalog.mig import GiProfile
 
 # Scalar fields every GPU has; per-link NVLink fields are added as ``nvlink<N>_<name>``.
 GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came from
@@ -50,10 +53,6 @@ Value = float | int | None  # a sampled value: int from an integer field, None: 
 # (uuid -> field -> value, uuid -> why the GPU is lost)
 LightSample = tuple[dict[str, dict[str, Value]], dict[str, str]]
 
-# The agent's snapshot builder an access object is given: the node's snapshot around its GPUs.
-# NVML's is called with ``collect.nvml_node``'s keywords; the simulator's with none.
-NodeBuilder = Callable[..., "model.Node"]
-
 
 class NodeChangeError(Exception):
     """The node refused a change (NVML said no); the message names the setting and the reason."""
@@ -75,7 +74,14 @@ class GpuAccess(Protocol):
         ...
 
     def full(self) -> model.Node:
-        """The node's full snapshot, on what this object holds open."""
+        """The daemon's full snapshot, on what this object holds open (its XIDs are the daemon's
+        book's); raises RuntimeError where it cannot be built, as a failed sample does."""
+        ...
+
+    def snapshot(self, release: bool = False) -> model.Node:
+        """The cold snapshot (``fleetops-agent collect``, the reset flow, ``mig reset``, the
+        setters): read afresh, kernel-log XIDs included. ``release``: hold no device file
+        afterwards (a reset). Raises ``gpu.node.SnapshotError`` where none can be built."""
         ...
 
     def release(self) -> None:
@@ -135,6 +141,31 @@ class GpuAccess(Protocol):
 
     def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
         """Set power cap, persistence or MIG mode on the GPUs ``uuids``."""
+        ...
+
+    # --- MIG (``mig apply``: reads, and changes its callers guard in a dry run) ---------------
+
+    def hostname(self) -> str:
+        """The node's name as the snapshot gives it."""
+        ...
+
+    def mig_read(self) -> list[dict[str, Any]]:
+        """Every GPU's MIG state (``gpu.nvml.MigControl.read``'s form: identity, ``mode_current``,
+        ``mode_pending``, ``table``, ``instances`` with ``in_use`` and ``pids``, ``loose_pids``,
+        ``why``, ``device_id``) and ``reset_needed`` (whether a mode change waits for a GPU reset;
+        None: told only once it is set). Raises ``gpu.node.SnapshotError`` where NVML cannot read it."""
+        ...
+
+    def mig_set_mode(self, uuid: str, enabled: bool) -> bool:
+        """Request MIG mode; True when current at once, False when it waits for a GPU reset."""
+        ...
+
+    def mig_destroy(self, uuid: str, gpu_instance_id: int) -> None:
+        """Destroy the GPU instance and its compute instances."""
+        ...
+
+    def mig_create(self, uuid: str, profile: GiProfile, start: int) -> int:
+        """A GPU instance of ``profile`` at ``start`` and its one compute instance; its id."""
         ...
 
 

@@ -3,9 +3,10 @@ class through which ``fleetops-agent --backend sim`` samples (the daemon) and lo
 and changes GPUs (the reset flow, ``mig reset``, the setters), on the node's state file
 (``sim/gpu.py``), which refuses what real hardware refuses.
 
-The full snapshot is the agent's cold collect of the state file, handed in as ``node``
-(``gpu.backend.NodeBuilder``, called with no argument). The changing operations do not guard a
-dry run: their callers do.
+Snapshots: ``snapshot_dict`` is the cold snapshot of a state file as the JSON-ready mapping
+(``fleetops-agent collect`` prints it without building a ``model.Node``); ``snapshot`` is that as
+a node, and ``full``, the daemon's, is ``snapshot`` kept while the state is steady. The changing
+operations do not guard a dry run: their callers do.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from fleetops.gpu.backend import (
     GPU_FIELDS,
     LINK_FIELDS,
     LightSample,
-    NodeBuilder,
     NodeChangeError,
     Value,
     holders_under,
 )
+from fleetops.gpu.node import SnapshotError
 
 if TYPE_CHECKING:
     from fleetops import model
+    from fleetops.catalog.mig import GiProfile
 
 RACY_S = 1.0  # a state file changed this recently before it was read is read again next time
 
@@ -49,9 +51,8 @@ class SimAccess:
     name = "sim"
     xid_events = False  # the simulated kernel log is the only XID source
 
-    def __init__(self, state_path: str, node: NodeBuilder | None = None) -> None:
+    def __init__(self, state_path: str) -> None:
         self.state_path = state_path
-        self.node = node  # the agent's cold collect of this state file (``full``)
         base = state_path[:-5] if state_path.endswith(".json") else state_path
         self.run_dir = base + ".agent"
         self.kmsg_path = base + ".kmsg"
@@ -139,13 +140,11 @@ class SimAccess:
     def full(self) -> Any:
         from fleetops.sim import gpu as sim
 
-        if self.node is None:
-            raise RuntimeError("simulator access built without a snapshot builder: no full snapshot")
         start = time.perf_counter()
         self._hold()
         state = self._current()
         if self._node is None:
-            node = self.node()
+            node = self.snapshot()
             if not self._steady:
                 return node
             self._node = node
@@ -153,6 +152,16 @@ class SimAccess:
         node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
         node.collected_at = now
         node.uptime_s = sim.uptime_s(state, now)
+        node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
+        return node
+
+    def snapshot(self, release: bool = False) -> model.Node:
+        """The cold snapshot of the state file (``snapshot_dict``) as a node; nothing is held
+        afterwards whatever ``release`` says."""
+        from fleetops import model
+
+        start = time.perf_counter()
+        node = model.node_from_dict(snapshot_dict(self.state_path, time.time()))
         node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
         return node
 
@@ -264,6 +273,77 @@ class SimAccess:
             return False, str(exc)
         return True, "simulated: destroyed and recreated"
 
+    # --- MIG (``mig apply``) ---------------------------------------------------------------
+
+    def hostname(self) -> str:
+        from fleetops.sim import gpu as sim
+
+        return str(sim.read_state(self.state_path)["hostname"])
+
+    def mig_read(self) -> list[dict[str, Any]]:
+        from fleetops.catalog import mig as catalog
+        from fleetops.sim import gpu as sim
+
+        state = sim.read_state(self.state_path)
+        needs_reset = bool(state["node"].get(sim.MIG_NEEDS_RESET_FIELD))
+        out = []
+        for g in sim.snapshot(state)["gpus"]:
+            pos = next(i for i, raw in enumerate(state["gpus"]) if raw["uuid"] == g["uuid"])
+            raw = state["gpus"][pos]
+            try:
+                table: catalog.ProfileTable | None = sim.mig_table(state, pos)
+            except sim.SimError:
+                table = None
+            current = bool(raw.get("mig_mode_current"))
+            instances = None
+            if current:
+                instances = [
+                    {"gpu_instance_id": int(m["gpu_instance_id"]), "profile": m.get("profile"),
+                     "start": m.get("placement_start"), "size": m.get("placement_size"),
+                     "compute_instance_id": m.get("compute_instance_id"), "uuid": m.get("uuid"),
+                     "in_use": bool(m.get("in_use") or m.get("pids")), "pids": [int(p) for p in m.get("pids") or []]}
+                    for m in raw.get("mig_instances") or []  # the state's records: with their placements
+                ]
+            out.append({"uuid": g["uuid"], "bus_id": g["bus_id"], "index": int(g["index"]), "name": g.get("name"),
+                        "device_id": catalog.device_id_for(g.get("name")), "mode_current": current,
+                        "mode_pending": bool(raw.get("mig_mode_pending", current)), "instances": instances,
+                        "table": table, "why": None,
+                        "loose_pids": [int(p["pid"]) for p in g.get("processes") or []],
+                        "reset_needed": needs_reset})
+        return out
+
+    def _mig_change(self, uuid: str, fn: Callable[[dict[str, Any], int], Any]) -> Any:
+        from fleetops.sim import gpu as sim
+
+        try:
+            with sim.locked_state(self.state_path) as st:
+                pos, _ = sim.find_gpu(st, uuid)
+                if pos is None:
+                    raise sim.SimError(f"{uuid} is no longer on this node")
+                return fn(st, pos)
+        except sim.SimError as exc:
+            raise NodeChangeError(str(exc)) from exc
+
+    def mig_set_mode(self, uuid: str, enabled: bool) -> bool:
+        from fleetops.sim import gpu as sim
+
+        return bool(self._mig_change(uuid, lambda st, pos: sim.set_mig_mode(st, pos, enabled)))
+
+    def mig_destroy(self, uuid: str, gpu_instance_id: int) -> None:
+        from fleetops.sim import gpu as sim
+
+        self._mig_change(uuid, lambda st, pos: sim.destroy_gpu_instance(st, pos, gpu_instance_id))
+
+    def mig_create(self, uuid: str, profile: GiProfile, start: int) -> int:
+        from fleetops.sim import gpu as sim
+
+        def make(st: dict[str, Any], pos: int) -> int:
+            gi = sim.create_gpu_instance(st, pos, profile.name, start)
+            sim.create_compute_instance(st, pos, int(gi["gpu_instance_id"]))
+            return int(gi["gpu_instance_id"])
+
+        return int(self._mig_change(uuid, make))
+
     def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
         from fleetops.sim import gpu as sim
 
@@ -278,6 +358,35 @@ class SimAccess:
                 if field_name == "mig_mode_current":
                     state["gpus"][pos]["mig_mode_pending"] = value
                 sim.retire_setting_fault(state, field_name, pos)
+
+
+def snapshot_dict(path: str, now: float) -> dict[str, Any]:
+    """The cold snapshot of the state file ``path`` as the JSON-ready mapping the agent prints
+    (the controller validates it on receipt), its kernel-log XIDs attributed to GPUs as NVML's
+    are (``gpu.node.xid_events``). Raises ``SnapshotError`` where the state cannot be read."""
+    from fleetops.sim import gpu as sim
+
+    try:
+        device = sim.open_device(path)  # a collect in flight holds the GPUs, as nvmlInit does
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot open the simulated node's device files: {exc.strerror or exc}") from exc
+    try:
+        state = sim.read_state(path)
+    except sim.SimError as exc:
+        raise SnapshotError(str(exc)) from exc
+    finally:
+        os.close(device)
+    data: dict[str, Any] = sim.snapshot(state, now=now)
+    lines = data.pop("_kernel_log")
+    data["collected_at"] = now
+    gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
+    data["xids"] = []
+    if lines:  # most nodes have no XIDs: then neither the parser nor the model is imported
+        from fleetops.gpu.node import xid_events
+        from fleetops.model import to_dict
+
+        data["xids"] = [to_dict(e) for e in xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
+    return data
 
 
 def _num(value: Any) -> Value:

@@ -191,8 +191,7 @@ def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, m
 
     import fake_nvml
 
-    from fleetops.agent import hostinfo
-    from fleetops.agent.collect import nvml_full
+    from fleetops.gpu import hostinfo
     from fleetops.gpu.nvml.access import NvmlAccess
 
     control = tmp_path / "control.json"
@@ -202,7 +201,7 @@ def test_a_light_read_lists_instances_only_on_gpus_in_mig_mode(tmp_path: Path, m
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # put back after the test
     fake_nvml.fresh()  # NVML not initialised in this process yet, whatever ran before
     monkeypatch.setattr(hostinfo, "nvidia_packages_with_origins", lambda: ({}, {}, None))
-    backend = NvmlAccess(node=nvml_full)
+    backend = NvmlAccess()
     mig_calls = ("nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
                  "nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetMaxMigDeviceCount",
                  "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetComputeRunningProcesses")

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from fleetops.agent.collect import collect, sim_access
+from fleetops.agent.collect import collect
 from fleetops.agent.serve.node import NodeService
 from fleetops.agent.serve.ring import GPU_FIELDS, Ring
 from fleetops.model import to_dict
 from fleetops.sim import gpu as sim
+from fleetops.sim.access import SimAccess
 
 AGENT = os.path.join(os.path.dirname(sys.executable), "fleetops-agent")
 DEADLINE_S = 60.0
@@ -100,7 +101,7 @@ def test_reused_snapshot_equals_a_cold_collect(tmp_path: Path) -> None:
     state = tmp_path / "n1.json"
     sim.init_state(str(state), "n1")
     sim.inject(str(state), "pcie-downgrade", 3)
-    backend = sim_access(str(state))
+    backend = SimAccess(str(state))
     first = backend.full()
     time.sleep(0.05)
     again = backend.full()
@@ -119,7 +120,7 @@ def test_a_changed_state_is_seen_at_the_next_call(tmp_path: Path) -> None:
     sim.init_state(str(state), "n1")
     old = time.time() - 100.0
     os.utime(state, (old, old))
-    backend = sim_access(str(state))
+    backend = SimAccess(str(state))
     assert {g.power_limit_w for g in backend.full().gpus} == {700}
     backend.full()  # read more than a second after the change: the stat is trusted from now on
     text = state.read_text()
@@ -142,7 +143,7 @@ def test_a_time_dependent_state_is_sampled_afresh(tmp_path: Path) -> None:
     sim.init_state(str(state), "n1")
     with sim.locked_state(str(state)) as s:
         sim.set_load(s, 0, 100.0)
-    backend = sim_access(str(state))
+    backend = SimAccess(str(state))
     uuid = sim.read_state(str(state))["gpus"][0]["uuid"]
     first = backend.light()[0][uuid]["nvlink0_tx_kib"]
     time.sleep(0.05)
@@ -180,7 +181,7 @@ def test_ring_repeating_values_reads_like_every_sample_stored(tmp_path: Path) ->
 def test_previous_reuses_its_gpus_only_while_no_counter_moved(tmp_path: Path) -> None:
     state = tmp_path / "n1.json"
     sim.init_state(str(state), "n1")
-    svc = NodeService(sim_access(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"),
+    svc = NodeService(SimAccess(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"),
                       str(tmp_path / "kmsg"), interval_s=10.0, full_interval_s=10.0)
     base = svc.backend.full()
     svc.full_history.append(base)

@@ -15,12 +15,12 @@ from typing import Any
 from test_agent_serve import AGENT, _ask, _until
 
 from fleetops import model
-from fleetops.agent.collect import sim_access
 from fleetops.agent.serve.node import NodeService
 from fleetops.agent.serve.ring import GPU_FIELDS, Ring
 from fleetops.catalog import throttle
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings, throttle_hold
 from fleetops.sim import gpu as sim
+from fleetops.sim.access import SimAccess
 
 IDLE = throttle.encode(["gpu_idle"])
 CAP = throttle.encode(["sw_power_cap"])  # normal operation: a clean sample
@@ -148,7 +148,7 @@ def test_previous_takes_its_time_and_counters_from_one_ring_sample(tmp_path: Pat
     its counters, link counters included."""
     state = tmp_path / "n1.json"
     sim.init_state(str(state), "n1")
-    svc = NodeService(sim_access(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"), str(tmp_path / "kmsg"),
+    svc = NodeService(SimAccess(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"), str(tmp_path / "kmsg"),
                       interval_s=10.0, full_interval_s=10.0)
     assert svc.rate_window_s() == 60.0  # the default nvlink_idle_window_s
     old = svc.backend.full()

@@ -248,10 +248,10 @@ def test_simulated_reset_is_recorded_as_the_gpus_last_reset(tmp_path):
 
 
 def test_reset_journal_gives_each_gpus_last_successful_reset(tmp_path):
-    from fleetops.agent import collect
     from fleetops.agent.reset import backends, journal
+    from fleetops.gpu import node as gpu_node
 
-    assert (collect.RESET_JOURNAL, collect.RESET_JOURNAL_ENV) == (backends.DEFAULT_LOG, backends.LOG_ENV)
+    assert (gpu_node.RESET_JOURNAL, gpu_node.RESET_JOURNAL_ENV) == (backends.DEFAULT_LOG, backends.LOG_ENV)
     log = str(tmp_path / "reset.jsonl")
 
     def attempt(uuid, result, started, dry_run=False):
@@ -266,5 +266,5 @@ def test_reset_journal_gives_each_gpus_last_successful_reset(tmp_path):
     attempt("GPU-c", "would-reset", 1500.0, dry_run=True)
     with open(log, "a", encoding="utf-8") as fh:
         fh.write('{"torn": \n')
-    assert collect.reset_times(log) == {"GPU-a": 2004.0}
-    assert collect.reset_times(str(tmp_path / "missing.jsonl")) == {}
+    assert gpu_node.reset_times(log) == {"GPU-a": 2004.0}
+    assert gpu_node.reset_times(str(tmp_path / "missing.jsonl")) == {}

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from fleetops import model
-from fleetops.agent.collect import sim_access
 from fleetops.agent.serve.node import NodeService
 from fleetops.agent.serve.ring import GPU_FIELDS, LINK_FIELDS, NO_VALUE, Ring
 from fleetops.checks import run_node_checks
 from fleetops.sim import gpu as sim
+from fleetops.sim.access import SimAccess
 
 T0 = 1_800_000_000.0
 IDLE_KIB = 8_700_000_000_123  # an idle link of a node that has run for months (past 2**24)
@@ -243,7 +243,7 @@ def _service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: dict[str
     monkeypatch.setattr(time, "monotonic", clock)
     state = tmp_path / "n1.json"
     sim.init_state(str(state), "n1", scenario)
-    svc = NodeService(sim_access(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"),
+    svc = NodeService(SimAccess(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"),
                       str(tmp_path / "kmsg"), interval_s=10.0, full_interval_s=10.0)
     return svc, state, clock
 

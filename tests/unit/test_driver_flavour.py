@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from fleetops import baseline, model
-from fleetops.agent import hostinfo
 from fleetops.checks import REGISTRY, checks_run, run_node_checks, versions
 from fleetops.checks.versions import (
     CONSUMER,
@@ -18,6 +17,7 @@ from fleetops.checks.versions import (
     driver_flavour,
     package_flavour,
 )
+from fleetops.gpu import hostinfo
 from fleetops.sim import gpu as sim
 
 UBUNTU = "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>"

@@ -20,6 +20,7 @@ import pytest
 from fleetops import baseline, checks, model
 from fleetops.agent import mig_apply
 from fleetops.agent.collect import collect
+from fleetops.agent.reset.backends import SimBackend
 from fleetops.catalog import mig as catalog
 from fleetops.sim import gpu as sim
 
@@ -307,14 +308,14 @@ def test_no_reset_leaves_the_mode_pending_and_a_rerun_resets_without_asking_for_
     assert proc.returncode == 1 and doc["gpus"][0]["status"] == "mode-pending" and doc["changed"] is False
     assert state.read_bytes() == before
 
-    class CountsModeCalls(mig_apply.SimMig):
+    class CountsModeCalls(mig_apply.MigOps):
         sent = 0
 
         def set_mode(self, uuid: str, enabled: bool) -> bool:
             self.sent += 1
             return super().set_mode(uuid, enabled)
 
-    ops = CountsModeCalls(str(state), dry_run=False)
+    ops = CountsModeCalls(SimBackend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid, False, "sim", str(state), None, ops=ops)
     assert code == 0, doc["message"]
@@ -380,14 +381,14 @@ def test_a_busy_gpu_whose_mode_change_needs_a_reset_is_left_mode_pending_by_the_
 def test_a_job_that_starts_before_the_reset_refuses_it_and_no_instance_is_made(state: Path, tmp_path: Path) -> None:
     needs_reset(state)
 
-    class JobStartsAfterTheModeIsSet(mig_apply.SimMig):
+    class JobStartsAfterTheModeIsSet(mig_apply.MigOps):
         def set_mode(self, uuid: str, enabled: bool) -> bool:
             now = super().set_mode(uuid, enabled)
-            with sim.locked_state(self.path) as st:
+            with sim.locked_state(str(state)) as st:
                 sim.add_process(st, 2, 4242, "python3", 2048)
             return now
 
-    ops = JobStartsAfterTheModeIsSet(str(state), dry_run=False)
+    ops = JobStartsAfterTheModeIsSet(SimBackend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 2), False, "sim", str(state), str(tmp_path / "lock"), ops=ops)
     assert code == 1 and doc["result"] == "mode-pending"
@@ -401,8 +402,6 @@ def test_a_job_that_starts_before_the_reset_refuses_it_and_no_instance_is_made(s
 def test_a_signal_during_the_reset_ends_it_cleanly_and_interrupts_mig_apply(state: Path, tmp_path: Path) -> None:
     import signal
 
-    from fleetops.agent.reset.backends import SimBackend
-
     needs_reset(state)
 
     class TermDuringTheReset(SimBackend):
@@ -411,8 +410,7 @@ def test_a_signal_during_the_reset_ends_it_cleanly_and_interrupts_mig_apply(stat
             return super().reset(gpu, timeout)
 
     handler_before = signal.getsignal(signal.SIGTERM)
-    ops = mig_apply.SimMig(str(state), dry_run=False)
-    ops.backend = TermDuringTheReset(str(state), dry_run=False)
+    ops = mig_apply.MigOps(TermDuringTheReset(str(state), dry_run=False))
     lock = tmp_path / "lock"
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
@@ -434,18 +432,18 @@ def test_a_signal_during_the_reset_ends_it_cleanly_and_interrupts_mig_apply(stat
 def test_a_gpu_that_changes_between_the_plan_and_the_lock_is_refused(state: Path, tmp_path: Path) -> None:
     apply(state, "--layout", LAYOUT)
 
-    class JobStartsUnderTheLock(mig_apply.SimMig):
+    class JobStartsUnderTheLock(mig_apply.MigOps):
         reads = 0
 
         def read(self) -> list[mig_apply.GpuMig]:
             self.reads += 1
             if self.reads == 2:  # the read under the lock: a job started on GPU 0's first instance
-                with sim.locked_state(self.path) as st:
+                with sim.locked_state(str(state)) as st:
                     st["gpus"][0]["mig_instances"][0]["in_use"] = True
             return super().read()
 
     before = sim.read_state(str(state))["gpus"]
-    ops = JobStartsUnderTheLock(str(state), dry_run=False)
+    ops = JobStartsUnderTheLock(SimBackend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout("7g.141gb"))
     doc, code = mig_apply.run(source, "all", False, "sim", str(state), str(tmp_path / "lock"), ops=ops)
     assert code == 1 and doc["result"] == "refused"
@@ -458,7 +456,7 @@ def test_a_gpu_that_changes_between_the_plan_and_the_lock_is_refused(state: Path
 def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_lock(state: Path, tmp_path: Path) -> None:
     import signal
 
-    class TermDuringTheFirstCreate(mig_apply.SimMig):
+    class TermDuringTheFirstCreate(mig_apply.MigOps):
         def create(self, uuid: str, profile: catalog.GiProfile, start: int) -> int:
             made = super().create(uuid, profile, start)
             if not getattr(self, "sent", False):
@@ -468,7 +466,7 @@ def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_loc
 
     lock = tmp_path / "lock"
     handler_before = signal.getsignal(signal.SIGTERM)  # another test of this process may have set one
-    ops = TermDuringTheFirstCreate(str(state), dry_run=False)
+    ops = TermDuringTheFirstCreate(SimBackend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
     assert code == 128 + signal.SIGTERM and doc["result"] == "interrupted" and doc["interrupted_by"] == "SIGTERM"

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from fleetops.agent import mig_apply
+from fleetops.agent.reset.backends import NvmlBackend
 from fleetops.catalog import mig as catalog
 from fleetops.gpu import nvml
+from fleetops.gpu.nvml.access import NvmlAccess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_nvml
@@ -33,8 +35,13 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def nvml_ops(dry_run: bool, kind: type[mig_apply.MigOps] = mig_apply.MigOps) -> mig_apply.MigOps:
+    """``mig apply``'s ops on the reset flow's NVML backend, its access on the fake pynvml."""
+    return kind(NvmlBackend(dry_run, NvmlAccess(fake_nvml)))
+
+
 def run(tmp_path: Path, layout: str, dry_run: bool = False, selector: str = "all") -> tuple[dict[str, Any], int]:
-    ops = mig_apply.NvmlMig(dry_run, nv=fake_nvml)
+    ops = nvml_ops(dry_run)
     source = mig_apply.Source(layout=mig_apply.parse_layout(layout))
     return mig_apply.run(source, selector, dry_run, "nvml", None, str(tmp_path / "lock"), ops=ops)
 
@@ -105,7 +112,7 @@ def needs_reset(control: Path) -> None:
 
 def test_with_no_reset_a_mode_that_stays_pending_is_reported_with_the_reset(control: Path, tmp_path: Path) -> None:
     needs_reset(control)
-    ops = mig_apply.NvmlMig(False, nv=fake_nvml)
+    ops = nvml_ops(False)
     source = mig_apply.Source(layout=mig_apply.parse_layout("3g.71gb,3g.71gb"))
     doc, code = mig_apply.run(source, "GPU-fake-0", False, "nvml", None, str(tmp_path / "lock"), ops=ops, reset=False)
     assert code == 1 and doc["result"] == "mode-pending"
@@ -119,8 +126,8 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     ``nvidia-smi -r`` applying the pending mode as the driver does; the snapshots are the real
     NVML reader's, on the fake."""
     from fleetops import model
-    from fleetops.agent import hostinfo
     from fleetops.agent.reset import backends
+    from fleetops.gpu import hostinfo
     from fleetops.gpu.nvml import access as nvml_access
 
     calls: list[tuple[Any, ...]] = []
@@ -148,7 +155,7 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         return 0, ""
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # the flow's second look-up and its snapshots
-    monkeypatch.setattr(backends, "nvml_snapshot", snapshot)
+    monkeypatch.setattr(nvml_access.NvmlAccess, "snapshot", lambda self, release=False: snapshot())
     monkeypatch.setattr(nvml_access, "nvidia_smi_reset", smi_reset)
     monkeypatch.setattr(backends, "systemctl", systemctl)
     monkeypatch.setattr(backends, "send_signal", lambda *a: pytest.fail(f"a signal was sent: {a}"))
@@ -189,13 +196,13 @@ def test_a_job_on_the_gpu_refuses_the_nvml_reset_and_nothing_but_the_mode_is_sen
 ) -> None:
     needs_reset(control)
 
-    class JobStartsAfterTheModeIsSet(mig_apply.NvmlMig):
+    class JobStartsAfterTheModeIsSet(mig_apply.MigOps):
         def set_mode(self, uuid: str, enabled: bool) -> bool:
             now = super().set_mode(uuid, enabled)
             reset_node.append(("job", 1, 4242))
             return now
 
-    ops = JobStartsAfterTheModeIsSet(False, nv=fake_nvml)
+    ops = nvml_ops(False, JobStartsAfterTheModeIsSet)
     source = mig_apply.Source(layout=mig_apply.parse_layout("3g.71gb,3g.71gb"))
     doc, code = mig_apply.run(source, "GPU-fake-1", False, "nvml", None, str(tmp_path / "lock"), ops=ops)
     (gpu,) = doc["gpus"]
@@ -234,7 +241,7 @@ def test_a_mig_parted_device_filter_matches_nvmls_pci_device_id(control: Path, t
     config = tmp_path / "parted.yaml"
     config.write_text(json.dumps({"version": "v1", "mig-configs": {"h200": [
         {"devices": [0], "device-filter": "0x233510DE", "mig-enabled": True, "mig-devices": {"3g.71gb": 2}}]}}))
-    ops = mig_apply.NvmlMig(False, nv=fake_nvml)
+    ops = nvml_ops(False)
     source = mig_apply.Source(config=str(config), select="h200")
     doc, code = mig_apply.run(source, "all", False, "nvml", None, str(tmp_path / "lock"), ops=ops)
     assert code == 0, doc["message"]

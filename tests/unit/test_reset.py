@@ -382,7 +382,7 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
     node = model.Node(hostname="h200", backend="nvml", gpus=[gpu], services={})
     monkeypatch.setattr(reset.NvmlBackend, "snapshot", lambda self: node)
     monkeypatch.setattr(reset.NvmlBackend, "cross_check", lambda self, g: ("ok", "fake"))
-    from fleetops.agent import hostinfo
+    from fleetops.gpu import hostinfo
 
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
     from fleetops.gpu.nvml import access as nvml_access

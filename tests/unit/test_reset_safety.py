@@ -17,9 +17,10 @@ import polling
 import pytest
 
 from fleetops import model
-from fleetops.agent import hostinfo, reset
 from fleetops.agent import lock as node_lock
+from fleetops.agent import reset
 from fleetops.agent.reset import backends
+from fleetops.gpu import hostinfo
 from fleetops.gpu.nvml import access as nvml_access
 from fleetops.sim import gpu as sim
 
@@ -112,7 +113,7 @@ class FakeNode:
 @pytest.fixture
 def fake_node(monkeypatch: pytest.MonkeyPatch):
     def install(node: FakeNode) -> FakeNode:
-        monkeypatch.setattr(backends, "nvml_snapshot", node.snapshot)
+        monkeypatch.setattr(nvml_access.NvmlAccess, "snapshot", lambda self, release=False: node.snapshot())
         monkeypatch.setattr(backends, "send_signal", node.signal)
         monkeypatch.setattr(backends, "process_alive", lambda pid: pid in node.alive)
         monkeypatch.setattr(backends, "systemctl", node.systemctl)

@@ -5,14 +5,15 @@ node lives behind the same methods, so the flow has no ``if sim`` branch and the
 the same steps in unit tests as on a node.
 
 A backend holds the node's GPU access (``self.gpu``: ``gpu.nvml.access.NvmlAccess`` or
-``sim.access.SimAccess``, the classes the daemon samples through), which looks up, resets and
-changes GPUs; what is not GPU access is here: the cold snapshot (the agent's collect), systemd
-units, signals to processes, the node lock, the reset journal and the daemon's socket.
+``sim.access.SimAccess``, the classes the daemon samples through), which takes the cold snapshot
+(``snapshot``, released afterwards) and looks up, resets and changes GPUs; what is not GPU access
+is here: systemd units, signals to processes, the node lock, the reset journal and the daemon's
+socket.
 
-The functions that change a real node from here (``send_signal``, ``systemctl``) and the two
-that read it for the flow (``nvml_snapshot``, ``process_alive``) are module-level functions,
-looked up at call time: tests replace them (and ``gpu.nvml.access.nvidia_smi_reset``) with
-fakes that record each call, and so run the NVML backend's whole changing path without a GPU. A
+The functions that change a real node from here (``send_signal``, ``systemctl``) and the one
+that reads it for the flow (``process_alive``) are module-level functions, looked up at call
+time: tests replace them (and ``gpu.nvml.access.nvidia_smi_reset``, and ``NvmlAccess.snapshot``)
+with fakes that record each call, and so run the NVML backend's whole changing path without a GPU. A
 backend built for a dry run refuses every changing method (``DryRunViolation``) before it does
 anything, the GPU access's included.
 """
@@ -29,11 +30,9 @@ from fleetops import model
 from fleetops.agent import lock as node_lock
 from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_ENV, SERVICE_TIMEOUT_S
 
-# the GPU access raises it; callers catch it here
-from fleetops.gpu.backend import NodeChangeError as NodeChangeError
-
 if TYPE_CHECKING:
     from fleetops.gpu.backend import GpuAccess
+    from fleetops.gpu.nvml.access import NvmlAccess
 
 DEFAULT_LOG = RESET_JOURNAL
 LOG_ENV = RESET_JOURNAL_ENV
@@ -73,15 +72,6 @@ def systemctl(verb: str, unit: str, timeout: float = SERVICE_TIMEOUT_S) -> tuple
     except subprocess.TimeoutExpired:
         return 124, f"systemctl {verb} {unit} timed out after {timeout:.0f}s"
     return proc.returncode, (proc.stderr or proc.stdout).strip()
-
-
-def nvml_snapshot() -> model.Node:
-    """A fresh snapshot of this node through NVML (the same one ``fleetops-agent collect``
-    prints), NVML shut down after it: the reset process must hold no device file when it
-    resets, or it is itself the client that makes ``nvidia-smi -r`` fail."""
-    from fleetops.agent.collect import collect
-
-    return collect("nvml", None, release=True)
 
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -171,7 +161,10 @@ class Backend(DryRunGuard):
 
     # reading
     def snapshot(self) -> model.Node:
-        raise NotImplementedError
+        """A fresh snapshot of this node (the one ``fleetops-agent collect`` prints), nothing of
+        the GPUs held after it: the reset process must hold no device file when it resets, or it
+        is itself the client that makes ``nvidia-smi -r`` fail."""
+        return self.gpu.snapshot(release=True)
 
     def lost_gpu(self, node: model.Node, uuid: str | None, bus_id: str | None) -> dict[str, Any] | None:
         """The GPU the selector names when it is known but not enumerated (fallen off the bus)."""
@@ -262,15 +255,10 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self, path: str, dry_run: bool) -> None:
-        from fleetops.agent import collect
+        from fleetops.sim.access import SimAccess
 
-        super().__init__(collect.sim_access(path), dry_run)
+        super().__init__(SimAccess(path), dry_run)
         self.path = path
-
-    def snapshot(self) -> model.Node:
-        from fleetops.agent.collect import collect
-
-        return collect("sim", self.path)
 
     def _state(self) -> dict[str, Any]:
         from fleetops.sim import gpu as sim
@@ -338,16 +326,13 @@ class NvmlBackend(Backend):
 
     name = "nvml"
 
-    def __init__(self, dry_run: bool) -> None:
-        from fleetops.agent import collect
+    def __init__(self, dry_run: bool, gpu: NvmlAccess | None = None) -> None:
+        from fleetops.gpu.nvml.access import NvmlAccess
 
-        super().__init__(collect.nvml_access(), dry_run)
-
-    def snapshot(self) -> model.Node:
-        return nvml_snapshot()
+        super().__init__(gpu if gpu is not None else NvmlAccess(), dry_run)
 
     def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
-        from fleetops.agent import hostinfo
+        from fleetops.gpu import hostinfo
 
         if not units:
             return {}, None

@@ -200,7 +200,6 @@ def run(args: Any) -> int:
         if not expanded:
             sys.stderr.write('{"error": "serve --backend sim needs --states or --state", "kind": "usage"}\n')
             return 2
-        from fleetops.agent import collect
         from fleetops.sim.access import SimAccess
 
         backend_class: Any = SimAccess
@@ -211,7 +210,7 @@ def run(args: Any) -> int:
             module_name, _, class_name = hook.partition(":")
             backend_class = getattr(importlib.import_module(module_name), class_name)
         for path in expanded:
-            backend = backend_class(path, node=collect.sim_builder(path))
+            backend = backend_class(path)
             services.append(
                 NodeService(
                     backend,
@@ -226,12 +225,14 @@ def run(args: Any) -> int:
                 )
             )
     else:
-        from fleetops.agent import collect
+        from fleetops.gpu.nvml.access import NvmlAccess
 
+        nvml_access = NvmlAccess()
+        nvml_access.N  # noqa: B018 - loads NVML now: without nvidia-ml-py the start fails, not a sample
         state_dir = os.environ.get("FLEETOPS_AGENT_STATE_DIR", DEFAULT_STATE_DIR)
         services.append(
             NodeService(
-                collect.nvml_access(load=True),
+                nvml_access,
                 args.socket or DEFAULT_SOCKET,
                 state_dir,
                 os.environ.get("FLEETOPS_AGENT_KMSG", "/dev/kmsg"),

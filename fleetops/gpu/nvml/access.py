@@ -31,8 +31,9 @@ bus id, ``nvidia-smi -r`` and ``nvidia-smi mig`` (``nvidia_smi_reset``, ``nvidia
 module-level functions looked up at call time, which tests replace with fakes that record each
 call) and the NVML setters. They do not guard a dry run: their callers do.
 
-The full snapshot is built by the agent's collect (host facts, the reset journal), handed in as
-``node`` (``gpu.backend.NodeBuilder``, called with ``collect.nvml_node``'s keywords).
+Snapshots: ``snapshot`` (the cold one: its own ``nvmlInit``, kernel-log XIDs) and ``full`` (the
+daemon's, on the NVML held initialised) are one builder's, ``gpu.nvml.node.build`` (host facts,
+the reset journal's ``last_reset_at``).
 
 Test hook: ``$FLEETOPS_AGENT_NVML_MODULE`` names a module used in place of ``pynvml``
 (``fleetops.gpu.nvml.load_module``: the GPU layer owns the NVML module).
@@ -50,15 +51,16 @@ from typing import TYPE_CHECKING, Any
 from fleetops.gpu.backend import (
     INTEGER_FIELDS,
     LightSample,
-    NodeBuilder,
     NodeChangeError,
     Value,
     holders_under,
 )
+from fleetops.gpu.node import SnapshotError
 from fleetops.gpu.nvml.core import as_text
 
 if TYPE_CHECKING:
     from fleetops import model
+    from fleetops.catalog.mig import GiProfile
 
 REINIT_REASONS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound")
 EVENTS_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # before each new registration after a failure
@@ -92,9 +94,9 @@ class NvmlAccess:
     name = "nvml"
     xid_events = True
 
-    def __init__(self, node: NodeBuilder | None = None) -> None:
-        self.node = node  # the agent's snapshot builder (``full``); None: light reads and events only
-        self._module: Any = None
+    def __init__(self, module: Any = None) -> None:
+        self._module: Any = module  # the NVML module (tests hand the fake); None: loaded at first use
+        self._mig_control: Any = None  # ``mig apply``'s MigControl, made at its first call
         self.initialised = False
         self.handles: list[tuple[str, str, Any]] = []  # (uuid, bus id, handle)
         self.link_counts: dict[str, int] = {}  # uuid -> NVLinks to sample (0: none or unknown)
@@ -118,7 +120,7 @@ class NvmlAccess:
     def N(self) -> Any:  # the NVML module, named as every reader in this layer names it
         """The NVML module, loaded on first use: the GPU operations below do not need it (they
         import ``pynvml`` themselves), so a reset or a setter on a node without nvidia-ml-py
-        builds this object as before; the daemon loads it at its start (``collect.nvml_access``)."""
+        builds this object as before; the daemon loads it at its start (``agent.serve``)."""
         if self._module is None:
             from fleetops.gpu.nvml import load_module
 
@@ -277,22 +279,24 @@ class NvmlAccess:
                 row[name] = _num(field_value(fv))
 
     def full(self) -> model.Node:
-        """The node's full snapshot through the agent's builder (``collect.nvml_node``, the cold
-        collect's own: services, packages, the reset journal's ``last_reset_at`` included), on the
-        NVML this object holds initialised; the XIDs are the daemon's book's (``NodeService._full``).
+        """The node's full snapshot through the cold snapshot's builder (``gpu.nvml.node.build``:
+        services, packages, the reset journal's ``last_reset_at`` included), on the NVML this
+        object holds initialised; the XIDs are the daemon's book's (``NodeService._full``).
         The package list is read with the first snapshot and handed back afterwards: it changes
         only with a reboot or a rollout that restarts the daemon."""
         from fleetops import model
         from fleetops.gpu import instances
+        from fleetops.gpu.nvml import node as node_builder
 
-        if self.node is None:
-            raise RuntimeError("NVML access built without a snapshot builder: no full snapshot")
         try:
             self._init()
         except self.N.NVMLError as exc:
             self._drop()
             raise RuntimeError(f"nvmlInit: {_reason(self.N, exc)}") from exc
-        node = self.node(held=True, packages=self._packages, kernel_log=False)
+        try:
+            node = node_builder.build(held=True, packages=self._packages, kernel_log=False)
+        except SnapshotError as exc:  # the daemon's failed call, as a failed ``nvmlInit`` is
+            raise RuntimeError(str(exc)) from exc
         if self._packages is None:
             self._packages = (dict(node.packages), dict(node.package_origins), node.unavailable.get("packages"))
         node.hostname = self._hostname
@@ -301,6 +305,13 @@ class NvmlAccess:
         # the GPUs whose instances the light reads sample until the next full snapshot
         self._mig_gpus = instances.table(model.to_dict(g) for g in node.gpus if g.mig_mode_current or g.mig_instances)
         return node
+
+    def snapshot(self, release: bool = False) -> model.Node:
+        """The cold snapshot (``gpu.nvml.node.build``): its own ``nvmlInit``, whatever this
+        object holds; ``release``: NVML shut down before returning."""
+        from fleetops.gpu.nvml import node as node_builder
+
+        return node_builder.build(release=release)
 
     def release(self) -> None:
         """Let go of the GPUs for a reset or a driver reload (``NodeService.quiesce``): the
@@ -523,6 +534,48 @@ class NvmlAccess:
             if rc != 0 and step[-1] not in ("-dci", "-dgi"):
                 return False, "; ".join(said) + (f": {out}" if out else "")
         return True, "; ".join(said)
+
+    # MIG (``mig apply``), through ``gpu.nvml.MigControl`` on this object's NVML module ------------
+
+    def hostname(self) -> str:
+        return self._hostname
+
+    def _mig(self) -> Any:
+        if self._mig_control is None:
+            from fleetops.gpu import nvml
+
+            self._mig_control = nvml.MigControl(self.N)
+        return self._mig_control
+
+    def mig_read(self) -> list[dict[str, Any]]:
+        from fleetops.gpu import nvml
+
+        try:
+            gpus: list[dict[str, Any]] = self._mig().read()
+        except (nvml.MigControlError, nvml.NvmlUnavailable) as exc:
+            raise SnapshotError(f"cannot read the node's MIG state through NVML: {exc}") from exc
+        for g in gpus:
+            for m in g["instances"] or []:
+                m["in_use"] = bool(m["pids"])
+            g.setdefault("reset_needed", None)  # told only once the mode is set: pending, or current at once
+        return gpus
+
+    def _mig_call(self, name: str, *args: Any) -> Any:
+        from fleetops.gpu import nvml
+
+        try:
+            return getattr(self._mig(), name)(*args)
+        except nvml.MigControlError as exc:
+            raise NodeChangeError(str(exc)) from exc
+
+    def mig_set_mode(self, uuid: str, enabled: bool) -> bool:
+        return bool(self._mig_call("set_mode", uuid, enabled))
+
+    def mig_destroy(self, uuid: str, gpu_instance_id: int) -> None:
+        self._mig_call("destroy", uuid, gpu_instance_id)
+
+    def mig_create(self, uuid: str, profile: GiProfile, start: int) -> int:
+        return int(self._mig_call("create", uuid, profile.id, start, profile.placements[0][1], profile.slices))
 
     def apply_setting(self, setting: str, field_name: str, value: Any, uuids: list[str]) -> None:
         import pynvml as nv

@@ -14,7 +14,7 @@ Rules this module keeps:
 - ``GpuIsLost`` on a GPU marks it lost: its remaining calls are not made and every field not
   yet read gets the reason ``"GpuIsLost"``. Other GPUs are collected as usual.
 - A failing ``nvmlInit`` (no driver, no library) raises ``NvmlUnavailable`` naming the reason
-  (the agent's collect turns it into its ``CollectError``; this layer imports nothing of the agent).
+  (``gpu.nvml.node.build`` turns it into ``gpu.node.SnapshotError``, the agent's ``CollectError``).
 - Scalar counters are read with ONE ``nvmlDeviceGetFieldValues`` call per GPU (memory
   temperature, ECC totals, remapped rows, PCIe replays, NVLink link count and error totals,
   recovery action); each returned field's own ``nvmlReturn`` is checked. Where a field fails

@@ -1,5 +1,9 @@
 """Node facts that do not come from NVML: kernel, OS, uptime, services, installed packages.
 
+Here, in the GPU layer, because the node snapshot an access object builds (``snapshot``) reports
+them around its GPUs; the reset flow reads the service states through it too. Nothing here is
+about the agent: ``/proc``, ``/etc``, dpkg's status file, one ``systemctl``/``rpm`` call.
+
 Each reader is cheap (a few file reads; at most one short subprocess with an argument list)
 and returns None plus a reason instead of raising.
 """
