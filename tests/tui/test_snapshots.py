@@ -128,3 +128,48 @@ def test_snapshot_stale_versus_unreachable(snap_compare: Any) -> None:
     app = fed_app()
     app.call_later(app.feed, entries)
     assert snap_compare(app, terminal_size=SIZE, press=["_"])
+
+
+# The findings view and the node screen at 80, 120 and 200 columns: the text columns (MESSAGE,
+# ACTION, LOG MESSAGE, KERNEL LINE) take the width the terminal has; at 80 the table keeps its
+# columns' own widths and scrolls sideways as before.
+def _at(width: int) -> tuple[int, int]:
+    return (width, SIZE[1])
+
+
+def test_snapshot_findings_view_80(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(80), press=["_", "3"])
+
+
+def test_snapshot_findings_view_120(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(120), press=["_", "3"])
+
+
+def test_snapshot_findings_view_200(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(200), press=["_", "3"])
+
+
+def _node011_xids(pilot_keys: list[str]) -> Any:
+    async def open_node(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.screen.table().select_key("node011")
+        await pilot.press("enter", *pilot_keys)
+        await pilot.pause()
+
+    return open_node
+
+
+def test_snapshot_node_xids_80(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(80), run_before=_node011_xids(["3"]))
+
+
+def test_snapshot_node_xids_120(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(120), run_before=_node011_xids(["3"]))
+
+
+def test_snapshot_node_xids_200(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(200), run_before=_node011_xids(["3"]))
+
+
+def test_snapshot_node_findings_200(snap_compare: Any) -> None:
+    assert snap_compare(fed(), terminal_size=_at(200), run_before=_node011_xids([]))

@@ -4,6 +4,7 @@ NVLink, throttle reasons, MIG), ``Column``, ``Row``, and the cells of a GPU, a f
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -186,6 +187,11 @@ class Column:
     width: int
     sort_key: str | None = None  # the shift-letter that sorts by this column
     clock: bool = False  # changes with time alone (ages): not highlighted when it does
+    doc: str = ""  # what the column shows, for the legend (``?``): every column must say
+    # Text columns that take the terminal's spare width (higher first), up to their longest
+    # cell, and give width back down to ``min_width`` on a narrower terminal; 0: fixed width.
+    grow: int = 0
+    min_width: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,77 +210,132 @@ class Row:
     placeholder: bool = False  # no data yet: its first data is not a "change"
 
 
+_NODE_DOC = "the node's inventory name"
+_HEALTH_DOC = "the worst state of the node or GPU (see States below)"
+_TEMP_DOC = "GPU temperature, degrees C"
+_HBM_DOC = "HBM (GPU memory) temperature, degrees C"
+_POWER_DOC = "power draw / power limit, watts"
+_UTIL_DOC = "GPU utilisation, percent"
+_ECC_DOC = "ECC errors since the driver loaded: c corrected (single-bit) / u uncorrected (double-bit)"
+_REMAP_DOC = (
+    "remapped memory rows: corrected / uncorrected errors; PEND a remap waits for a GPU reset, "
+    "FAIL a remap failed"
+)
+_PCIE_DOC = "PCIe link now, G<gen>x<width>; '<G5x16' follows when it runs below the GPU's maximum"
+_REPLAY_DOC = "PCIe replay counter (link-level retransmissions)"
+_NVL_DOC = "NVLinks up / links; 'mig' under MIG (NVML reports the links down there), 'none' without NVLink"
+_THROTTLE_DOC = "clock-event (throttle) reasons, abbreviated (see Abbreviations); idle or - when none"
+_MIG_DOC = "MIG mode: off, or on:<instances>; * a change waits for the next GPU reset"
+_XID_DOC = "the XID code (S prefix: an NVSwitch SXid)"
+_XSEV_DOC = "the catalog's severity of that XID"
+_MEANING_DOC = "what the XID code means (the XID catalog)"
+_XACTION_DOC = "what the catalog says to do about it"
+
 COLUMNS: dict[str, tuple[Column, ...]] = {
     "nodes": (
-        Column("node", "NODE", 16, "N"),
-        Column("health", "HEALTH", 8, "H"),
-        Column("gpus", "GPUS", 5, "G"),
-        Column("driver", "DRIVER", 11, "D"),
-        Column("xids", "XID/1H", 6, "X"),
-        Column("seen", "SEEN", 7, "A", clock=True),
-        Column("worst", "WORST FINDING", 88, "W"),
+        Column("node", "NODE", 16, "N", doc=_NODE_DOC),
+        Column("health", "HEALTH", 8, "H", doc="the node's state (see States below)"),
+        Column("gpus", "GPUS", 5, "G", doc="GPUs fit for work / GPUs the driver attached (a lost GPU counts in the second)"),
+        Column("driver", "DRIVER", 11, "D", doc="NVIDIA driver version"),
+        Column("xids", "XID/1H", 6, "X", doc="XIDs in the last hour"),
+        Column("seen", "SEEN", 7, "A", clock=True, doc="how long ago the node's last good snapshot arrived"),
+        Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=40,
+               doc="check: message of its worst finding, or why the latest poll gave no snapshot"),
     ),
     "gpus": (
-        Column("node", "NODE", 12, "N"),
-        Column("idx", "GPU", 3, "I"),
-        Column("uuid", "UUID", 12, "U"),
-        Column("health", "HEALTH", 7, "H"),
-        Column("temp", "TEMP", 4, "T"),
-        Column("hbm", "HBM", 4, "M"),
-        Column("power", "POWER", 9, "P"),
-        Column("util", "UTIL", 4, "L"),
-        Column("ecc", "ECC c/u", 9, "E"),
-        Column("remap", "REMAP", 8, "R"),
-        Column("pcie", "PCIE", 10, "C"),
-        Column("replays", "REPLAY", 6, "Y"),
-        Column("nvlink", "NVL", 5, "V"),
-        Column("throttle", "THROTTLE", 13, "O"),
-        Column("check", "WORST CHECK", 22, "W"),
+        Column("node", "NODE", 12, "N", doc=_NODE_DOC),
+        Column("idx", "GPU", 3, "I", doc="the GPU's index (as nvidia-smi numbers it)"),
+        Column("uuid", "UUID", 12, "U", doc="the GPU's UUID, first 8 hex digits (in full on the node screen)"),
+        Column("health", "HEALTH", 7, "H", doc=_HEALTH_DOC),
+        Column("temp", "TEMP", 4, "T", doc=_TEMP_DOC),
+        Column("hbm", "HBM", 4, "M", doc=_HBM_DOC),
+        Column("power", "POWER", 9, "P", doc=_POWER_DOC),
+        Column("util", "UTIL", 4, "L", doc=_UTIL_DOC),
+        Column("ecc", "ECC c/u", 9, "E", doc=_ECC_DOC),
+        Column("remap", "REMAP", 8, "R", doc=_REMAP_DOC),
+        Column("pcie", "PCIE", 10, "C", doc=_PCIE_DOC),
+        Column("replays", "REPLAY", 6, "Y", doc=_REPLAY_DOC),
+        Column("nvlink", "NVL", 5, "V", doc=_NVL_DOC),
+        Column("throttle", "THROTTLE", 13, "O", doc=_THROTTLE_DOC),
+        Column("check", "WORST CHECK", 22, "W", grow=1, min_width=22, doc="the check of the GPU's worst finding"),
     ),
     "findings": (
-        Column("severity", "SEV", 7, "S"),
-        Column("node", "NODE", 12, "N"),
-        Column("gpu", "GPU", 3, "G"),
-        Column("check", "CHECK", 28, "C"),
-        Column("message", "MESSAGE", 62, "M"),
-        Column("action", "ACTION", 30, "A"),
+        Column("severity", "SEV", 7, "S", doc="the finding's severity (see States below)"),
+        Column("node", "NODE", 12, "N", doc=_NODE_DOC),
+        Column("gpu", "GPU", 3, "G", doc="the GPU's index, - for a node-wide finding"),
+        Column("check", "CHECK", 28, "C", doc="the check that raised it (fleetops docs: the checks catalog)"),
+        Column("message", "MESSAGE", 62, "M", grow=1, min_width=24, doc="what the check found"),
+        Column("action", "ACTION", 30, "A", grow=2, min_width=30, doc="what to do about it (in full on the node screen)"),
     ),
     "xids": (
-        Column("age", "AGE", 7, "A", clock=True),
-        Column("node", "NODE", 12, "N"),
-        Column("gpu", "GPU", 3, "G"),
-        Column("code", "XID", 5, "X"),
-        Column("severity", "SEV", 5, "S"),
-        Column("name", "MEANING", 32, "M"),
-        Column("action", "ACTION", 18, "C"),
-        Column("message", "LOG MESSAGE", 58, "L"),
+        Column("age", "AGE", 7, "A", clock=True, doc="how long ago the kernel logged it"),
+        Column("node", "NODE", 12, "N", doc=_NODE_DOC),
+        Column("gpu", "GPU", 3, "G", doc="the GPU's index, found by its bus id (also for a GPU lost since)"),
+        Column("code", "XID", 5, "X", doc=_XID_DOC),
+        Column("severity", "SEV", 5, "S", doc=_XSEV_DOC),
+        Column("name", "MEANING", 32, "M", grow=1, min_width=20, doc=_MEANING_DOC),
+        Column("action", "ACTION", 18, "C", doc=_XACTION_DOC),
+        Column("message", "LOG MESSAGE", 58, "L", grow=2, min_width=30, doc="the driver's own words in the kernel log"),
     ),
 }
 # The GPU table of the node detail screen: every field the issue asks for.
 DETAIL_GPU_COLUMNS: tuple[Column, ...] = (
-    Column("idx", "GPU", 3),
-    Column("uuid", "UUID", 40),
-    Column("health", "HEALTH", 7),
-    Column("temp", "TEMP", 4),
-    Column("hbm", "HBM", 4),
-    Column("power", "POWER", 9),
-    Column("util", "UTIL", 4),
-    Column("ecc", "ECC c/u", 9),
-    Column("remap", "REMAP", 8),
-    Column("pcie", "PCIE", 10),
-    Column("replays", "REPLAY", 6),
-    Column("nvlink", "NVL", 5),
-    Column("throttle", "THROTTLE", 13),
-    Column("mig", "MIG", 4),
+    Column("idx", "GPU", 3, doc="the GPU's index (as nvidia-smi numbers it)"),
+    Column("bus", "BUS ID", 12, doc="the GPU's PCI bus id (domain:bus:device.function), as the kernel log names it"),
+    # gives way first on a narrow terminal (the GPU tab shows it in full), so MIG stays in view
+    Column("uuid", "UUID", 40, grow=1, min_width=13, doc="the GPU's UUID"),
+    Column("health", "HEALTH", 7, doc=_HEALTH_DOC),
+    Column("temp", "TEMP", 4, doc=_TEMP_DOC),
+    Column("hbm", "HBM", 4, doc=_HBM_DOC),
+    Column("power", "POWER", 9, doc=_POWER_DOC),
+    Column("util", "UTIL", 4, doc=_UTIL_DOC),
+    Column("ecc", "ECC c/u", 9, doc=_ECC_DOC),
+    Column("remap", "REMAP", 8, doc=_REMAP_DOC),
+    Column("pcie", "PCIE", 10, doc=_PCIE_DOC),
+    Column("replays", "REPLAY", 6, doc=_REPLAY_DOC),
+    Column("nvlink", "NVL", 5, doc=_NVL_DOC),
+    Column("throttle", "THROTTLE", 13, doc=_THROTTLE_DOC),
+    Column("mig", "MIG", 4, doc=_MIG_DOC),
 )
+# The node screen's XIDs: as an engineer reads them in the kernel log, newest first.
 DETAIL_XID_COLUMNS: tuple[Column, ...] = (
-    Column("age", "AGE", 7, clock=True),
-    Column("gpu", "GPU", 3),
-    Column("code", "XID", 5),
-    Column("severity", "SEV", 5),
-    Column("name", "MEANING", 30),
-    Column("action", "ACTION", 18),
-    Column("message", "LOG MESSAGE", 70),
+    Column("when", "WHEN (UTC)", 19, doc="when the kernel logged it, UTC"),
+    Column("age", "AGE", 7, clock=True, doc="how long ago that is"),
+    Column("gpu", "GPU", 3, doc="the GPU's index, found by its bus id (also for a GPU lost since)"),
+    Column("bus", "BUS ID", 12, doc="the PCI bus id the kernel line names"),
+    Column("code", "XID", 5, doc=_XID_DOC),
+    Column("count", "N", 3, doc="how many times this code was logged for this GPU"),
+    Column("severity", "SEV", 5, doc=_XSEV_DOC),
+    Column("escalated", "ESCALATED", 9, doc="whether the repeat policy escalated the code (yes/no, - without a policy)"),
+    Column("name", "MEANING", 30, grow=1, min_width=20, doc=_MEANING_DOC),
+    Column("kernel", "KERNEL LINE", 70, grow=2, min_width=40, doc="the kernel's own line (NVRM: Xid (PCI:...): code, ...)"),
+)
+# The node screen's audit history (from the history database).
+HISTORY_COLUMNS: tuple[Column, ...] = (
+    Column("audit", "AUDIT", 6, doc="the audit's number in the history database (esc: a fault that survived reboots or resets)"),
+    Column("when", "WHEN", 19, doc="when the audit ran (local time)"),
+    Column("reach", "REACHED", 7, doc="whether the audit reached the node"),
+    Column("worst", "WORST", 7, doc="its worst finding's severity"),
+    Column("faults", "FAULTS", 6, doc="warn and crit findings (escalations: reboots and resets it survived)"),
+    Column("note", "NOTE", 80, grow=1, min_width=30, doc="the worst finding, the escalation, or why the node was not reached"),
+)
+# Every word a HEALTH or SEV cell can show, for the legend: a state missing here fails its test.
+STATE_WORDS: tuple[tuple[str, str], ...] = (
+    ("OK", "no finding worse than info"),
+    ("INFO", "worth knowing, nothing to do"),
+    ("WARN", "a fault to plan for: degraded, or going to be"),
+    ("CRIT", "a fault to act on now"),
+    ("UNKNOWN", "a value could not be read, so the check could not tell"),
+    ("LOST", "the GPU fell off the bus (NVML: GpuIsLost) or vanished since the last snapshot"),
+    ("STALE", "the node's daemon stream has been silent past --stale-after; its last data is shown"),
+    ("UNREACH", "the connection was refused or failed; the last good state is shown with its age"),
+    ("HUNG", "the host took the TCP connection but sent no SSH banner, or the agent did not answer in time"),
+    ("NODATA", "the node answered, but with no usable snapshot"),
+    ("WAITING", "not polled yet"),
+)
+# The THROTTLE column's abbreviations, for the legend.
+THROTTLE_WORDS: tuple[tuple[str, str], ...] = tuple(
+    (short, reason) for reason, short in _THROTTLE_SHORT.items() if short
 )
 
 
@@ -328,6 +389,7 @@ def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
     check = worst_f.check if worst_f else ("(lost)" if g.lost else "")
     out: dict[str, tuple[str, str, Any]] = {
         "idx": (str(g.index), "", g.index),
+        "bus": (g.bus_id, "", g.bus_id),
         "uuid": (g.uuid, "", g.uuid),
         "health": (
             "LOST" if g.lost else g.health.upper(),
@@ -411,19 +473,40 @@ def finding_cells(f: model.Finding) -> dict[str, tuple[str, str, Any]]:
     }
 
 
+def kernel_line(x: XidView) -> str:
+    """The kernel's own line (``NVRM: Xid (PCI:0000:ab:00): 79, pid=..., GPU has fallen off the
+    bus.``) without the log's timestamp or host prefix; built from the event's fields where the
+    source gave no raw line."""
+    raw = x.event.raw.strip()
+    at = raw.find("NVRM:")
+    if at >= 0:
+        return raw[at:]
+    if raw:
+        return raw
+    kind = "SXid" if x.sxid else "Xid"
+    return f"NVRM: {kind} (PCI:{x.bus_id or '?'}): {x.code}, {x.event.message.strip()}"
+
+
 def xid_cells(x: XidView, now: float) -> dict[str, tuple[str, str, Any]]:
     ev = x.event
     age = None if ev.timestamp is None else now - ev.timestamp
+    when = "?" if ev.timestamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ev.timestamp))
+    age_sort = age if age is not None else float("inf")
     return {
-        "age": (format_age(age) if age is not None else "?", "", age if age is not None else float("inf")),
+        "when": (when, "", age_sort),  # sorted as the age is: newest first
+        "age": (format_age(age) if age is not None else "?", "", age_sort),
         "gpu": (
-            "-" if ev.gpu_index is None else str(ev.gpu_index),
+            "-" if x.gpu_index is None else str(x.gpu_index),
             "",
-            -1 if ev.gpu_index is None else ev.gpu_index,
+            -1 if x.gpu_index is None else x.gpu_index,
         ),
+        "bus": (x.bus_id or "-", "", x.bus_id or ""),
         "code": (("S" if x.sxid else "") + str(x.code), "", x.code),
+        "count": (str(x.count), "", x.count),
         "severity": (x.severity.upper(), x.severity, -model.SEVERITY_RANK.get(x.severity, 0)),
+        "escalated": (x.escalated, "crit" if x.escalated == "yes" else "dim" if x.escalated == "-" else "", x.escalated),
         "name": (x.name, "", x.name),
         "action": (x.action, "dim", x.action),
         "message": (ev.message.strip(), "", ev.message),
+        "kernel": (kernel_line(x), "", kernel_line(x)),
     }

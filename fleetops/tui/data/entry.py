@@ -54,6 +54,12 @@ class XidView:
     severity: str
     action: str
     sxid: bool
+    # The GPU by the event's bus id against the node's GPUs, lost ones included (after XID 79
+    # the collector can no longer map the bus id, but the lost GPU keeps its index and slot).
+    gpu_index: int | None = None
+    bus_id: str | None = None
+    count: int = 1  # events of this code on this GPU (bus id) in the snapshot
+    escalated: str = "-"  # the repeat policy's verdict on this code and GPU: yes, no, - (none)
 
 
 @dataclass(frozen=True)
@@ -250,12 +256,27 @@ def summarize(
     gpus.sort(key=lambda g: g.bus_id)
     xids = []
     seen_keys: dict[str, int] = {}
+    by_bus = {_bus(g.bus_id): g for g in gpus}
+    counts: dict[tuple[str, int], int] = {}
+    for ev in snapshot.xids:
+        counts[(_bus(ev.bus_id), ev.code)] = counts.get((_bus(ev.bus_id), ev.code), 0) + 1
+    escalations = _escalations(found)
     for ev in snapshot.xids:
         xname, sev, action, sxid = _xid_info(ev)
         base = f"{name}:{ev.timestamp or ev.uptime_s or 0}:{ev.code}:{ev.bus_id or ''}"
         n = seen_keys.get(base, 0)
         seen_keys[base] = n + 1
-        xids.append(XidView(f"{base}#{n}" if n else base, ev, ev.code, xname, sev, action, sxid))
+        gv = by_bus.get(_bus(ev.bus_id))
+        index = ev.gpu_index if ev.gpu_index is not None else (gv.index if gv is not None else None)
+        xids.append(
+            XidView(
+                f"{base}#{n}" if n else base, ev, ev.code, xname, sev, action, sxid,
+                gpu_index=index,
+                bus_id=gv.bus_id if gv is not None else ev.bus_id,
+                count=counts[(_bus(ev.bus_id), ev.code)],
+                escalated=escalations.get((_bus(gv.bus_id if gv else ev.bus_id), ev.code), "-"),
+            )
+        )  # fmt: skip
     worst_f = next((f for f in found if f.severity not in ("ok", "info")), None)
     hay = _haystack(name, found)
     entry = NodeEntry(
@@ -275,6 +296,27 @@ def summarize(
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)
     )
+
+
+def _bus(bus_id: str | None) -> str:
+    """A bus id as one key: the kernel line may drop the function (``0000:ab:00``) and the case
+    may differ from NVML's."""
+    b = (bus_id or "").lower()
+    return b[:-2] if len(b) == 12 and b[-2] == "." else b
+
+
+def _escalations(findings: Iterable[model.Finding]) -> dict[tuple[str, int], str]:
+    """(bus id, code) -> "yes"/"no" from the ``xid.recent`` findings' observed codes: what the
+    repeat policy made of each code on each GPU ("-" where no policy covers the code)."""
+    out: dict[tuple[str, int], str] = {}
+    for f in findings:
+        if f.check != "xid.recent" or not isinstance(f.observed, list):
+            continue
+        bus = _bus((f.gpu or {}).get("bus_id"))
+        for c in f.observed:
+            if isinstance(c, dict) and isinstance(c.get("escalated"), dict):
+                out[(bus, c.get("code", -1))] = "yes" if c["escalated"].get("fired") else "no"
+    return out
 
 
 def _haystack(name: str, findings: Iterable[model.Finding]) -> str:

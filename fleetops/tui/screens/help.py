@@ -1,4 +1,6 @@
-"""Every key, including the shift-letter sorts of each view."""
+"""Every key, including the shift-letter sorts of each view, and the legend: every column of
+every table of the fleet and node screens, the state words and the abbreviations, generated
+from the column definitions the tables are drawn from, so a new column is in the legend too."""
 
 from __future__ import annotations
 
@@ -40,8 +42,36 @@ def help_text(readonly: bool) -> Text:
         letters = "  ".join(f"{c.sort_key}={c.label}" for c in data.COLUMNS[view] if c.sort_key)
         t.append(f"  {view:<10}", style="bold cyan")
         t.append(f"{letters}\n")
+    legend_text(t)
     t.append("\nEsc or q closes this.", style="dim")
     return t
+
+
+def legend_tables() -> tuple[tuple[str, tuple[data.Column, ...]], ...]:
+    """Every table the two screens draw, with its title in the legend."""
+    return (
+        *((f"{view} view", data.COLUMNS[view]) for view in data.VIEWS),
+        ("node screen: GPUs", data.DETAIL_GPU_COLUMNS),
+        ("node screen: XIDs", data.DETAIL_XID_COLUMNS),
+        ("node screen: History", data.HISTORY_COLUMNS),
+    )
+
+
+def legend_text(t: Text) -> None:
+    t.append("\nColumns\n", style="bold")
+    for title, cols in legend_tables():
+        t.append(f"  {title}\n", style="bold cyan")
+        for c in cols:
+            t.append(f"    {c.label:<14}", style="bold")
+            t.append(f"{c.doc}\n")
+    t.append("\nStates (HEALTH, SEV)\n", style="bold")
+    for word, what in data.STATE_WORDS:
+        t.append(f"  {word:<14}", style="bold")
+        t.append(f"{what}\n")
+    t.append("\nAbbreviations (THROTTLE)\n", style="bold")
+    for short, reason in data.THROTTLE_WORDS:
+        t.append(f"  {short:<14}", style="bold")
+        t.append(f"{reason}\n")
 
 
 class HelpScreen(ModalScreen[None]):

@@ -24,14 +24,7 @@ from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
-HISTORY_COLUMNS = (
-    data.Column("audit", "AUDIT", 6),
-    data.Column("when", "WHEN", 19),
-    data.Column("reach", "REACHED", 7),
-    data.Column("worst", "WORST", 7),
-    data.Column("faults", "FAULTS", 6),
-    data.Column("note", "NOTE", 80),
-)
+HISTORY_COLUMNS = data.HISTORY_COLUMNS  # with the other tables' columns, which the legend reads
 
 
 def node_header(entry: data.NodeEntry, now: float) -> Text:

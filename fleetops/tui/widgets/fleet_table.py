@@ -2,10 +2,12 @@
 
 ``apply(rows)`` compares the new rows with what is shown and keeps the difference: changed
 cells are lit for a moment so the eye finds them, and the cursor stays on the row it was on
-(by key), wherever that row moved. Nothing is measured per cell (every column has a fixed
-width, every row one line), and a row's line is kept until the row, its lit cells, the cursor
-or the width change, so a refresh of 5000 rows costs a dict comparison per row and a redraw of
-the visible lines only.
+(by key), wherever that row moved. Every row is one line; a column has a fixed width, except
+the text columns marked ``grow`` (messages, actions, log lines), which share the terminal's
+spare width by ``layout``: at 200 columns a message or an action is read, not cut at its
+80-column width beside blank space. Their longest text is the only per-cell measure, and a
+row's line is kept until the row, its lit cells, the cursor or the widths change, so a refresh
+of 5000 rows costs a dict comparison and a length per row and a redraw of the visible lines only.
 """
 
 from __future__ import annotations
@@ -51,6 +53,43 @@ def cell(text: str, style: str, changed: bool = False) -> Text:
     if changed:
         st = st + CHANGED
     return Text(text, style=st, no_wrap=True, overflow="ellipsis")
+
+
+def layout(spec: tuple[Column, ...], longest: dict[int, int], available: int) -> tuple[int, ...]:
+    """Column widths for a table ``available`` cells wide. Fixed columns keep their width. The
+    ``grow`` columns start at their own width (less where their longest text is shorter) and
+    share what is left by their ``grow`` weights, each up to its longest text; on a narrower
+    terminal they give width back down to ``min_width``; narrower still, every column keeps its
+    own width and the table scrolls sideways."""
+    widths = [c.width for c in spec]
+    growing = [i for i, c in enumerate(spec) if c.grow]
+    if not growing:
+        return tuple(widths)
+    budget = available - sum(w for i, w in enumerate(widths) if i not in growing) - 2 * PADDING * len(spec)
+    want = {i: max(cell_len(spec[i].label), longest.get(i, 0)) for i in growing}
+    base = {i: min(spec[i].width, want[i]) for i in growing}
+    floor = {i: min(spec[i].min_width or spec[i].width, want[i]) for i in growing}
+    if budget >= sum(base.values()):
+        got, caps = dict(base), want
+    elif budget >= sum(floor.values()):
+        got, caps = dict(floor), base
+    else:
+        return tuple(widths)
+    extra = budget - sum(got.values())
+    while extra > 0:
+        open_ = sorted((i for i in growing if got[i] < caps[i]), key=lambda i: -spec[i].grow)
+        if not open_:
+            break  # every text fits in full: the rest stays blank
+        weights = sum(spec[i].grow for i in open_)
+        given = 0
+        for i in open_:
+            add = min(max(1, extra * spec[i].grow // weights), caps[i] - got[i], extra - given)
+            got[i] += add
+            given += add
+        extra -= given
+    for i in growing:
+        widths[i] = got[i]
+    return tuple(widths)
 
 
 def fit(text: str, width: int) -> str:
@@ -159,11 +198,32 @@ class FleetTable(ScrollView, can_focus=True):
         self.last_changed_cells = 0
         self._line_cache: dict[str, tuple[tuple[object, ...], Strip]] = {}
         self._header_cache: tuple[tuple[object, ...], Strip] | None = None
-        self._width = sum(c.width + 2 * PADDING for c in self.spec)
+        self._longest: dict[int, int] = {}  # grow column -> its longest cell text
+        self._widths = tuple(c.width for c in self.spec)
+        self._width = sum(w + 2 * PADDING for w in self._widths)
         self.virtual_size = Size(self._width, 1)
 
     def on_mount(self) -> None:
         self.set_interval(0.25, self.fade)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._relayout()
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Each column's width now (``layout`` for this terminal and these rows)."""
+        return self._widths
+
+    def _relayout(self) -> None:
+        widths = layout(self.spec, self._longest, self.scrollable_content_region.width)
+        if widths == self._widths:
+            return
+        self._widths = widths
+        self._width = sum(w + 2 * PADDING for w in widths)
+        self._line_cache.clear()
+        self._header_cache = None
+        self.virtual_size = Size(self._width, len(self._order) + 1)
+        self.refresh()
 
     # --- queries -----------------------------------------------------------------------
 
@@ -216,6 +276,11 @@ class FleetTable(ScrollView, can_focus=True):
             self._index = {k: i for i, k in enumerate(order)}
             for gone in [k for k in self._line_cache if k not in new]:
                 del self._line_cache[gone]
+        # len, not cell_len: cheap over thousands of rows; a wide character only moves the cut
+        longest = {i: max((len(r.cells[i]) for r in rows), default=0) for i, c in enumerate(self.spec) if c.grow}
+        if longest != self._longest:
+            self._longest = longest
+            self._relayout()
         self.virtual_size = Size(self._width, len(order) + 1)
         if keep is not None and keep in self._index:
             self._set_cursor(self._index[keep], scroll=self._index[keep] != self.cursor_row)
@@ -300,8 +365,8 @@ class FleetTable(ScrollView, can_focus=True):
             return
         if offset.y == 0:
             x = offset.x + int(self.scroll_x)
-            for col in self.spec:
-                x -= col.width + 2 * PADDING
+            for col, width in zip(self.spec, self._widths, strict=True):
+                x -= width + 2 * PADDING
                 if x < 0:
                     self.post_message(self.HeaderSelected(self, col.key))
                     return
@@ -332,11 +397,14 @@ class FleetTable(ScrollView, can_focus=True):
 
     def _header(self, base: Style) -> Strip:
         style = base + self.get_component_rich_style("fleet-table--header")
-        stamp: tuple[object, ...] = (style,)
+        stamp: tuple[object, ...] = (style, self._widths)
         if self._header_cache is not None and self._header_cache[0] == stamp:
             return self._header_cache[1]
         pad = " " * PADDING
-        strip = Strip([Segment(pad + fit(c.label, c.width) + pad, style) for c in self.spec], self._width)
+        strip = Strip(
+            [Segment(pad + fit(c.label, w) + pad, style) for c, w in zip(self.spec, self._widths, strict=True)],
+            self._width,
+        )
         self._header_cache = (stamp, strip)
         return strip
 
@@ -351,11 +419,11 @@ class FleetTable(ScrollView, can_focus=True):
             base = base + self.get_component_rich_style("fleet-table--cursor")
         pad = " " * PADDING
         segments = []
-        for i, col in enumerate(self.spec):
+        for i, width in enumerate(self._widths):
             style = base + STYLES.get(row.styles[i], STYLES[""])
             if i in lit:
                 style = style + CHANGED
-            segments.append(Segment(pad + fit(row.cells[i], col.width) + pad, style))
+            segments.append(Segment(pad + fit(row.cells[i], width) + pad, style))
         strip = Strip(segments, self._width)
         if len(self._line_cache) >= LINE_CACHE_SIZE:
             self._line_cache.clear()
