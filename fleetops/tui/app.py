@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
@@ -38,6 +38,11 @@ from fleetops.tui import data
 
 DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume"})
 GC_GEN0_THRESHOLD = 50_000
+
+
+def snapshot_time(collected_at: float) -> str:
+    """A snapshot's time as the toast and the header name it (the node's clock, local time)."""
+    return time.strftime("%H:%M:%S", time.localtime(collected_at))
 
 
 class EntriesReady(Message):
@@ -86,6 +91,8 @@ class FleetApp(App[None]):
         self.feed_every_s = feed_every_s
         self._stop = threading.Event()
         self.last_action: Any = None  # the latest action's result, with ok and message (tests read it)
+        # what the header says of the latest action's verdict: which snapshot it comes from
+        self.action_note = ""
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -113,6 +120,15 @@ class FleetApp(App[None]):
         """True from the moment the app starts to exit (``exit`` called, or a shutdown without
         it) until it is gone: the screens may be removed, nothing may touch them."""
         return not self.is_running or self.return_code is not None or not self.screen_stack
+
+    async def on_event(self, event: events.Event) -> None:
+        # an open ``/`` or ``:`` prompt takes its keys here, in the order they came, not after a
+        # focus change and a forward to another widget's queue (screens/fleet.py, prompt_key)
+        if isinstance(event, events.Key) and not event.is_forwarded and self.screen_stack:
+            take = getattr(self.screen, "prompt_key", None)
+            if take is not None and take(event):
+                return
+        await super().on_event(event)
 
     def from_worker(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """From a worker thread: run ``callback`` on the UI thread and wait for it, unless the
@@ -219,9 +235,20 @@ class FleetApp(App[None]):
         self.from_worker(self._report_entry, entry, after)
 
     def _report_entry(self, entry: data.NodeEntry, what: str) -> None:
+        """Toast the verdict of ``entry`` (collected after the action), naming its snapshot's
+        time; the header keeps the same words until the next action."""
+        shown = self.state.entries.get(entry.name)
+        if (
+            entry.status == data.STATUS_OK and shown is not None and shown.status == data.STATUS_OK
+            and shown.snapshot is not None and entry.snapshot is not None
+            and shown.snapshot.collected_at > entry.snapshot.collected_at
+        ):
+            entry = shown  # a newer snapshot reached the screen first: the toast says what it shows
         if entry.status != data.STATUS_OK:
             why = entry.problem.message if entry.problem else entry.status
+            self.action_note = f"{entry.name} {what}: {entry.mark}, no snapshot after it"
             self.notify(f"{entry.name} {what}: {entry.mark} ({why})", severity="error", timeout=8)
+            self.refresh_screens(None)
             return
         counts: dict[str, int] = {}
         for f in entry.findings:
@@ -233,7 +260,12 @@ class FleetApp(App[None]):
         )
         snap = entry.snapshot
         source = "daemon, sampled now" if snap is not None and isinstance(snap.daemon, dict) else "cold collect"
-        self.notify(f"{entry.name} {what}: {entry.health.upper()} ({detail}; {source})", severity=sev, timeout=6)
+        taken = snapshot_time(snap.collected_at) if snap is not None else "?"
+        self.action_note = f"{entry.name} {what}: {entry.health.upper()} from the snapshot of {taken}"
+        self.notify(
+            f"{entry.name} {what}: {entry.health.upper()} ({detail}; {source}; snapshot {taken})", severity=sev, timeout=6
+        )
+        self.refresh_screens(None)
 
     def request_reset(self, name: str, uuid: str) -> None:
         """Ask first (the dialog names node, GPU and the processes a reset ends), then reset,

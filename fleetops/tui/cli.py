@@ -13,6 +13,7 @@ from typing import Any
 
 from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.ops import frontend
+from fleetops.tui import liveness
 
 SIM_FIRST_ADDRESS = "127.0.40.1"
 
@@ -61,7 +62,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--stale-after",
         type=duration_arg("--stale-after"),
-        default=30.0,
+        default=liveness.STALE_AFTER_S,
         help=f"time without news from a node's daemon before it is shown STALE ({GRAMMAR}; default 30)",
     )
     frontend.ssh_args(p)

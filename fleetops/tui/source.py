@@ -17,14 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetops import model
 from fleetops.checks import verdict
 from fleetops.fleet import audit, sshopts
 from fleetops.ops import results as ops_results
-from fleetops.tui import data
+from fleetops.tui import data, liveness
 
 # Rate and growth checks compare with an earlier snapshot; one a few seconds old makes rates
 # noisy (and below the checks' minimum interval, none at all), so the base is kept this long.
@@ -152,11 +152,23 @@ class SshSource:
         snap = node_result.snapshot
         if snap is None:
             assert problem is not None
-            entry = data.mark_failed(name, failure_status(result, node_result), problem, previous)
+            status = failure_status(result, node_result)
+            if status == "timeout":
+                # a command that never answered on a session: a hung host, or one that went
+                # away under the session (no keepalive ends it sooner); the SSH port tells
+                probed = self.probe_host(name)
+                if probed is not None and probed[0] == liveness.UNREACHABLE:
+                    status = "unreachable"
+                    problem = replace(problem, message=f"{problem.message}; {probed[1]}")
+            entry = data.mark_failed(name, status, problem, previous)
         else:
             snap.hostname = name  # the inventory name is the node's identity, as in audits
-            findings = self.run_checks(name, snap)
-            entry = data.summarize(name, snap, findings, self.clock(), previous)
+            findings = self.judge(name, snap)
+            seen = self.clock()
+            age = snap.daemon.get("age_s") if isinstance(snap.daemon, dict) else None
+            if isinstance(age, (int, float)) and age > 0:  # a daemon's snapshot is as old as it says
+                seen -= float(age)
+            entry = data.summarize(name, snap, findings, seen, previous)
             with self._lock:
                 base = self._rate_base.get(name)
                 if base is None or snap.collected_at - base.collected_at >= RATE_BASE_MIN_AGE_S:
@@ -164,6 +176,35 @@ class SshSource:
         with self._lock:
             self._entries[name] = entry
         return entry
+
+    def probe_host(self, name: str) -> tuple[str, str] | None:
+        """``liveness.probe`` of the host's SSH port, or None where it cannot be probed from
+        here (a local connection, a host behind a jump host, an unusable SSH config)."""
+        from fleetops.fleet import transport
+
+        host = self.hosts[name]
+        if getattr(host, "connection", "ssh") == "local":
+            return None
+        try:
+            target = self.pool.target(host)
+        except transport.Failure:
+            return None
+        if target.jumps:
+            return None
+        return liveness.probe(target.hostname, target.port, min(liveness.PROBE_TIMEOUT_S, self._connect_timeout))
+
+    def judge(self, name: str, snap: model.Node) -> list[model.Finding]:
+        """The node's findings as ``fleetops audit`` gives them (``verdict.node_findings``: with a
+        daemon's snapshot, the daemon's rate and held findings). The TUI's own run of the rate
+        checks against its older rate base measured another window: after a reset it called
+        CRIT a node the daemon and a fresh audit called clean."""
+        with self._lock:
+            base = self._rate_base.get(name)
+        result = verdict.NodeResult(name, True, None, snap)
+        try:
+            return list(verdict.node_findings(result, self.baselines.get(name), base if base is not snap else None))
+        except Exception:  # noqa: BLE001 - run_checks says a check bug in its own words
+            return self.run_checks(name, snap)
 
     def run_checks(self, name: str, snap: model.Node) -> list[model.Finding]:
         from fleetops import checks

@@ -26,11 +26,19 @@ What each node shows:
 - connecting fails (refused, no route, auth, host key, timeout while connecting): UNREACH with
   the transport's reason; connects are retried with exponential backoff and jitter, at most
   ``max_connecting`` being opened at once;
-- connected but silent (a stopped daemon, a hung host): its last data, STALE once its age
-  (the daemon's ``age_s`` plus the time since that line came) passes ``stale_after_s``;
+- connected but silent (a stopped daemon, a hung host, a host gone without closing the
+  connection): its last data, STALE once its age (the daemon's ``age_s`` plus the time since
+  that line came) passes ``stale_after_s``. The SSH keepalives would end a dead session only
+  after 45 s and more, and a hung sshd is never told from a gone one by the stream alone, so a
+  silent stream's host is probed (``liveness``: a TCP connect and the SSH banner) shortly before
+  the silence reaches ``stale_after_s``: no TCP answer is UNREACH (the stream is dropped and
+  reconnected with backoff), TCP without a banner is HUNG, a banner with the stream still
+  silent past ``stale_after_s`` is HUNG too (the daemon or its relay is stuck);
+- connecting times out: HUNG when the host's SSH port takes a TCP connection, else UNREACH;
 - no daemon on the node (the relay finds no socket, or the stream ends before its first
-  line): a cold ``fleetops-agent collect`` every ``interval`` seconds on the pool's session,
-  an info finding saying so, and the stream tried again every ``retry_no_daemon_s``.
+  line): a cold ``fleetops-agent collect`` every ``interval`` seconds on the pool's session
+  (OK when healthy: the header says which nodes have no daemon), and the stream tried again
+  every ``retry_no_daemon_s``.
 """
 
 from __future__ import annotations
@@ -45,9 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetops import model
-from fleetops.checks import verdict
 from fleetops.fleet import transport
-from fleetops.tui import data
+from fleetops.tui import data, liveness
 from fleetops.tui.source import SshSource
 
 # Exit status of the relay when the node has no daemon socket (or nothing accepts on it).
@@ -119,6 +126,7 @@ class _Node:
     __slots__ = (
         "name", "state", "due", "failures", "stream", "buffer", "lines", "doc", "got_line",
         "received_at", "age_at_receipt", "stale", "polling_running", "no_daemon_reason",
+        "probing", "probed_at", "probe_verdict", "probe_why", "mark", "connected_at",
     )  # fmt: skip
 
     def __init__(self, name: str) -> None:
@@ -136,6 +144,17 @@ class _Node:
         self.stale = False
         self.polling_running = False
         self.no_daemon_reason = ""
+        self.probing = False  # a probe of its SSH port is in flight
+        self.probed_at: float | None = None  # monotonic, when the latest probe started
+        self.probe_verdict: str | None = None  # liveness.ANSWERS/HUNG/UNREACHABLE, since the last line
+        self.probe_why = ""
+        self.mark: tuple[str, str] | None = None  # (status, check) of the silence mark delivered
+        self.connected_at = 0.0  # monotonic, when its stream opened: silence counts from then at most
+
+    def heard(self) -> None:
+        """A line came: whatever its silence made of the node is over."""
+        self.stale = False
+        self.probe_verdict, self.probe_why, self.probed_at, self.mark = None, "", None, None
 
 
 class StreamSource(SshSource):
@@ -148,7 +167,7 @@ class StreamSource(SshSource):
         baselines: dict[str, Any] | None = None,
         *,
         max_connecting: int = 48,
-        stale_after_s: float = 30.0,
+        stale_after_s: float = liveness.STALE_AFTER_S,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float = 30.0,
         retry_no_daemon_s: float = 60.0,
@@ -180,13 +199,16 @@ class StreamSource(SshSource):
         )
         self._nodes_lock = threading.Lock()
         self._connects = ThreadPoolExecutor(max_workers=self.max_connecting, thread_name_prefix="tui-connect")
+        # probes of silent streams' hosts, apart from the connects (which hung hosts may fill)
+        self._probes = ThreadPoolExecutor(max_workers=min(64, max(1, len(self.hosts))), thread_name_prefix="tui-probe")
         self._selector = selectors.DefaultSelector()
         self._selector_lock = threading.Lock()
         self._dirty: set[str] = set()
         self._dirty_cond = threading.Condition()
         self._closed = False
-        # counters the benchmark and tests read: how often a node was marked unreachable
+        # counters the benchmark and tests read: how often a node was marked unreachable, hung
         self.unreachable_marks: dict[str, int] = {}
+        self.hung_marks: dict[str, int] = {}
         self.line_count = 0
         self._deliver: Callable[[data.NodeEntry], None] = lambda entry: None
 
@@ -222,7 +244,7 @@ class StreamSource(SshSource):
         try:
             while not stopping():
                 self._schedule(time.monotonic(), stopping, deliver)
-                self._check_stale(deliver)
+                self._check_silence(deliver)
                 time.sleep(0.1)
         finally:
             stop.set()
@@ -275,25 +297,39 @@ class StreamSource(SshSource):
         with self._nodes_lock:
             node.stream, node.buffer, node.got_line = stream, b"", False
             node.state = STREAMING
+            node.connected_at = time.monotonic()
+            node.probe_verdict, node.probe_why, node.probed_at = None, "", None
         with self._selector_lock:
             self._selector.register(stream, selectors.EVENT_READ, node)
 
     def _unreachable(self, node: _Node, kind: str, message: str, deliver: Callable[[data.NodeEntry], None]) -> None:
+        status = "unreachable"
+        if kind == "timeout":
+            # a connect that timed out: a host whose SSH port takes the TCP connection but never
+            # completes the session is hung, not gone
+            probed = self.probe_host(node.name)
+            if probed is None or probed[0] != liveness.UNREACHABLE:
+                status = "timeout"
+            if probed is not None:
+                message = f"{message}; {probed[1]}"
         with self._nodes_lock:
             node.failures += 1
             node.state = WAITING
             node.due = time.monotonic() + backoff_s(node.failures, self.backoff_base_s, self.backoff_cap_s, self._rng)
-        self.unreachable_marks[node.name] = self.unreachable_marks.get(node.name, 0) + 1
+        marks = self.unreachable_marks if status == "unreachable" else self.hung_marks
+        marks[node.name] = marks.get(node.name, 0) + 1
         problem = model.Finding(
             check=f"transport.{kind}",
             severity="crit",
             node=node.name,
             message=f"{kind}: {message}",
-            action="Check the node is up and reachable over SSH (its sshd, the network, keys and host key).",
+            action="Check the node is up and reachable over SSH (its sshd, the network, keys and host key)."
+            if status == "unreachable"
+            else "The host takes TCP connections but its SSH session never answers: check its console (BMC).",
         )
         with self._lock:
             previous = self._entries.get(node.name)
-        entry = data.mark_failed(node.name, "unreachable", problem, previous)
+        entry = data.mark_failed(node.name, status, problem, previous)
         with self._lock:
             self._entries[node.name] = entry
         deliver(entry)
@@ -316,23 +352,10 @@ class StreamSource(SshSource):
         try:
             if stopping():
                 return
+            # a healthy node without a daemon is OK like any other: that the fleet (or this node)
+            # has no daemon is said once, in the header (``stream_counts``), not as a finding
             entry = self.collect(node.name)
-            if entry.status == data.STATUS_OK:
-                note = model.Finding(
-                    check="tui.no_daemon",
-                    severity="info",
-                    node=node.name,
-                    message=f"no daemon stream ({node.no_daemon_reason}): collected every {self.interval:g}s "
-                    "with fleetops-agent collect",
-                    action="Start the resident agent on the node (fleetops-agent serve) for a live view.",
-                )
-                assert entry.snapshot is not None
-                entry = data.summarize(
-                    node.name, entry.snapshot, (*entry.findings, note), entry.seen_at or self.clock(), entry
-                )
-                with self._lock:
-                    self._entries[node.name] = entry
-            elif entry.status == "unreachable":
+            if entry.status == "unreachable":
                 self.unreachable_marks[node.name] = self.unreachable_marks.get(node.name, 0) + 1
             if not stopping():
                 deliver(entry)
@@ -469,7 +492,7 @@ class StreamSource(SshSource):
                 node.received_at = received
                 node.got_line = True
                 node.failures = 0
-                node.stale = False
+                node.heard()
             changed = True
             self.line_count += 1
         if not changed or node.doc is None:
@@ -496,13 +519,7 @@ class StreamSource(SshSource):
             entry = data.mark_failed(name, "error", problem, previous)
         else:
             snap.hostname = name
-            result = verdict.NodeResult(name, True, None, snap)
-            with self._lock:
-                base = self._rate_base.get(name)
-            try:
-                findings = verdict.node_findings(result, self.baselines.get(name), base)
-            except Exception:  # noqa: BLE001 - the parent's wording for a check bug
-                findings = self.run_checks(name, snap)
+            findings = self.judge(name, snap)  # as collects and audits judge it
             # seen_at on the controller's clock: when the daemon took the data it shows
             seen = self.clock() - node.age_at_receipt - (time.monotonic() - node.received_at)
             entry = data.summarize(name, snap, findings, seen, previous)
@@ -512,18 +529,38 @@ class StreamSource(SshSource):
 
     # --- silent streams -------------------------------------------------------------------
 
-    def _check_stale(self, deliver: Callable[[data.NodeEntry], None]) -> None:
+    def _check_silence(self, deliver: Callable[[data.NodeEntry], None]) -> None:
+        """Every silent stream's node: STALE once its data's age passes ``stale_after_s``; its host
+        probed shortly before the silence does; HUNG or UNREACH as the probe says (``liveness``)."""
         now = time.monotonic()
-        turned = []
+        lead = liveness.probe_lead_s(self.stale_after_s)
+        turned: list[tuple[_Node, float]] = []
+        probe: list[_Node] = []
+        marked: list[tuple[_Node, str, model.Finding]] = []
         with self._nodes_lock:
             for n in self._nodes.values():
-                if n.stale or n.received_at is None or not n.got_line or n.state == POLLING:
+                if n.received_at is None or n.state == POLLING:  # no data yet, or polled
                     continue
-                if n.age_at_receipt + (now - n.received_at) > self.stale_after_s:
+                silence = now - n.received_at
+                age = n.age_at_receipt + silence
+                if not n.stale and age > self.stale_after_s:
                     n.stale = True
-                    turned.append(n)
-        for n in turned:
-            age = n.age_at_receipt + (now - (n.received_at or now))
+                    turned.append((n, age))
+                if n.state != STREAMING:  # a stream that ended: its reconnects say what the host does
+                    continue
+                silence = now - max(n.received_at, n.connected_at)
+                if (
+                    not n.probing
+                    and silence > self.stale_after_s - lead
+                    and (n.probed_at is None or now - n.probed_at >= liveness.PROBE_EVERY_S)
+                ):
+                    n.probing, n.probed_at = True, now
+                    probe.append(n)
+                mark = self._silence_mark(n, silence)
+                if mark is not None and (mark[0], mark[1].check) != n.mark:
+                    n.mark = (mark[0], mark[1].check)
+                    marked.append((n, *mark))
+        for n, age in turned:
             problem = model.Finding(
                 check="transport.stale",
                 severity="warn",
@@ -532,19 +569,99 @@ class StreamSource(SshSource):
                 "its stream is silent; showing its last data",
                 action="Check the daemon on the node (systemctl status fleetops-agent); the host may be hung.",
             )
-            with self._lock:
-                previous = self._entries.get(n.name)
-                if previous is None or previous.snapshot is None:
-                    continue
-                entry = data.mark_failed(n.name, data.STATUS_STALE, problem, previous)
-                self._entries[n.name] = entry
-            deliver(entry)
+            self._mark(n, data.STATUS_STALE, problem, deliver, only_ok=True)
+        for n in probe:
+            try:
+                self._probes.submit(self._probe, n)
+            except RuntimeError:  # closing
+                n.probing = False
+        for n, status, problem in marked:
+            counts = self.unreachable_marks if status == "unreachable" else self.hung_marks
+            counts[n.name] = counts.get(n.name, 0) + 1
+            self._mark(n, status, problem, deliver)
+            if status == "unreachable":
+                self._drop_stream(n)
+
+    def _silence_mark(self, n: _Node, silence: float) -> tuple[str, model.Finding] | None:
+        """(status, finding) the probe's verdict and the silence make of a streaming node."""
+        said, why = n.probe_verdict, n.probe_why
+        if said == liveness.UNREACHABLE:
+            return "unreachable", model.Finding(
+                check="transport.unreachable", severity="crit", node=n.name,
+                message=f"unreachable: its stream went silent and its SSH port does not answer ({why})",
+                action="Check the node is up and reachable over SSH (its power, sshd, the network).",
+            )  # fmt: skip
+        if said == liveness.HUNG:
+            return "timeout", model.Finding(
+                check="transport.hung", severity="crit", node=n.name,
+                message=f"hung: its stream went silent and sshd sends no banner ({why})",
+                action="The host takes TCP connections but answers nothing: check its console (BMC).",
+            )  # fmt: skip
+        if said == liveness.ANSWERS and silence > self.stale_after_s:
+            return "timeout", model.Finding(
+                check="transport.stream_silent", severity="crit", node=n.name,
+                message=f"hung: sshd answers but the daemon's stream has been silent over {self.stale_after_s:g}s "
+                f"({why}); showing its last data",
+                action="Check the daemon on the node (systemctl status fleetops-agent) and the host's load.",
+            )  # fmt: skip
+        return None
+
+    def _probe(self, n: _Node) -> None:
+        started = time.monotonic()
+        try:
+            probed = self.probe_host(n.name)
+        except Exception as exc:  # noqa: BLE001 - a probe's surprise leaves the node STALE, never kills the loop
+            probed = None
+            n.probe_why = f"probe failed: {type(exc).__name__}: {exc}"
+        with self._nodes_lock:
+            n.probing = False
+            if n.received_at is not None and n.received_at > started:
+                return  # a line came meanwhile: the stream is not silent
+            if probed is not None:
+                n.probe_verdict, n.probe_why = probed
+
+    def _mark(
+        self, n: _Node, status: str, problem: model.Finding, deliver: Callable[[data.NodeEntry], None],
+        only_ok: bool = False,
+    ) -> None:
+        """The node's last data with ``status`` and why; ``only_ok``: unless it is marked already."""
+        with self._lock:
+            previous = self._entries.get(n.name)
+            if previous is None or previous.snapshot is None:
+                return
+            if only_ok and previous.status != data.STATUS_OK:
+                return
+            entry = data.mark_failed(n.name, status, problem, previous)
+            self._entries[n.name] = entry
+        deliver(entry)
+
+    def _drop_stream(self, n: _Node) -> None:
+        """A silent stream to a host that does not answer: closed, and opened again after a
+        backoff (each failed connect keeps it UNREACH; a host back streams again)."""
+        with self._nodes_lock:
+            stream = n.stream
+            if stream is None or n.state != STREAMING:
+                return
+            n.stream = None
+            n.failures += 1
+            n.state = WAITING
+            n.due = time.monotonic() + backoff_s(n.failures, self.backoff_base_s, self.backoff_cap_s, self._rng)
+        with self._selector_lock:
+            try:
+                self._selector.unregister(stream)
+            except (KeyError, ValueError):
+                pass
+        try:
+            self._probes.submit(stream.close)  # closing a dead connection may wait on it
+        except RuntimeError:
+            stream.close()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._connects.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)
         with self._nodes_lock:
             streams = [n.stream for n in self._nodes.values() if n.stream is not None]
         for s in streams:

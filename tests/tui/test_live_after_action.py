@@ -19,7 +19,7 @@ import pytest
 from fleetops.agent.serve import client
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
-from fleetops.tui.app import FleetApp
+from fleetops.tui.app import FleetApp, snapshot_time
 from fleetops.tui.screens.confirm import ConfirmScreen
 from fleetops.tui.source import SshSource, resolve_hosts
 from fleetops.tui.widgets.fleet_table import FleetTable
@@ -81,9 +81,11 @@ def test_live_the_verdict_after_a_reset_is_sampled_after_it(daemon_fleet: str) -
         await wait_for(pilot, lambda: any("after reset" in str(n.message) for n in app._notifications), 60,
                        "the verdict after the reset")
         (verdict,) = [str(n.message) for n in app._notifications if "after reset" in str(n.message)]
-        assert verdict == "node001 after reset: OK (no faults; daemon, sampled now)", verdict
         after = app.state.entries["node001"]
         assert after.snapshot is not None and isinstance(after.snapshot.daemon, dict)
+        taken = snapshot_time(after.snapshot.collected_at)  # the toast and the header name the snapshot shown
+        assert verdict == f"node001 after reset: OK (no faults; daemon, sampled now; snapshot {taken})", verdict
+        assert app.action_note == f"node001 after reset: OK from the snapshot of {taken}"
         assert after.snapshot.collected_at > before.snapshot.collected_at
         assert after.health == "ok"
 

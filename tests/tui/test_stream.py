@@ -25,12 +25,12 @@ import pytest
 
 from fleetops.fleet import transport
 from fleetops.sim import fleet
-from fleetops.tui import data, stream
+from fleetops.tui import data, liveness, stream
 from fleetops.tui.app import FleetApp
 from fleetops.tui.source import resolve_hosts
 from fleetops.tui.stream import StreamSource
 
-from .conftest import drive, wait_for
+from .conftest import drive, screen_lines, wait_for
 from .test_live import _skip_reason, cells, fleet_table
 
 pytestmark = pytest.mark.root
@@ -211,7 +211,17 @@ def test_stream_an_injected_fault_arrives_without_a_poll(fleet_dir: tuple[str, D
     drive(app, body)
 
 
-def test_stream_a_silent_daemon_shows_stale_with_its_age_never_unreach(fleet_dir: tuple[str, Daemon], kind: str) -> None:
+def ok_is_current(app: FleetApp) -> bool:
+    """No node counted "ok" shows data older than the stale threshold (checked at one instant)."""
+    now = app.state.clock()
+    current = [e for e in app.state.entries.values() if app.state.health_at(e, now) not in ("stale", "unreach", "pending")]
+    old = [e.name for e in current if e.seen_at is not None and now - e.seen_at > STALE_AFTER_S]
+    return not old and app.state.totals(now).ok <= len(current)
+
+
+def test_stream_a_silent_daemon_is_hung_with_its_age_never_unreach(fleet_dir: tuple[str, Daemon], kind: str) -> None:
+    """sshd answers, the daemon's stream says nothing: HUNG (``transport.stream_silent``), its
+    last data and age shown, never UNREACH; never counted "ok" once its data is past the threshold."""
     directory, daemon = fleet_dir
     app, source = stream_app(directory, kind)
 
@@ -219,30 +229,72 @@ def test_stream_a_silent_daemon_shows_stale_with_its_age_never_unreach(fleet_dir
         await all_streaming(pilot, app, source)
         daemon.signal(signal.SIGSTOP)  # the sockets stay open and say nothing
         try:
-            await wait_for(
-                pilot,
-                lambda: all(app.state.entries[n].status == data.STATUS_STALE for n in NODES),
-                STALE_AFTER_S + 10,
-                "every node to go stale",
-            )
-            await pilot.pause(1.2)
+            def hung() -> bool:
+                assert ok_is_current(app)
+                assert source.unreachable_marks == {}
+                return all(
+                    app.state.entries[n].status == "timeout"
+                    and app.state.entries[n].problem is not None
+                    and app.state.entries[n].problem.check == "transport.stream_silent"  # type: ignore[union-attr]
+                    for n in NODES
+                )
+
+            await wait_for(pilot, hung, STALE_AFTER_S + 60, "every node to be HUNG")
             app.refresh_screens(None)
             await pilot.pause(0.1)
             row = cells(fleet_table(app), "node002")
-            assert row["health"] == "STALE"
+            assert row["health"] == "HUNG"
             assert (row["gpus"], row["driver"]) == ("8/8", "580.159.04")  # its last data
             age = row["seen"]
             assert age.endswith("s") and int(age.rstrip("s")) >= STALE_AFTER_S, age
-            assert "silent" in row["worst"]
+            assert "silent" in row["worst"] and "sshd answers" in row["worst"]
             assert source.unreachable_marks == {}
-            assert all(app.state.entries[n].display_health == "stale" for n in NODES)
-            assert app.state.totals().stale == len(NODES) and app.state.totals().unreachable == 0
+            totals = app.state.totals()
+            assert totals.ok == 0 and totals.hung == len(NODES)
         finally:
             daemon.signal(signal.SIGCONT)
         await wait_for(
             pilot, lambda: all(app.state.entries[n].status == data.STATUS_OK for n in NODES), 60, "the streams to flow"
         )
         assert source.unreachable_marks == {}
+
+    drive(app, body)
+
+
+def test_stream_a_hung_host_is_hung_never_unreach_then_comes_back(fleet_dir: tuple[str, Daemon], kind: str) -> None:
+    """``host-hang`` (sshd and its sessions stopped: TCP taken, no banner): the silent stream's
+    host is probed and shown HUNG (``transport.hung``), never UNREACH and never "ok" with data
+    past the threshold; the others stay OK; it streams again once the host runs."""
+    directory, _ = fleet_dir
+    app, source = stream_app(directory, kind)
+    seen: list[str] = []
+
+    async def body(pilot: Any) -> None:
+        await all_streaming(pilot, app, source)
+        fleet.inject(directory, "node002", "host-hang")
+        try:
+            def hung() -> bool:
+                e = app.state.entries["node002"]
+                if not seen or seen[-1] != e.status:
+                    seen.append(e.status)
+                assert ok_is_current(app)
+                return e.status == "timeout" and e.problem is not None and e.problem.check == "transport.hung"
+
+            await wait_for(pilot, hung, STALE_AFTER_S + 60, "node002 to be HUNG")
+            assert "unreachable" not in seen, seen
+            assert seen[0] == data.STATUS_OK and seen[-1] == "timeout", seen
+            assert "no SSH banner" in (app.state.entries["node002"].problem.message)  # type: ignore[union-attr]
+            for name in ("node001", "node003", "node004"):
+                assert app.state.entries[name].status == data.STATUS_OK, name
+            assert "node002" not in source.unreachable_marks
+            await pilot.pause(3 * liveness.PROBE_EVERY_S / 2)  # probed again meanwhile: still HUNG
+            assert app.state.entries["node002"].status == "timeout"
+            assert "node002" not in source.unreachable_marks
+        finally:
+            fleet.clear(directory, "node002", "host-hang")
+        await wait_for(
+            pilot, lambda: app.state.entries["node002"].status == data.STATUS_OK, 120, "node002 to stream again"
+        )
 
     drive(app, body)
 
@@ -280,8 +332,10 @@ def test_stream_daemon_gone_falls_back_to_collect_then_reconnects(fleet_dir: tup
     directory, daemon = fleet_dir
     app, source = stream_app(directory, kind)
 
-    def no_daemon_note(name: str) -> bool:
-        return any(f.check == "tui.no_daemon" for f in app.state.entries[name].findings)
+    def no_daemon_note(name: str) -> bool:  # polled, and OK with no finding about it
+        return not [f for f in app.state.entries[name].findings if f.check == "tui.no_daemon"] and (
+            source.node_state(name) == stream.POLLING
+        )
 
     async def body(pilot: Any) -> None:
         await all_streaming(pilot, app, source)
@@ -293,7 +347,14 @@ def test_stream_daemon_gone_falls_back_to_collect_then_reconnects(fleet_dir: tup
             "every node polled with a cold collect",
         )
         assert all(app.state.entries[n].status == data.STATUS_OK for n in NODES)
+        assert all(app.state.entries[n].health == "ok" for n in NODES)  # OK, not INFO
         assert source.stream_counts() == (0, len(NODES))
+        await pilot.pause(0.2)
+        app.refresh_screens(None)
+        await pilot.pause(0.1)
+        header = screen_lines(app)[0]
+        assert header.count("no daemons") == 1 and f"ok {len(NODES)}" in header, header
+        assert cells(fleet_table(app), "node002")["health"] == "OK"
         fleet.inject(directory, "node001", "ecc-dbe", 1)  # polled nodes still show faults
         await wait_for(pilot, lambda: app.state.entries["node001"].health == "crit", 60, "the DBE by collect")
         daemon.start()

@@ -11,6 +11,7 @@ from typing import Any, Self
 
 import paramiko
 
+from fleetops.fleet import sshconfig
 from fleetops.fleet.transport.common import (
     OUTCOME_UNKNOWN,
     Failure,
@@ -65,6 +66,10 @@ class SessionPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def target(self, host: Any) -> sshconfig.Target:
+        """Where ``host`` is reached (inventory, then ssh_config); a ``Failure`` ``local`` if unusable."""
+        return self._runner.target(host)
 
     def ssh_settings(self) -> dict[str, Any]:
         """How this pool reaches hosts, for a one-off connection elsewhere that should be made

@@ -13,6 +13,7 @@ from fleetops.tui.data.columns import (
     DETAIL_GPU_COLUMNS,
     DETAIL_XID_COLUMNS,
     FAULT_SEVERITIES,
+    HEALTH_RANK,
     STATUS_OK,
     STATUS_PENDING,
     STATUS_STALE,
@@ -22,6 +23,7 @@ from fleetops.tui.data.columns import (
     column_index,
     format_age,
     gpu_cells,
+    health_label,
     make_row,
     natural_key,
     xid_cells,
@@ -77,7 +79,8 @@ class Totals:
     warn: int = 0
     crit: int = 0
     unknown: int = 0
-    unreachable: int = 0
+    unreachable: int = 0  # every node without an answer, HUNG ones included
+    hung: int = 0  # of those, HUNG: the host takes connections but answers nothing
     stale: int = 0
     pending: int = 0
     gpus_ok: int = 0
@@ -116,10 +119,19 @@ class FleetState:
             self.entries.setdefault(name, pending_entry(name))
 
     def update(self, entries: Iterable[NodeEntry]) -> list[str]:
-        """Swap in new entries; returns the names whose entry changed."""
+        """Swap in new entries, except one whose snapshot is older than the one shown; returns
+        the names whose entry changed."""
         changed = []
         for e in entries:
-            if self.entries.get(e.name) is not e:
+            old = self.entries.get(e.name)
+            if (
+                old is not None and old.snapshot is not None and e.snapshot is not None
+                and e.status == STATUS_OK and e.snapshot.collected_at < old.snapshot.collected_at
+            ):  # fmt: skip
+                # an answer that took longer than a later one (a poll begun before an action,
+                # delivered after the action's own snapshot): never shown over newer data
+                continue
+            if old is not e:
                 self.entries[e.name] = e
                 changed.append(e.name)
         return changed
@@ -144,9 +156,10 @@ class FleetState:
         t = Totals()
         for e in self.entries.values():
             t.nodes += 1
-            h = e.display_health
+            h = self.health_at(e, now)
             if h == "unreach":
                 t.unreachable += 1
+                t.hung += e.status == "timeout"
             elif h == "stale":
                 t.stale += 1
             elif h == "pending":
@@ -160,6 +173,20 @@ class FleetState:
             t.xids_1h += e.xids_since(now - XID_WINDOW_S)
         return t
 
+    def health_at(self, e: NodeEntry, now: float) -> str:
+        """The entry's health as shown at ``now``: an answer older than ``stale_after`` is
+        "stale" the moment it is, whether or not its source has marked it yet (no row and no
+        "ok" count shows data older than the threshold as current)."""
+        h = e.display_health
+        if (
+            e.status == STATUS_OK
+            and self.stale_after is not None
+            and e.seen_at is not None
+            and now - e.seen_at > self.stale_after
+        ):
+            return "stale"
+        return h
+
     # rows of each view, before filtering and sorting
 
     def _node_row(self, e: NodeEntry, now: float) -> Row:
@@ -172,11 +199,14 @@ class FleetState:
             return cached[4]  # the same object: the table skips it without looking inside
         cells, styles, sort = e.node_row_parts
         has_data = e.snapshot is not None
-        cells = (*cells[:4], str(xids) if has_data else "-", seen, cells[6])
-        styles = (*styles[:4], "warn" if xids else "dim", seen_style, styles[6])
-        sort = (*sort[:4], xids, age if age is not None else float("inf"), sort[6])
+        aged = self.health_at(e, now) == "stale" and e.status == STATUS_OK  # old data its source kept as OK
+        health_cell = health_label("stale") if aged else cells[1]
+        cells = (cells[0], health_cell, *cells[2:4], str(xids) if has_data else "-", seen, cells[6])
+        styles = (styles[0], "stale" if aged else styles[1], *styles[2:4], "warn" if xids else "dim", seen_style, styles[6])
+        sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:4], xids,
+                age if age is not None else float("inf"), sort[6])  # fmt: skip
         placeholder = e.status == STATUS_PENDING and not has_data
-        row = Row(e.name, cells, styles, sort, e.fault, e.haystack, e.name, placeholder=placeholder)
+        row = Row(e.name, cells, styles, sort, e.fault or aged, e.haystack, e.name, placeholder=placeholder)
         self._node_rows[e.name] = (e, xids, seen, seen_style, row)
         return row
 

@@ -29,9 +29,14 @@ VIEW_ALIASES = {
 
 
 class FleetScreen(Screen[None]):
+    # ``:`` and ``/`` are priority bindings: the app runs them as it takes the key from its queue,
+    # so the prompt is open before it looks at the next key (``prompt_key``). As ordinary
+    # bindings they ran only after the keys typed behind them had gone to the table: letters
+    # were lost, Enter opened the node under the cursor. Inside the prompt they are text
+    # (``check_action``).
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("colon", "command", "View", key_display=":"),
-        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("colon", "command", "View", key_display=":", priority=True),
+        Binding("slash", "filter", "Filter", key_display="/", priority=True),
         Binding("f", "faults", "Faults"),
         Binding("ctrl+z", "faults", "Faults", show=False),
         Binding("escape", "escape", "Clear", show=False),
@@ -138,16 +143,44 @@ class FleetScreen(Screen[None]):
         prompt.border_title = ":" if mode == "command" else "/"
         prompt.value = value
         prompt.display = True
-        prompt.focus()
+        # focused now, not at the next turn of the message loop (``focus()``): keys already
+        # queued behind the ``/`` went to the table (``a``, ``d`` and Enter act there)
+        self.set_focus(prompt)
 
     def _close_prompt(self) -> None:
         prompt = self.query_one("#prompt", Input)
         prompt.display = False
         self.prompt_mode = None
-        self.table().focus()
+        self.set_focus(self.table())  # at once, as the prompt was focused
+
+    def prompt_key(self, event: events.Key) -> bool:
+        """While the prompt is open, the app hands every key here as it takes it from its queue
+        (``FleetApp.on_event``), before any widget sees it: text, Backspace, Enter and Escape act
+        on the prompt at once, in the order typed, so a filter typed at any speed is applied
+        before the next key (an Enter right after it opens the filtered node). Other keys
+        (arrows, Home, a suggestion's Right) go on to the prompt as usual. True: taken."""
+        if self.prompt_mode is None or not self.ready:
+            return False
+        prompt = self.query_one("#prompt", Input)
+        if event.key == "enter":
+            self.submit_prompt(prompt.value)
+        elif event.key == "escape":
+            self.action_escape()
+        elif event.key == "backspace":
+            prompt.action_delete_left()
+        elif event.is_printable and event.character:
+            prompt.insert_text_at_cursor(event.character)
+        else:
+            return False
+        return True
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        mode, text = self.prompt_mode, event.value.strip()
+        if self.prompt_mode is not None:
+            self.submit_prompt(event.value)
+
+    def submit_prompt(self, value: str) -> None:
+        """The prompt's text, entered."""
+        mode, text = self.prompt_mode, value.strip()
         self._close_prompt()
         if mode == "command":
             word = text.lstrip(":").lower()
@@ -202,7 +235,8 @@ class FleetScreen(Screen[None]):
         return table.row(key) if key else None
 
     def on_fleet_table_row_selected(self, event: FleetTable.RowSelected) -> None:
-        row = self.current_row()
+        # the row Enter was pressed on, not where the cursor is when the message is handled
+        row = event.table.row(event.key)
         if row is None or not row.node:
             return
         from fleetops.tui.screens.node import NodeScreen
@@ -210,6 +244,8 @@ class FleetScreen(Screen[None]):
         self.app.push_screen(NodeScreen(row.node, select_gpu=row.gpu))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("command", "filter") and self.prompt_mode is not None:
+            return False  # typed into the open prompt
         if not self.app.allowed(action):  # type: ignore[attr-defined]
             return False  # read-only: unbound, and gone from the footer
         if action == "reset" and self.state.view not in ("gpus",):
