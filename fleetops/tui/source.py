@@ -328,6 +328,19 @@ class SshSource:
             return f"{name} is a simulated node, not a Slurm node: nothing to {verb} (scontrol not run; {refusal})"
         return f"{name}: cannot {verb}: {refusal}"
 
+    def resume_refusal(self, name: str) -> str | None:
+        """Why a resume from here would be refused, asked before the dialog (reads the node's
+        State and Reason: network): another owner's drain, named (catalog.slurm.resume_decision
+        through ops.slurm's dry run), or a node that is not drained. None: the dialog may ask."""
+        from fleetops.ops import results
+
+        if self.slurm_refusal(name, "resume"):
+            return None  # said by slurm_refusal already
+        done = self._slurm_control.resume(self.hosts[name], kind=OPERATOR, run=self.operator_run, dry_run=True)
+        if done.outcome == results.REFUSED:
+            return f"resume refused: {done.message}"
+        return None
+
     def _scontrol(self, name: str, state: str, purpose: str | None) -> ActionResult:
         """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
         inventory's Slurm host, never on the node (a hung node can be drained)."""

@@ -124,3 +124,14 @@ def test_the_sources_drains_and_resumes_are_recorded_in_the_history(live, tmp_pa
     ]
     assert rows[0].previous_owner is not None and rows[0].previous_owner.startswith("the health program")
     assert rows[1].reason == "[fleetops] operator/alice@ctl01: xid.79"
+
+
+def test_the_resume_precheck_names_another_owner_before_any_dialog(live) -> None:
+    source, fs = live
+    refusal = source.resume_refusal("gpu02")
+    assert refusal is not None and refusal.startswith("resume refused: gpu02: "), refusal
+    assert "the health program (run 20261206T031207Z-7c1e-gpu02)" in refusal
+    assert source.drain("gpu01", "xid.79").ok
+    assert source.resume_refusal("gpu01") is None  # our own drain: the dialog asks
+    assert source.resume_refusal("ws01") is None  # said by slurm_refusal, before this
+    assert [c[2] for c in fs.updates()] == ["State=DRAIN"]  # the precheck changed nothing

@@ -20,6 +20,7 @@ from fleetops import model
 from fleetops.gpu import instances
 from fleetops.report import values
 from fleetops.tui import data
+from fleetops.tui.refusals import reset_refusal
 from fleetops.tui.widgets.charts import GpuCharts
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
@@ -96,6 +97,9 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
     if gv.lost:
         t.append("  LOST: NVML answers GpuIsLost (fallen off the bus); it keeps its index until a reboot "
                  "(last known values below)", style=STYLES["crit"])
+    refusal = reset_refusal(entry, gv.uuid)
+    if refusal:
+        t.append(f"\nr Reset GPU: disabled: {refusal}", style=STYLES["warn"])
     g = gv.gpu
     if g is not None:
 
