@@ -159,6 +159,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         return _escalation_history(args)
     if args.kind == "drains":
         return _drain_history(args, since)
+    if args.kind == "actions":
+        return _action_history(args, since)
     with Store(args.db) as store:
         rows = store.audits(args.node, since, args.last)
         if args.format == "json":
@@ -282,6 +284,29 @@ def _drain_history(args: argparse.Namespace, since: float | None) -> int:
             print(f"    {met}: {r.previous_owner}")
         if args.verbose:
             print(f"    {r.message}")
+    return 0
+
+
+def _action_history(args: argparse.Namespace, since: float | None) -> int:
+    """``fleetops history --kind actions``: every action taken from the TUI, newest first: time,
+    node, GPU, action, outcome (sent, refused, failed, unknown, verified) and why."""
+    import time as _t
+
+    from fleetops.fleet.store import Store
+
+    with Store(args.db) as store:
+        rows = store.actions(args.node, since, args.last)
+        path = store.path
+    if args.format == "json":
+        sys.stdout.write(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        return 0
+    if not rows:
+        print("no actions recorded" + (f" for {args.node}" if args.node else "") + f" in {path}")
+        return 0
+    print(f"{'TIME':19}  {'NODE':16} {'GPU':40} {'ACTION':8} {'OUTCOME':8} WHY")
+    for r in rows:
+        stamp = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(r.at))
+        print(f"{stamp:19}  {r.node:16} {r.gpu or '-':40} {r.action:8} {r.outcome:8} {r.why}")
     return 0
 
 
@@ -526,18 +551,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("history", help="past audits and what changed: new, resolved, persisting findings; "
-                       "or past validations (--kind validate), or drains and resumes (--kind drains)")
+                       "or past validations (--kind validate), drains and resumes (--kind drains), "
+                       "actions taken from the TUI (--kind actions)")
     p.add_argument("node", nargs="?", help="only audits (runs) that included this node, and only its findings (GPUs); "
-                   "with --kind drains: its drains and resumes (inventory or Slurm name)")
-    p.add_argument("--kind", choices=("audit", "validate", "escalation", "drains"), default="audit",
+                   "with --kind drains: its drains and resumes (inventory or Slurm name); with --kind actions: its actions")
+    p.add_argument("--kind", choices=("audit", "validate", "escalation", "drains", "actions"), default="audit",
                    help="audit: fleetops audit runs (the text view ends with the escalation summary); "
                    "validate: fleetops validate runs and each GPU's verdict and expiry; escalation: faults that "
                    "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90); "
                    "drains: every drain and resume fleetops made in Slurm, with its owner (kind/run), outcome, "
-                   "purpose and the drain it met (default audit)")
+                   "purpose and the drain it met; actions: every action taken from the TUI (reset, drain, resume, "
+                   "re-audit) with its node, GPU, outcome (sent, refused, failed, unknown, verified) and why "
+                   "(default audit)")
     p.add_argument("--since", help=f"a duration ago ({GRAMMAR}) or an ISO date")
     p.add_argument("--last", type=int, default=20,
-                   help="how many audits, validate runs or drains (default 20)")
+                   help="how many audits, validate runs, drains or actions (default 20)")
     frontend.db_arg(p)
     frontend.format_arg(p, ("text", "json"))
     p.add_argument("-v", "--verbose", action="store_true",

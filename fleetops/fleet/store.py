@@ -1,5 +1,6 @@
 """Audit history in SQLite: one transaction per audit, WAL so readers (the TUI) never block it.
-Beside the audits: ``fleetops validate`` runs, and every drain and resume fleetops made in Slurm.
+Beside the audits: ``fleetops validate`` runs, every drain and resume fleetops made in Slurm, and
+every action taken from the TUI with its outcome.
 
 The latest reachable snapshot of each node feeds the growth and rate checks of the next audit;
 ``diff`` tells which findings are new, resolved or persisting between two audits.
@@ -29,8 +30,9 @@ from fleetops.fleet import escalation
 # Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
 # 2 stores snapshots compressed with their schema id beside them and vacuums incrementally;
 # 3 adds the validation runs (``fleetops validate``) and each GPU's result; 4 adds the drains and
-# resumes fleetops made in Slurm, each with its owner and outcome.
-LAYOUT_VERSION = 4
+# resumes fleetops made in Slurm, each with its owner and outcome; 5 adds the actions taken from
+# the TUI (reset, drain, resume, re-audit) with their outcome and why.
+LAYOUT_VERSION = 5
 DEFAULT_KEEP_S = 30 * 86400.0
 _ZLIB_LEVEL = 6  # level 9 saves under 1 % more on snapshots and costs a third more time
 
@@ -117,8 +119,28 @@ CREATE TABLE IF NOT EXISTS drains (
 CREATE INDEX IF NOT EXISTS drains_at ON drains(at);
 CREATE INDEX IF NOT EXISTS drains_node ON drains(node, at);
 """
-TABLES = _AUDIT_TABLES + VALIDATION_TABLES + DRAIN_TABLES
+# One row per action an operator took from the TUI (reset, drain, resume, re-audit): when, on
+# which node and GPU, what came of it (sent, refused, failed, unknown, verified) and why. The
+# TUI's action log reads it back at start, so the next shift sees what the last one did.
+ACTION_TABLES = """
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    node TEXT NOT NULL,
+    gpu TEXT,
+    action TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    why TEXT NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS actions_at ON actions(at);
+CREATE INDEX IF NOT EXISTS actions_node ON actions(node, at);
+"""
+TABLES = _AUDIT_TABLES + VALIDATION_TABLES + DRAIN_TABLES + ACTION_TABLES
 DRAIN_ACTIONS = ("drain", "resume")
+# the outcomes of an action row: ops.results' done/refused/failed/unknown, with done split into
+# sent (the command went out; nothing seen after it yet) and verified (a snapshot taken after it)
+ACTION_OUTCOMES = ("sent", "refused", "failed", "unknown", "verified")
 
 
 def default_path() -> str:
@@ -194,6 +216,13 @@ def _migrate_3_to_4(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+def _migrate_4_to_5(db: sqlite3.Connection) -> None:
+    """Add the actions table (nothing earlier to convert: TUI actions were only toasts)."""
+    for statement in ACTION_TABLES.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
 def _audit_point(
     audit_id: int, collected_at: float | None, blob: bytes | str, findings: list[model.Finding]
 ) -> escalation.AuditPoint:
@@ -223,6 +252,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _migrate_1_to_2,
     2: _migrate_2_to_3,
     3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
 }
 
 
@@ -304,6 +334,28 @@ class DrainRow:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    """One action taken from the TUI. ``gpu``: the GPU it named (a reset's UUID), None for a
+    node action; ``outcome``: one of ``ACTION_OUTCOMES``; ``why``: the refusal, the verdict
+    after it, or the action's own message; ``source``: the front end (tui)."""
+
+    at: float
+    node: str
+    action: str  # reset | drain | resume | re-audit
+    outcome: str
+    why: str
+    source: str = "tui"
+    gpu: str | None = None
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_ACTION_COLUMNS = "at, node, gpu, action, outcome, why, source"
 
 
 _DRAIN_COLUMNS = (
@@ -460,6 +512,40 @@ class Store:
             )
         return int(cur.lastrowid or 0)
 
+    def record_action(self, row: ActionRow) -> int:
+        """Write one action taken from the TUI; returns its id. Not pruned here, as drains."""
+        if row.outcome not in ACTION_OUTCOMES:
+            raise ValueError(f"action outcome {row.outcome!r}: one of {', '.join(ACTION_OUTCOMES)}")
+        with self._transaction():
+            cur = self.db.execute(
+                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+                (row.at, row.node, row.gpu, row.action, row.outcome, row.why, row.source),
+            )
+        return int(cur.lastrowid or 0)
+
+    def update_action(self, action_id: int, outcome: str, why: str) -> None:
+        """What came of a sent action once it is known (verified, or unknown)."""
+        if outcome not in ACTION_OUTCOMES:
+            raise ValueError(f"action outcome {outcome!r}: one of {', '.join(ACTION_OUTCOMES)}")
+        with self._transaction():
+            self.db.execute("UPDATE actions SET outcome = ?, why = ? WHERE id = ?", (outcome, why, action_id))
+
+    def actions(self, node: str | None = None, since: float | None = None, limit: int = 50) -> list[ActionRow]:
+        """Actions taken from the TUI, newest first."""
+        where: list[str] = []
+        args: list[str | float | int] = []
+        if node:
+            where.append("node = ?")
+            args.append(node)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        sql = f"SELECT {_ACTION_COLUMNS}, id FROM actions" + (" WHERE " + " AND ".join(where) if where else "")
+        args.append(limit)
+        rows = self.db.execute(sql + " ORDER BY at DESC, id DESC LIMIT ?", args).fetchall()
+        return [ActionRow(at=r[0], node=r[1], gpu=r[2], action=r[3], outcome=r[4], why=r[5], source=r[6], id=r[7])
+                for r in rows]
+
     def prune(self, now: float | None = None, spare: int | None = None, spare_run: int | None = None) -> int:
         """Delete audits older than the retention window (with their snapshots and findings), and
         the drains older than it, and hand the freed pages back to the file system; returns how
@@ -480,6 +566,8 @@ class Store:
             )
             gone += cur.rowcount
             cur = self.db.execute("DELETE FROM drains WHERE at < ?", (cutoff,))
+            gone += cur.rowcount
+            cur = self.db.execute("DELETE FROM actions WHERE at < ?", (cutoff,))
             gone += cur.rowcount
         if gone:
             # executescript steps the pragma to the end (execute() frees only its first page)

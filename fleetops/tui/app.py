@@ -56,6 +56,7 @@ class FleetApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("l", "action_log", "Action log", show=False),
     ]
 
     def __init__(
@@ -93,6 +94,11 @@ class FleetApp(App[None]):
         self.last_action: Any = None  # the latest action's result, with ok and message (tests read it)
         # what the header says of the latest action's verdict: which snapshot it comes from
         self.action_note = ""
+        from fleetops.tui.actionlog import ActionLog
+
+        # every action from this screen and its outcome, in the history store the drains go to
+        db = getattr(source, "drain_db", None)
+        self.action_log = ActionLog(db if isinstance(db, str) else getattr(store, "path", None))
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -106,6 +112,7 @@ class FleetApp(App[None]):
         self._gc_threshold = gc.get_threshold()
         gc.set_threshold(max(self._gc_threshold[0], GC_GEN0_THRESHOLD), *self._gc_threshold[1:])
         self.push_screen(FleetScreen())
+        self.action_log.load()  # what earlier sessions did
         if self.tick_s:
             self.set_interval(self.tick_s, self.tick)
         if self.source is not None:
@@ -234,7 +241,7 @@ class FleetApp(App[None]):
         self.deliver(entry)
         self.from_worker(self._report_entry, entry, after)
 
-    def _report_entry(self, entry: data.NodeEntry, what: str) -> None:
+    def _report_entry(self, entry: data.NodeEntry, what: str, logged: Any = None) -> None:
         """Toast the verdict of ``entry`` (collected after the action), naming its snapshot's
         time; the header keeps the same words until the next action."""
         shown = self.state.entries.get(entry.name)
@@ -247,6 +254,7 @@ class FleetApp(App[None]):
         if entry.status != data.STATUS_OK:
             why = entry.problem.message if entry.problem else entry.status
             self.action_note = f"{entry.name} {what}: {entry.mark}, no snapshot after it"
+            self._log_verdict(entry.name, what, "unknown", f"{self.action_note} ({why})", logged)
             self.notify(f"{entry.name} {what}: {entry.mark} ({why})", severity="error", timeout=8)
             self.refresh_screens(None)
             return
@@ -262,10 +270,23 @@ class FleetApp(App[None]):
         source = "daemon, sampled now" if snap is not None and isinstance(snap.daemon, dict) else "cold collect"
         taken = snapshot_time(snap.collected_at) if snap is not None else "?"
         self.action_note = f"{entry.name} {what}: {entry.health.upper()} from the snapshot of {taken}"
+        self._log_verdict(entry.name, what, "verified", f"{self.action_note} ({detail})", logged)
         self.notify(
             f"{entry.name} {what}: {entry.health.upper()} ({detail}; {source}; snapshot {taken})", severity=sev, timeout=6
         )
         self.refresh_screens(None)
+
+    def _log_verdict(self, name: str, what: str, outcome: str, why: str, logged: Any) -> None:
+        """The action log: a sent action settles with the verdict after it; a re-audit is logged."""
+        if logged is not None:
+            self.action_log.settle(logged, outcome, why)
+        elif what == "re-audited":
+            self.action_log.add(name, "re-audit", outcome, why)
+
+    def action_action_log(self) -> None:
+        from fleetops.tui.screens.actions import ActionLogScreen
+
+        self.push_screen(ActionLogScreen(self.action_log))
 
     def request_reset(self, name: str, uuid: str) -> None:
         """Ask first (the dialog names node, GPU and the processes a reset ends), then reset,
@@ -283,6 +304,7 @@ class FleetApp(App[None]):
         refusal = reset_refusal(entry, uuid)
         if refusal:  # disabled: said at once, no dialog
             self.notify(f"{name}: reset refused: {refusal}", severity="warning", timeout=8)
+            self.action_log.add(name, "reset", "refused", refusal, gpu=uuid)
             return
         question = reset_question(entry, uuid, self.state.clock())
         bus_id = entry.gpu(uuid).bus_id  # type: ignore[union-attr]
@@ -291,7 +313,7 @@ class FleetApp(App[None]):
         def answered(yes: bool | None) -> None:
             if yes:
                 self.notify(f"resetting {uuid} on {name} ...", timeout=3)
-                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id, shown))
+                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id, shown), gpu=uuid)
             else:
                 self.notify(f"reset of {uuid} on {name} cancelled", timeout=3)
 
@@ -304,6 +326,7 @@ class FleetApp(App[None]):
         refusal = self.source.slurm_refusal(name, verb)
         if refusal:
             self.notify(refusal, severity="warning", timeout=8)
+            self.action_log.add(name, verb, "refused", refusal)
         return bool(refusal)
 
     def request_drain(self, name: str) -> None:
@@ -360,6 +383,7 @@ class FleetApp(App[None]):
     def _ask_resume(self, name: str, refusal: str | None) -> None:
         if refusal:
             self.notify(refusal, severity="warning", timeout=10)
+            self.action_log.add(name, "resume", "refused", refusal)
             return
         from fleetops.tui.screens.confirm import ConfirmScreen, Question
 
@@ -381,7 +405,7 @@ class FleetApp(App[None]):
         self.push_screen(ConfirmScreen(question, confirm_label="Resume"), answered)
 
     @work(thread=True, group="actions", exit_on_error=False)
-    def _action(self, name: str, what: str, call: Callable[[], Any]) -> None:
+    def _action(self, name: str, what: str, call: Callable[[], Any], gpu: str | None = None) -> None:
         if self.source is None:
             self.from_worker(self.notify, f"{name}: no live source for {what}", severity="warning")
             return
@@ -394,13 +418,16 @@ class FleetApp(App[None]):
         self.from_worker(
             self.notify, result.message, severity="information" if result.ok else "error", timeout=10
         )
+        from fleetops.ops import action_log
+
+        logged = self.action_log.add(name, what, action_log.outcome_of(result), action_log.why_of(result), gpu)
         self.last_action = result
         if result.ok and not self.exiting:
             # what the action left behind, from a snapshot taken after it (the daemon samples on
             # request, else a cold collect), now rather than at the next round
             entry = self.source.collect(name, after_action=True)
             self.deliver(entry)
-            self.from_worker(self._report_entry, entry, f"after {what}")
+            self.from_worker(self._report_entry, entry, f"after {what}", logged)
 
     def action_help(self) -> None:
         from fleetops.tui.screens.help import HelpScreen

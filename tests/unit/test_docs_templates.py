@@ -226,7 +226,7 @@ def test_synopsis_and_argument_rows_follow_argparse() -> None:
     assert "[--states STATES [STATES ...]]" in serve
     history = page.split("### `fleetops history`\n", 1)[1].split("\n### ", 1)[0]
     assert "fleetops history [node] " in history
-    assert "| `--kind` | `audit`, `validate`, `escalation`, `drains` | `audit` |" in history
+    assert "| `--kind` | `audit`, `validate`, `escalation`, `drains`, `actions` | `audit` |" in history
     for block in page.split("```text\n")[1:]:
         for line in block.split("\n```", 1)[0].splitlines():
             assert len(line) <= 100 or " " not in line.strip(), line

@@ -51,7 +51,7 @@ def test_a_layout_3_database_gains_the_drains_table_and_keeps_its_audits(tmp_pat
             ("gpu01", "drain", "operator", "alice@ctl01")
         ]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION == 5
     db.close()
 
 

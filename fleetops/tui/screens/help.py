@@ -25,6 +25,7 @@ KEYS = (
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain / resume the node in Slurm (asks first)"),
+    ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
     ("q", "quit"),
 )
 
