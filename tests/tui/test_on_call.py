@@ -74,3 +74,43 @@ def test_resume_of_another_owners_drain_is_refused_before_the_dialog_naming_the_
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the dialog")
 
     drive(app, body, ENTRIES)
+
+
+def test_the_history_tab_reads_a_store_written_after_the_tui_started(tmp_path: Any) -> None:
+    from fleetops.checks.verdict import NodeResult
+    from fleetops.fleet.audit import AuditResult
+    from fleetops.fleet.store import Store
+
+    db = tmp_path / "later" / "history.db"  # does not exist when the TUI starts
+    source = FakeSource(NAMES)
+    source.drain_db = str(db)  # type: ignore[attr-defined]  # where SshSource keeps --db
+    app = fed_app(source=source)
+    snap = NODE011.snapshot
+    assert snap is not None
+
+    async def body(pilot: Any) -> None:
+        app.push_screen(NodeScreen("node011"))
+        await pilot.pause()
+        await pilot.press("4")
+        history = app.screen.query_one("#node-history", FleetTable)
+        await wait_for(pilot, lambda: history.row_count == 1, 10, "the note")
+        note = history.row("note")
+        assert note is not None and note.cells[-1] in (
+            "no history database (fleetops tui --db PATH, or run fleetops audit first)",
+            "no audits of node011 in the history database",  # the action log made the file
+        ), note
+        with Store(str(db)) as store:
+            audit_id = store.record(
+                AuditResult(
+                    started_at=1_700_000_000.0, duration_s=1.0,
+                    nodes=[NodeResult("node011", True, None, snap, 0.1)],
+                    findings=[f for f in NODE011.findings], inventory="inv.yml",
+                ),
+                2,
+            )
+        await pilot.press("1", "4")  # the tab opened again: the store as it is now
+        await wait_for(pilot, lambda: history.row(f"audit:{audit_id}") is not None, 10, "the audit row")
+        row = str(history.row(f"audit:{audit_id}"))
+        assert f"#{audit_id}" in row and "CRIT" in row, row
+
+    drive(app, body, ENTRIES)

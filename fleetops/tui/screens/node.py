@@ -4,6 +4,7 @@ XIDs and its audit history from the store. Esc goes back."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from typing import Any, ClassVar
@@ -245,6 +246,8 @@ class NodeScreen(Screen[None]):
         self.set_interval(self.CHARTS_REFRESH_S, self.load_charts)
 
     def on_screen_resume(self) -> None:
+        if self.ready:
+            self.load_history()
         if self.stale:
             self.stale = False
             self.refresh_data(None)
@@ -270,16 +273,37 @@ class NodeScreen(Screen[None]):
         if event.table.id == "node-gpus":
             self._show_gpu()
 
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "tab-history":  # the store as it is now: audits written since count
+            self.load_history()
+
     @work(thread=True, exclusive=True, group="history", exit_on_error=False)
     def load_history(self) -> None:
         store = getattr(self.app, "store", None)
+        opened = None
         if store is None:
-            rows = [_note_row("no history database (fleetops tui --db PATH, or run fleetops audit first)")]
-        else:
-            try:
-                rows = history_rows(store, self.node)
-            except sqlite3.Error as exc:
-                rows = [_note_row(f"cannot read history: {exc}")]
+            # no database when the TUI started: the path its drains go to (--db, or the default)
+            # may have one by now, written by an audit since
+            path = getattr(getattr(self.app, "source", None), "drain_db", None)
+            if isinstance(path, str) and os.path.exists(path):
+                from fleetops.fleet.store import Store, StoreError
+
+                try:
+                    store = opened = Store(path)
+                except StoreError as exc:
+                    self.app.from_worker(self._history_show, [_note_row(str(exc))])  # type: ignore[attr-defined]
+                    return
+        try:
+            if store is None:
+                rows = [_note_row("no history database (fleetops tui --db PATH, or run fleetops audit first)")]
+            else:
+                try:
+                    rows = history_rows(store, self.node)
+                except sqlite3.Error as exc:
+                    rows = [_note_row(f"cannot read history: {exc}")]
+        finally:
+            if opened is not None:
+                opened.close()
         self.app.from_worker(self._history_show, rows)  # type: ignore[attr-defined]
 
     def _history_show(self, rows: list[data.Row]) -> None:
