@@ -513,7 +513,8 @@ async def _act(pilot: Any, app: Any, node: str, key: str) -> Any:
     app.last_action = None
     app.screen.table().select_key(node)
     await pilot.press(key)
-    assert isinstance(app.screen, ConfirmScreen), [n.message for n in app._notifications]
+    # a resume reads the node's drain first (a worker asking scontrol), then opens the dialog
+    await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), f"the dialog of {key} on {node}")
     await pilot.press("tab", "enter")  # from Cancel (focused first) to the confirm button
     await _until(pilot, lambda: app.last_action is not None, f"{key} on {node} to finish")
     return app.last_action
@@ -584,10 +585,18 @@ def test_tui_resume_leaves_a_drain_someone_else_set(cluster, monkeypatch) -> Non
 
     async def body(pilot: Any) -> None:
         await _until(pilot, lambda: "node102" in app.state.entries, "node102 listed")
-        refused = await _act(pilot, app, "node102", "u")
-        assert not refused.ok and refused.detail["outcome"] == "refused", refused
-        assert "maintenance by alice" in refused.message and "someone outside fleetops" in refused.message
-        assert "set by root at " in refused.message  # who and when, as slurmctld stamped it
+        from fleetops.tui.screens.confirm import ConfirmScreen
+
+        # refused before any dialog: the drain read through the real slurmctld names its owner
+        before = len(app.action_log.rows)
+        app.screen.table().select_key("node102")
+        await pilot.press("u")
+        await _until(pilot, lambda: len(app.action_log.rows) > before, "the resume's refusal")
+        row = app.action_log.rows[0]
+        assert (row.node, row.action, row.outcome) == ("node102", "resume", "refused"), row
+        assert "maintenance by alice" in row.why and "someone outside fleetops" in row.why, row
+        assert "set by root at " in row.why  # who and when, as slurmctld stamped it
+        assert not isinstance(app.screen, ConfirmScreen)
         # a drain from the TUI does not overwrite alice's reason either
         again = await _act(pilot, app, "node102", "d")
         assert not again.ok and "someone outside fleetops" in again.message, again
