@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetops import model
+from fleetops.report.values import age_text
 
 if TYPE_CHECKING:  # annotations only: entry builds on these columns
     from fleetops.tui.data.entry import GpuView, XidView
@@ -76,16 +77,8 @@ def natural_key(text: str) -> tuple[Any, ...]:
 
 
 def format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """An age as the findings' text renders it (``report.values.age_text``); ``never`` for none."""
+    return "never" if seconds is None else age_text(seconds)
 
 
 def short_uuid(uuid: str) -> str:
