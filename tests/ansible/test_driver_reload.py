@@ -65,10 +65,18 @@ def pid():
         return None
 
 def holds(p, prefix):
+    # an fd may close between the listing and its readlink: skip that one, not the process
     try:
-        return any(os.readlink(f"/proc/{p}/fd/{fd}").startswith(prefix) for fd in os.listdir(f"/proc/{p}/fd"))
+        fds = os.listdir(f"/proc/{p}/fd")
     except OSError:
         return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{p}/fd/{fd}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
 
 if verb == "show":
     if name not in units:
@@ -261,6 +269,18 @@ def _reload(fleet: Any, n: Node, tmp_path: Path, check: bool = False) -> subproc
                           stdin=subprocess.DEVNULL)
 
 
+def _holds(pid: int, prefix: str) -> bool:
+    """Whether the process has a file under prefix open. An fd may close between the listing
+    and its readlink (the interpreter's own start-up files): that one is skipped."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
 def _daemon_answers(state: str) -> bool:
     """The restarted daemon serves its socket again (a snapshot with its daemon section)."""
     deadline = time.monotonic() + 30
@@ -310,8 +330,7 @@ def test_a_holder_keeps_the_module_loaded_the_reload_fails_naming_it_and_the_dae
     workload = subprocess.Popen([sys.executable, "-c", HOLD, node.prefix + "0"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not any(os.readlink(f"/proc/{workload.pid}/fd/{fd}").startswith(node.prefix)
-                      for fd in os.listdir(f"/proc/{workload.pid}/fd")):
+        while not _holds(workload.pid, node.prefix):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         done = _reload(sim_fleet, node, tmp_path)
