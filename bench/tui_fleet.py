@@ -11,6 +11,7 @@ screen draws from):
 
 - shown: seconds from starting the app until every node has data (target <= 15 s);
 - false UNREACH: nodes ever marked unreachable over the run, every node being up (target 0);
+  likewise nodes ever marked HUNG, and nodes STALE at any sample of the steady window (0);
 - inject: seconds from ``fleet.inject`` (what ``fleetops sim inject`` calls) of an ECC DBE on a
   random node and GPU to that node's entry turning crit (target <= 3 s); beside it, when the
   daemon took the full snapshot that judged it (``daemon_snapshot_after_inject_s``: within one
@@ -288,8 +289,10 @@ async def _measure(
         pid = daemon_pid(directory)
         cpu0, wall0, dcpu0, all0 = _cpu(), time.monotonic(), _proc_cpu(pid), _cpu_with_children()
         lines0 = source.line_count
+        stale_ever: set[str] = set()
         while time.monotonic() < max(run_end, wall0 + 20):
             await pilot.pause(0.5)
+            stale_ever.update(n for n, e in app.state.entries.items() if e.status == data.STATUS_STALE)
         cpu1, wall1, dcpu1, all1 = _cpu(), time.monotonic(), _proc_cpu(pid), _cpu_with_children()
         result["steady_window_s"] = round(wall1 - wall0, 1)
         result["steady_cpu_pct_of_core"] = round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1)
@@ -300,6 +303,8 @@ async def _measure(
         result["steady_lines_per_s"] = round((source.line_count - lines0) / (wall1 - wall0), 1)
         result["run_s"] = round(wall1 - started, 1)
         result["false_unreach_nodes"] = sorted(n for n, k in source.unreachable_marks.items() if k)
+        result["false_hung_nodes"] = sorted(n for n, k in source.hung_marks.items() if k)
+        result["stale_in_steady_window"] = sorted(stale_ever)
         result["unreach_now"] = sorted(n for n, e in app.state.entries.items() if e.display_health == "unreach")
         result["stale_now"] = sorted(n for n, e in app.state.entries.items() if e.status == data.STATUS_STALE)
         result["streaming, polled"] = source.stream_counts()
@@ -316,6 +321,8 @@ async def _measure(
         result["targets"] = {
             "all_shown_le_15s": result["all_shown_s"] is not None and result["all_shown_s"] <= 15.0,
             "false_unreach_0": not result["false_unreach_nodes"],
+            "false_hung_0": not result["false_hung_nodes"],
+            "stale_in_steady_window_0": not result["stale_in_steady_window"],
             "inject_le_3s": len(seen) == len(injects) and all(t <= 3.0 for t in seen),
             "controller_cpu_le_50pct": result["steady_cpu_pct_of_core"] <= 50.0,
             "controller_cpu_with_children_le_50pct": result["steady_cpu_with_children_pct_of_core"] <= 50.0,
