@@ -102,11 +102,23 @@ def test_threshold_line_and_marks_at_exactly_the_columns_at_or_over_it() -> None
     text = chart_text(TEMP, samples, GUTTER + 10, (0.0, 9.0), Threshold("slowdown", 89.0, "C")).plain
     assert text.splitlines() == [
         "GPU temp  last 70 C  min 70  max 91  slowdown 89 C: ▲ 4 at or over",
-        "   89 ┤╌▁▅▆▇█▆▆╌╌",  # the threshold's row: dashed where no bar reaches it
-        "      │▄███████  ",
+        "   89 ┤╌╌╌▁▅█▃╌╌╌",  # the threshold's row: 89 to 91; dashed where no bar reaches it
+        "      │▁▅▇█████  ",  # 70 to 89 over the two rows under it
         "   70 ┤████████▁ ",
         "  ≥89 │   ▲▲▲▲   ",  # 89, 90, 91, 89.5: not 88.9, not the gap
     ]
+
+
+def test_a_bar_reaches_the_thresholds_row_exactly_when_at_or_over_it() -> None:
+    # three rows of eighths; the threshold's row is the top one (17th to 24th eighth)
+    assert charts.bar_height(88.99, 30.0, 95.0, 3, 89.0) == 16
+    assert charts.bar_height(89.0, 30.0, 95.0, 3, 89.0) == 17
+    assert charts.bar_height(95.0, 30.0, 95.0, 3, 89.0) == 24
+    assert charts.bar_height(30.0, 30.0, 95.0, 3, 89.0) == 1
+    assert charts.bar_height(89.0, 30.0, 89.0, 3, 89.0) == 17  # the highest is the threshold
+    # every value over it: its row is the bottom one, the scale from the threshold to the highest
+    assert charts.bar_height(650.0, 650.0, 700.0, 3, 600.0) == 13  # half way from the threshold up
+    assert charts.bar_height(700.0, 650.0, 700.0, 3, 600.0) == 24
 
 
 def test_a_peak_over_the_threshold_is_marked_though_its_columns_mean_is_under() -> None:
@@ -123,7 +135,7 @@ def test_threshold_below_every_value_marks_every_column_and_scales_down_to_it() 
     lines = text.splitlines()
     assert "enforced cap 650 W: ▲ 10 at or over" in lines[0]
     assert lines[-1] == " ≥650 │▲▲▲▲▲▲▲▲▲▲"
-    assert lines[1] == "  700 ┤██████████"  # the scale runs from the cap to the values
+    assert lines[1] == "  700 ┤██████████"  # the threshold's row is the bottom one: all reach it
     assert lines[3] == "  650 ┤██████████"
 
 
@@ -138,19 +150,19 @@ def test_threshold_never_reached_says_none_and_draws_its_line_over_the_bars() ->
 def test_missing_threshold_is_said_in_the_title_not_left_out() -> None:
     lost = model.Gpu(index=5, uuid="GPU-x", bus_id="0000:ab:00.0", unavailable={"temp_slowdown_c": "GpuIsLost"})
     th = threshold_for(TEMP, lost)
-    assert th == Threshold("slowdown", None, "C", "slowdown n/a in the snapshot (GpuIsLost): no threshold line")
+    assert th == Threshold("slowdown", None, "C", "slowdown n/a (GpuIsLost)")
     lines = chart_text(TEMP, _ten([40.0] * 10), GUTTER + 10, (0.0, 9.0), th).plain.splitlines()
-    assert lines[0] == "GPU temp  last 40 C  min 40  max 40  slowdown n/a in the snapshot (GpuIsLost): no threshold line"
+    assert lines[0] == "GPU temp  last 40 C  min 40  max 40  slowdown n/a (GpuIsLost)"
     assert len(lines) == 1 + TEMP.rows and "╌" not in "".join(lines) and "≥" not in "".join(lines)
-    assert threshold_for(TEMP, None) == Threshold("slowdown", None, "C", "slowdown unknown: no snapshot of this GPU")
+    assert threshold_for(TEMP, None) == Threshold("slowdown", None, "C", "slowdown unknown (no snapshot of this GPU)")
     # no samples at all: the threshold is still said
-    assert chart_text(TEMP, [], GUTTER + 10, None, th).plain.endswith("no threshold line")
+    assert chart_text(TEMP, [], GUTTER + 10, None, th).plain == "GPU temp  no samples  slowdown n/a (GpuIsLost)"
     # the power chart falls back to the set limit, and says the enforced cap is missing
     g = model.Gpu(index=0, uuid="GPU-y", bus_id="0000:18:00.0", power_limit_w=700.0)
-    assert threshold_for(POWER, g) == Threshold("power limit", 700.0, "W", "enforced cap n/a (not reported)")
+    assert threshold_for(POWER, g) == Threshold("power limit", 700.0, "W", "enforced cap n/a: not reported")
     g.power_enforced_limit_w = 650.0
     assert threshold_for(POWER, g) == Threshold("enforced cap", 650.0, "W")
-    assert threshold_for(HBM, g) == Threshold("HBM max", None, "C", "HBM max n/a in the snapshot (not reported): no threshold line")
+    assert threshold_for(HBM, g) == Threshold("HBM max", None, "C", "HBM max n/a (not reported)")
     assert threshold_for(UTIL, g) is None  # utilisation has no threshold
 
 
@@ -189,7 +201,7 @@ def test_events_text_names_each_xid_in_utc_under_its_mark() -> None:
     assert text[2] == "  XID │" + " " * 50 + "X" + " " * 10
     assert text[3] == "thrtl │" + "·" * 50 + "T" * 11
     assert text[4] == "X XID 13   07:50:00 UTC  name 13  CRIT"
-    assert text[5] == "throttle  in 11 columns: hw_slowdown, hw_thermal_slowdown  T thermal  S hardware slowdown"
+    assert text[5] == "throttle  T thermal  S hardware slowdown: 11 columns (hw_slowdown, hw_thermal_slowdown)"
     assert text[2][GUTTER:].index("X") == 50
 
 
@@ -197,9 +209,7 @@ def test_events_text_says_what_it_could_not_place() -> None:
     lines = events_text(HOUR, GUTTER + 61, [], [_xid(48, T0 - 4000), _xid(43, None)]).plain.splitlines()
     assert lines[3] == "thrtl │" + " " * 61
     assert lines[4] == "XIDs     none of this GPU in this window"
-    assert lines[5] == (
-        "         XIDs of this GPU: 1 before it, 1 without a wall-clock time, not placed (the XIDs tab lists every one)"
-    )
+    assert lines[5] == "         not marked: 1 before the window, 1 without a time (the XIDs tab lists all)"
     assert lines[6] == "throttle  not reported (no clocks-event samples)"
 
 

@@ -19,6 +19,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Size
+from textual.widget import Widget
 from textual.widgets import Static
 
 from fleetops import model
@@ -179,17 +181,17 @@ def threshold_for(spec: ChartSpec, gpu: model.Gpu | None) -> Threshold | None:
         return None
     name = spec.limits[0][0]
     if gpu is None:
-        return Threshold(name, None, spec.unit, f"{name} unknown: no snapshot of this GPU")
+        return Threshold(name, None, spec.unit, f"{name} unknown (no snapshot of this GPU)")
     for i, (label, field) in enumerate(spec.limits):
         value = getattr(gpu, field)
         if value is not None:
             missing = ""
             if i:  # a fallback: say which one the snapshot lacked
                 first = spec.limits[0][1]
-                missing = f"{spec.limits[0][0]} n/a ({gpu.unavailable.get(first, 'not reported')})"
+                missing = f"{spec.limits[0][0]} n/a: {gpu.unavailable.get(first, 'not reported')}"
             return Threshold(label, float(value), spec.unit, missing)
     why = gpu.unavailable.get(spec.limits[0][1], "not reported")
-    return Threshold(name, None, spec.unit, f"{name} n/a in the snapshot ({why}): no threshold line")
+    return Threshold(name, None, spec.unit, f"{name} n/a ({why})")
 
 
 def _level(v: float, low: float, high: float, levels: int) -> int:
@@ -207,11 +209,13 @@ def sparkline(values: Sequence[float | None], low: float, high: float) -> str:
 def chart_rows(
     values: Sequence[float | None], low: float, high: float, rows: int, threshold: float | None
 ) -> list[str]:
-    """The bar rows, top first. The threshold's row shows ``THRESHOLD_LINE`` wherever no bar
-    reaches it, so the bars are read against it."""
-    levels = rows * LEVELS
-    heights = [None if v is None else _level(v, low, high, levels) for v in values]
-    mark_row = None if threshold is None else threshold_row(threshold, low, high, rows)
+    """The bar rows, top first. With a threshold the scale is split at it: its row (the top
+    one, or the bottom one where every value is at or over it) holds exactly the values at or
+    over it, from the threshold up to the highest, and the rows under it the values below, so a
+    bar reaches the threshold's row if and only if its column's mean is at or over it. The
+    threshold's row shows ``THRESHOLD_LINE`` wherever no bar reaches it."""
+    heights = [None if v is None else bar_height(v, low, high, rows, threshold) for v in values]
+    mark_row = None if threshold is None else threshold_row(threshold, low, rows)
     out = []
     for r in reversed(range(rows)):
         line = []
@@ -222,9 +226,24 @@ def chart_rows(
     return out
 
 
-def threshold_row(threshold: float, low: float, high: float, rows: int) -> int:
-    """The bar row (0: the bottom one) the threshold's level falls in."""
-    return (_level(threshold, low, high, rows * LEVELS) - 1) // LEVELS
+def threshold_row(threshold: float, low: float, rows: int) -> int:
+    """The bar row (0: the bottom one) whose bottom is the threshold: the top row, or the
+    bottom one where even the lowest value is at or over it."""
+    return rows - 1 if low < threshold else 0
+
+
+def bar_height(v: float, low: float, high: float, rows: int, threshold: float | None) -> int:
+    """A bar's height in eighths: ``low`` to ``high`` over the rows, or, with a threshold, the
+    values below it under its row and those at or over it in its row and above."""
+    levels = rows * LEVELS
+    if threshold is None:
+        return _level(v, low, high, levels)
+    base = threshold_row(threshold, low, rows) * LEVELS  # the eighths under the threshold's row
+    if v < threshold:
+        return _level(v, low, threshold, base) if base else 1
+    if high <= threshold:
+        return base + 1
+    return base + _level(v, threshold, high, levels - base)
 
 
 def over_marks(peaks: Sequence[float | None], threshold: float) -> str:
@@ -266,10 +285,8 @@ def chart_text(
     _threshold_title(t, threshold, None if thr is None else sum(over))
     if n <= 0:
         return t
-    if spec.scale is None and thr is not None:
-        low, high = min(low, thr), max(high, thr)
     rows = chart_rows(cols, low, high, spec.rows, thr)
-    mark_row = None if thr is None else spec.rows - 1 - threshold_row(thr, low, high, spec.rows)  # from the top
+    mark_row = None if thr is None else spec.rows - 1 - threshold_row(thr, low, spec.rows)  # from the top
     for r, line in enumerate(rows):
         label = fmt(thr) if r == mark_row and thr is not None else fmt(high) if r == 0 else fmt(low) if r == spec.rows - 1 else ""
         t.append("\n")
@@ -461,14 +478,14 @@ def _xid_legend(t: Text, place: XidPlacement) -> None:
     if len(place.placed) > XID_LEGEND_MAX:
         notes.append(f"{len(place.placed) - XID_LEGEND_MAX} more in the window")
     if place.earlier:
-        notes.append(f"{place.earlier} before it")
+        notes.append(f"{place.earlier} before the window")
     if place.later:
         notes.append(f"{place.later} after its last sample")
     if place.untimed:
-        notes.append(f"{place.untimed} without a wall-clock time, not placed")
+        notes.append(f"{place.untimed} without a time")
     if notes:
         t.append("\n")
-        t.append(f"         XIDs of this GPU: {', '.join(notes)} (the XIDs tab lists every one)", style="yellow")
+        t.append(f"         not marked: {', '.join(notes)} (the XIDs tab lists all)", style="yellow")
 
 
 def _throttle_legend(t: Text, masks: Sequence[int | None], strip: str) -> None:
@@ -481,9 +498,9 @@ def _throttle_legend(t: Text, masks: Sequence[int | None], strip: str) -> None:
         t.append(f" {NOT_THROTTLED} not throttled", style="dim")
         return
     throttled = sum(1 for ch in strip if ch not in (" ", NOT_THROTTLED))
-    t.append(f" in {throttled} columns: {', '.join(hit)}", style="bold yellow")
     used = dict.fromkeys((mark, what) for name, mark, what in THROTTLE_MARKS if name in hit)
-    t.append("  " + "  ".join(f"{mark} {what}" for mark, what in used), style="dim")
+    t.append(" " + "  ".join(f"{mark} {what}" for mark, what in used), style="bold yellow")
+    t.append(f": {throttled} columns ({', '.join(hit)})", style="yellow")
 
 
 def spec_doc(spec: ChartSpec) -> str:
@@ -499,7 +516,7 @@ def spec_doc(spec: ChartSpec) -> str:
 # The chart marks, for the legend (``?``).
 LEGEND: tuple[tuple[str, str], ...] = (
     (BARS, "a column's mean value, lowest to highest on the chart's scale (min to max, or 0-100 %); blank: no sample"),
-    (THRESHOLD_LINE * 3, "the threshold's level from the GPU's snapshot (slowdown temp, HBM max, enforced power cap), its value in the gutter and title"),
+    (THRESHOLD_LINE * 3, "the threshold from the GPU's snapshot (slowdown temp, HBM max, enforced power cap), its value in the gutter and title: a bar reaches its row only if the column's mean is at or over it (the scale is split there)"),
     (OVER_MARK, "under each column with a sample at or over the threshold (the bar is the mean: a short peak shows here)"),
     (XID_MARK, "an XID of this GPU in that column (2-9 several, + more), listed below the row in UTC"),
     (NOT_THROTTLED, "throttle strip: sampled, no hardware slowdown / thermal / power-brake reason"),
@@ -514,14 +531,32 @@ LEGEND: tuple[tuple[str, str], ...] = (
 # --- widgets ---------------------------------------------------------------------------------
 
 
-class Chart(Static):
-    """One field's chart; redrawn at its own width whenever its samples or its size change."""
+class _Drawn(Widget):
+    """A widget drawn at its own width each time it is painted (Textual clears its render cache
+    on a size change), one line per line of its text: none is wrapped, so the columns of every
+    row stay the charts' columns."""
 
     DEFAULT_CSS = """
-    Chart {
+    _Drawn {
         height: auto;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
+
+    def text(self, width: int) -> Text:
+        raise NotImplementedError
+
+    def render(self) -> Text:
+        return self.text(self.content_size.width)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        plain = self.text(width).plain
+        return plain.count("\n") + 1 if plain else 0
+
+
+class Chart(_Drawn):
+    """One field's chart: blank until its history comes ("no samples" would be a wrong word)."""
 
     def __init__(self, spec: ChartSpec, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -529,24 +564,22 @@ class Chart(Static):
         self.samples: list[tuple[float, float | None]] = []
         self.window: Window | None = None
         self.threshold: Threshold | None = None
-        self.shown = False  # blank until its history comes: "no samples" would be a wrong word
+        self.shown = False
 
     def show(self, samples: Samples, window: Window | None = None, threshold: Threshold | None = None) -> None:
         self.samples = list(samples)
         self.window = window
         self.threshold = threshold
         self.shown = True
-        self._draw()
+        self.refresh(layout=True)
 
-    def _draw(self) -> None:
-        if self.shown:
-            self.update(chart_text(self.spec, self.samples, self.content_size.width, self.window, self.threshold))
-
-    def on_resize(self) -> None:
-        self._draw()
+    def text(self, width: int) -> Text:
+        if not self.shown:
+            return Text()
+        return chart_text(self.spec, self.samples, width, self.window, self.threshold)
 
 
-class ChartEvents(Static):
+class ChartEvents(_Drawn):
     """The axis, XID row and throttle strip on the charts' columns, with their legend lines."""
 
     def __init__(self, id: str | None = None) -> None:
@@ -557,16 +590,12 @@ class ChartEvents(Static):
 
     def show(self, window: Window, masks: Samples, xids: Sequence[XidView]) -> None:
         self.window, self.masks, self.xids = window, list(masks), list(xids)
-        self._draw()
+        self.refresh(layout=True)
 
-    def _draw(self) -> None:
+    def text(self, width: int) -> Text:
         if self.window is None:
-            self.update("")
-            return
-        self.update(events_text(self.window, self.content_size.width, self.masks, self.xids))
-
-    def on_resize(self) -> None:
-        self._draw()
+            return Text()
+        return events_text(self.window, width, self.masks, self.xids)
 
 
 class GpuCharts(Vertical):
@@ -625,3 +654,4 @@ class GpuCharts(Vertical):
             chart.display = False
             chart.samples = []
             chart.shown = False
+            chart.refresh(layout=True)
