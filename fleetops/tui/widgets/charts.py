@@ -505,7 +505,12 @@ def _throttle_legend(t: Text, masks: Sequence[int | None], strip: str) -> None:
 
 def spec_doc(spec: ChartSpec) -> str:
     """What a chart plots, for the legend (``?``)."""
-    scale = f"fixed scale {fmt(spec.scale[0])}-{fmt(spec.scale[1])} {spec.unit}" if spec.scale else "scale: its min to max"
+    if spec.scale:
+        scale = f"fixed scale {fmt(spec.scale[0])}-{fmt(spec.scale[1])} {spec.unit}"
+    elif spec.limits:
+        scale = "the rows under the threshold its min to the threshold, the threshold's row on up to its max"
+    else:
+        scale = "scale: its min to max"
     doc = f"the daemon's {spec.field} ({spec.unit}), {spec.rows} rows, {scale}"
     if spec.limits:
         doc += "; threshold: " + ", else ".join(f"{name} ({field})" for name, field in spec.limits)
