@@ -99,6 +99,7 @@ def gpu_history(
     n = int(seconds / interval_s)
     out: dict[str, list[tuple[float, float | None]]] = {
         "temp_gpu_c": [], "temp_memory_c": [], "power_draw_w": [], "clock_sm_mhz": [],
+        "utilization_gpu_pct": [], "clocks_event_mask": [],
     }  # fmt: skip
     for i in range(n):
         t = now - seconds + (i + 1) * interval_s
@@ -108,4 +109,6 @@ def gpu_history(
         out["temp_memory_c"].append((t, round(38 + 35 * load, 1)))
         out["power_draw_w"].append((t, round(77 + 560 * load, 1)))
         out["clock_sm_mhz"].append((t, None if i % 17 == 5 else float(round(1980 - 300 * load * load))))
+        out["utilization_gpu_pct"].append((t, float(round(100 * load))))
+        out["clocks_event_mask"].append((t, 1.0 if load < 0.05 else 0.0))  # gpu_idle when unloaded
     return out

@@ -116,8 +116,9 @@ class SshSource:
             return self._ingest(name, result)
 
     def gpu_history(self, name: str, uuid: str) -> dict[str, list[tuple[float, float | None]]]:
-        """The daemon's last hour of one GPU's temperatures, power and SM clock, from
-        ``fleetops-agent history`` over the host's session. Raises ``HistoryError`` (its kind
+        """The daemon's last hour of one GPU's charted fields (``charts.FIELDS``: temperatures,
+        power, utilisation, SM clock and the clocks-event bits), from one ``fleetops-agent
+        history`` over the host's session. Raises ``HistoryError`` (its kind
         ``no-daemon`` when the node runs no daemon) instead of returning empty series."""
         import json as _json
 

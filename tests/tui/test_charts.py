@@ -3,10 +3,12 @@ simulated fleet's daemon (and from one without a daemon, which must say so)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +17,22 @@ from textual.widgets import Static
 
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
-from fleetops.tui import simfeed
+from fleetops.tui import data, simfeed
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.source import SshSource, resolve_hosts
-from fleetops.tui.widgets.charts import CHARTS, Chart, GpuCharts, buckets, chart_text, sparkline
+from fleetops.tui.widgets.charts import (
+    CHARTS,
+    FIELDS,
+    GUTTER,
+    Chart,
+    ChartEvents,
+    GpuCharts,
+    buckets,
+    chart_text,
+    column_time,
+    sparkline,
+)
 from fleetops.tui.widgets.fleet_table import FleetTable
 
 from .conftest import NAMES, FakeSource, drive, fed_app, fed_entries, screen_lines, wait_for
@@ -36,7 +49,9 @@ class HistorySource(FakeSource):
 
     def gpu_history(self, name: str, uuid: str) -> dict[str, list[tuple[float, float | None]]]:
         self.asked.append((name, uuid))
-        return simfeed.gpu_history(name, uuid)
+        history = simfeed.gpu_history(name, uuid)
+        assert set(history) == set(FIELDS)  # what SshSource.gpu_history returns: every charted field
+        return history
 
 
 def last_value(samples: list[tuple[float, float | None]]) -> float:
@@ -55,8 +70,8 @@ def test_sparkline_scales_between_min_and_max_and_leaves_gaps() -> None:
     samples = [(0.0, 1.0), (10.0, None), (20.0, 3.0), (30.0, 5.0)]
     assert buckets(samples, 4) == [1.0, None, 3.0, 5.0]
     assert buckets(samples, 2) == [1.0, 4.0]
-    text = chart_text(CHARTS[0], samples, 4).plain
-    assert text.splitlines() == ["GPU temp  last 5 C  min 1  max 5  over 30s", "▁ ▅█"]
+    text = chart_text(CHARTS[0], samples, GUTTER + 4).plain  # three rows of eighths, behind the gutter
+    assert text.splitlines() == ["GPU temp  last 5 C  min 1  max 5", "    5 ┤   █", "      │  ▅█", "    1 ┤▁ ██"]
 
 
 def test_node_screen_charts_the_selected_gpu_with_its_last_values() -> None:
@@ -76,14 +91,17 @@ def test_node_screen_charts_the_selected_gpu_with_its_last_values() -> None:
         await wait_for(pilot, lambda: f"last {last_value(want['power_draw_w']):.0f} W" in chart_label(app, "power_draw_w"), what="GPU 2's chart")
         assert source.asked[-1] == (node, gpus[2].uuid)
         charts = screen.query_one(GpuCharts).charts()
-        assert [c.spec.field for c in charts if c.display] == ["temp_gpu_c", "temp_memory_c", "power_draw_w", "clock_sm_mhz"]
+        assert [c.spec.field for c in charts if c.display] == [
+            "temp_gpu_c", "temp_memory_c", "power_draw_w", "utilization_gpu_pct", "clock_sm_mhz",
+        ]  # fmt: skip
         for spec in CHARTS:
             label = chart_label(app, spec.field)
             values = [v for _, v in want[spec.field] if v is not None]
             assert f"last {last_value(want[spec.field]):.0f} {spec.unit}" in label, label
             assert f"min {min(values):.0f}" in label and f"max {max(values):.0f}" in label, label
         drawn = "\n".join(screen_lines(app))
-        assert "GPU 2 " + gpus[2].uuid in drawn and "SM clock" in drawn
+        # at 45 rows the pane shows the axis, XIDs, throttle strip and the first chart; the rest scrolls
+        assert "GPU 2 " + gpus[2].uuid in drawn and "GPU temp  last" in drawn
         # another GPU: the charts follow the cursor
         await pilot.press("up")
         want = simfeed.gpu_history(node, gpus[1].uuid)
@@ -91,6 +109,60 @@ def test_node_screen_charts_the_selected_gpu_with_its_last_values() -> None:
         await wait_for(pilot, lambda: f"last {last_value(want['temp_gpu_c']):.0f} C" in chart_label(app, "temp_gpu_c"), what="GPU 1's chart")
 
     drive(app, body, ENTRIES)
+
+
+def events_lines(app: Any) -> list[str]:
+    """The axis labels, the axis, the XID row, the throttle strip and their legend lines."""
+    return str(app.screen.query_one("#charts-events", ChartEvents).render()).splitlines()
+
+
+def test_node_screen_charts_read_their_thresholds_from_the_nodes_snapshot_and_mark_its_xid() -> None:
+    """Thresholds changed in node005's snapshot (slowdown 87 C, enforced cap 650 W) are what
+    the titles say; node011's lost GPU has none (said), and its XID 79 is marked in its column."""
+    entries = list(ENTRIES)
+    i = NAMES.index("node005")
+    snap = copy.deepcopy(entries[i].snapshot)
+    assert snap is not None
+    snap.gpus[2].temp_slowdown_c = 87.0
+    snap.gpus[2].power_enforced_limit_w = 650.0
+    entries[i] = data.summarize("node005", snap, entries[i].findings, simfeed.T0)
+    source = HistorySource(NAMES)
+    app = fed_app(source=source)
+    gpu2 = entries[i].gpus[2].uuid
+    lost = ENTRIES[NAMES.index("node011")].gpus[5]
+
+    async def body(pilot: Any) -> None:
+        app.screen.table().select_key("node005")
+        await pilot.press("enter")
+        app.screen.query_one("#node-gpus", FleetTable).select_key(gpu2)
+        await pilot.press("5")
+        await wait_for(pilot, lambda: "slowdown" in chart_label(app, "temp_gpu_c"), what="node005 GPU 2's charts")
+        assert "slowdown 87 C: none at or over" in chart_label(app, "temp_gpu_c")
+        assert "enforced cap 650 W: none at or over" in chart_label(app, "power_draw_w")
+        assert "HBM max 95 C: none at or over" in chart_label(app, "temp_memory_c")
+        assert events_lines(app)[4] == "XIDs     none of this GPU in this window"
+        await pilot.press("escape")
+        app.screen.table().select_key("node011")
+        await pilot.press("enter")
+        app.screen.query_one("#node-gpus", FleetTable).select_key(lost.uuid)
+        await pilot.press("5")
+        await wait_for(pilot, lambda: source.asked[-1] == ("node011", lost.uuid) and "XID 79" in "\n".join(events_lines(app)), what="node011 GPU 5's charts")
+        assert "slowdown n/a (GpuIsLost)" in chart_label(app, "temp_gpu_c")
+        assert "enforced cap n/a (GpuIsLost)" in chart_label(app, "power_draw_w")
+        lines = events_lines(app)
+        row = lines[2][GUTTER:]
+        assert row.strip() == "X"
+        events = app.screen.query_one("#charts-events", ChartEvents)
+        assert events.window is not None
+        width = events.content_size.width - GUTTER
+        assert len(row) == width
+        # 07:58:00 UTC, two minutes before the history's last sample at 08:00:00
+        t0, t1 = events.window
+        assert abs(column_time(row.index("X"), events.window, width) - (simfeed.T0 - 120)) <= (t1 - t0) / (width - 1) / 2
+        assert lines[4] == "X XID 79   07:58:00 UTC  GPU has fallen off the bus  CRIT"
+        assert "X XID 79   07:58:00 UTC  GPU has fallen off the bus" in "\n".join(screen_lines(app))
+
+    drive(app, body, entries)
 
 
 def test_no_source_says_so_instead_of_empty_charts() -> None:
@@ -231,5 +303,53 @@ def test_live_charts_refresh_while_open_and_show_an_injected_heat(
             fleet.clear(directory, node, "all")
         label = chart_label(app, "temp_gpu_c")
         assert "last 9" in label, label
+
+    drive(app, body)
+
+
+@pytest.mark.root
+def test_live_charts_show_the_snapshots_thresholds_and_an_injected_xid(
+    fleets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real path: the daemon's history over SSH, the thresholds of the snapshot the app
+    polled, and an XID the simulator logs on GPU 1, marked in the column of its time."""
+    from fleetops.xid import catalog
+
+    directory = fleets[0]
+    monkeypatch.setattr(NodeScreen, "CHARTS_REFRESH_S", 0.5)
+    app = live_app(directory)
+    node = "node002"
+    truth = sim.read_state(os.path.join(directory, "state", f"{node}.json"))["gpus"][1]
+    uuid = truth["uuid"]
+
+    async def body(pilot: Any) -> None:
+        await _open_charts(app, node)(pilot)
+        app.screen.query_one("#node-gpus", FleetTable).select_key(uuid)
+        await wait_for(pilot, lambda: app.screen.charts_for == uuid and "slowdown" in chart_label(app, "temp_gpu_c"), timeout=60, what="GPU 1's charts")
+        try:
+            assert fleet.inject(directory, node, "xid:13", 1)
+            await wait_for(pilot, lambda: any(line.startswith("X XID 13 ") for line in events_lines(app)), timeout=60, what="the XID marked")
+        finally:
+            fleet.clear(directory, node, "all")
+        entry = app.state.entries[node]
+        gv = entry.gpu(uuid)
+        assert gv is not None and gv.gpu is not None
+        g = gv.gpu
+        assert (g.temp_slowdown_c, g.power_enforced_limit_w) == (truth["temp_slowdown_c"], truth["power_limit_w"])
+        assert f"slowdown {g.temp_slowdown_c:g} C: none at or over" in chart_label(app, "temp_gpu_c")
+        assert f"enforced cap {g.power_enforced_limit_w:g} W: none at or over" in chart_label(app, "power_draw_w")
+        (x,) = [x for x in entry.xids if x.code == 13]
+        assert x.event.gpu_uuid == uuid and x.event.timestamp is not None
+        lines = events_lines(app)
+        row = lines[2][GUTTER:]
+        assert row.strip() == "X"
+        events = app.screen.query_one("#charts-events", ChartEvents)
+        assert events.window is not None
+        t0, t1 = events.window
+        width = len(row)
+        assert t0 <= x.event.timestamp <= t1 + (t1 - t0) / (width - 1) / 2
+        assert abs(column_time(row.index("X"), events.window, width) - x.event.timestamp) <= (t1 - t0) / (width - 1) / 2
+        stamp = time.strftime("%H:%M:%S", time.gmtime(x.event.timestamp))
+        assert f"X XID 13   {stamp} UTC  {catalog.info_for(x.event).name}  {x.severity.upper()}" in lines
 
     drive(app, body)

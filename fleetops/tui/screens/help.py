@@ -1,6 +1,7 @@
 """Every key, including the shift-letter sorts of each view, and the legend: every column of
-every table of the fleet and node screens, the state words and the abbreviations, generated
-from the column definitions the tables are drawn from, so a new column is in the legend too."""
+every table of the fleet and node screens, the state words, the abbreviations and the chart
+marks, generated from the column and chart definitions the screens are drawn from, so a new
+column or chart is in the legend too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from fleetops.tui import data
+from fleetops.tui.widgets import charts
 
 KEYS = (
     (":", "switch view (nodes, gpus, findings, xids; prefixes work; :q quits); 1-4 also switch"),
@@ -73,6 +75,13 @@ def legend_text(t: Text) -> None:
     for short, reason in data.THROTTLE_WORDS:
         t.append(f"  {short:<14}", style="bold")
         t.append(f"{reason}\n")
+    t.append("\nCharts (node screen, tab 5: the selected GPU's last hour, one time axis)\n", style="bold")
+    for spec in charts.CHARTS:
+        t.append(f"  {spec.title:<14}", style="bold")
+        t.append(f"{charts.spec_doc(spec)}\n")
+    for mark, what in charts.LEGEND:
+        t.append(f"  {mark:<14}", style="bold")
+        t.append(f"{what}\n")
 
 
 class HelpScreen(ModalScreen[None]):

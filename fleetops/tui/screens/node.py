@@ -22,7 +22,7 @@ from fleetops.gpu import instances
 from fleetops.report import values
 from fleetops.tui import data
 from fleetops.tui.refusals import reset_refusal
-from fleetops.tui.widgets.charts import GpuCharts
+from fleetops.tui.widgets.charts import GpuCharts, gpu_xids
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
@@ -341,8 +341,15 @@ class NodeScreen(Screen[None]):
         self.app.from_worker(self._charts_show, uuid, f"{label}: daemon history", history)  # type: ignore[attr-defined]
 
     def _charts_show(self, uuid: str, title: str, history: dict[str, list[tuple[float, float | None]]]) -> None:
+        """The history against the node's latest snapshot: the GPU's thresholds (a lost GPU's
+        last known) and its XIDs, by UUID or bus id."""
         if uuid == self.charts_for and self.is_running:
-            self.query_one("#node-charts", GpuCharts).show(title, history)
+            entry = self.entry
+            gv = entry.gpu(uuid)
+            xids = gpu_xids(entry.xids, uuid, gv.bus_id if gv is not None else None)
+            self.query_one("#node-charts", GpuCharts).show(
+                title, history, gv.gpu if gv is not None else None, xids, self.state.clock()
+            )
 
     def _charts_message(self, uuid: str, text: str) -> None:
         if uuid == self.charts_for and self.is_running:
