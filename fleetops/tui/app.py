@@ -491,7 +491,7 @@ class FleetApp(App[None]):
             entry = self.state.entries.get(node)
             return reset_refusal(entry, gpu) if entry is not None and entry.gpu(gpu) is not None else None
         if action in ("drain", "resume") and self.source is not None:
-            slurm = self._slurm_state(node, action)
+            slurm = self._slurm_state(node, "drain or resume")  # one reason for both keys
             if slurm:
                 return slurm
             if action == "resume":
@@ -518,7 +518,7 @@ class FleetApp(App[None]):
         known = self.resume_refusals.get(node)
         if known is not None and time.monotonic() - known[0] <= RESUME_STATE_S:
             return
-        if self._slurm_state(node, "resume"):
+        if self._slurm_state(node, "drain or resume"):
             return
         self.resume_refusals[node] = (time.monotonic(), None)  # asked: not again while the answer comes
         self._ask_resume_state(node, self._slurm_asks.get(node, 0))

@@ -147,7 +147,7 @@ class DrainScreen(ModalScreen[str | None]):
     def show_plan(self, plan: Plan) -> None:
         """The capacity guard's answer, in place of the placeholder."""
         self.plan = plan
-        self.waiting = None if plan.allowed else "the capacity guard allows no node of this set: nothing to drain"
+        self.waiting = None if plan.allowed else "no node of this set may be drained (see above): nothing to send"
         if self.is_mounted:
             self._draw_plan(plan)
 

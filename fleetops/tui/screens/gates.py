@@ -56,11 +56,14 @@ class GatedScreen(Screen[None]):
             t.append(f"disabled: {keys}: ", style="bold")
             t.append(str(reasons[0][1]) if reasons else "read-only mode")
             return t
-        for i, (action, why) in enumerate(reasons):
+        merged: dict[str, list[str]] = {}  # one line per reason, naming every key it disables
+        for action, why in reasons:
+            merged.setdefault(str(why), []).append(GATED[action])
+        for i, (why, labels) in enumerate(merged.items()):
             if i:
                 t.append("\n")
-            t.append(f"disabled: {GATED[action]}: ", style="bold")
-            t.append(str(why))
+            t.append(f"disabled: {', '.join(labels)}: ", style="bold")
+            t.append(why)
         return t
 
     def update_gates(self) -> None:
