@@ -41,6 +41,7 @@ DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume", "drain_set
 # a Slurm node here (no network) and whether a resume from here would be refused (scontrol)
 SLURM_STATE_S = 5.0
 RESUME_STATE_S = 30.0
+RESUME_ASK_AFTER_S = 0.3  # the selection rests this long before its node's drain is asked
 GC_GEN0_THRESHOLD = 50_000
 
 
@@ -108,6 +109,8 @@ class FleetApp(App[None]):
         self.resume_refusals: dict[str, tuple[float, str | None]] = {}
         self._slurm_refusals: dict[tuple[str, str], tuple[float, str | None]] = {}
         self._slurm_asks: dict[str, int] = {}  # per node, bumped by each action: older answers are dropped
+        self._resume_timer: Any = None  # the pending ask of the selected node's drain, and its node
+        self._resume_timer_node: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -519,6 +522,19 @@ class FleetApp(App[None]):
         if known is not None and time.monotonic() - known[0] <= RESUME_STATE_S:
             return
         if self._slurm_state(node, "drain or resume"):
+            return
+        # asked once the selection rests: a cursor run down the table asks for its last row only
+        if self._resume_timer is not None:
+            if self._resume_timer_node == node:
+                return  # already to be asked (a refresh of the same selection)
+            self._resume_timer.stop()
+        self._resume_timer_node = node
+        self._resume_timer = self.set_timer(RESUME_ASK_AFTER_S, lambda: self._ask_resume_now(node))
+
+    def _ask_resume_now(self, node: str) -> None:
+        self._resume_timer = self._resume_timer_node = None
+        known = self.resume_refusals.get(node)
+        if self.exiting or (known is not None and time.monotonic() - known[0] <= RESUME_STATE_S):
             return
         self.resume_refusals[node] = (time.monotonic(), None)  # asked: not again while the answer comes
         self._ask_resume_state(node, self._slurm_asks.get(node, 0))
