@@ -21,7 +21,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
@@ -110,7 +110,8 @@ class DrainScreen(ModalScreen[str | None]):
         with Vertical(id="dialog"):
             yield Static(Text(self.title_text, style="bold"), id="dialog-title")
             yield Static(Text("\n".join(self.lines)), id="dialog-body")
-            yield Static(Text(self.waiting or "", style="dim"), id="drain-plan")
+            with VerticalScroll(id="drain-plan-box"):  # a long answer scrolls; the prompt stays in view
+                yield Static(Text(self.waiting or "", style="dim"), id="drain-plan")
             yield Static(Text("Reason (what sinfo -R shows the next person; Enter drains, Esc cancels):"), id="drain-label")
             yield Input(value=self.purpose, id="drain-reason")
             yield Static(id="drain-preview")
@@ -120,7 +121,7 @@ class DrainScreen(ModalScreen[str | None]):
                 yield Button(self.confirm_label, id="confirm", variant="error")
 
     def on_mount(self) -> None:
-        self.query_one("#drain-plan", Static).display = self.for_set
+        self.query_one("#drain-plan-box", VerticalScroll).display = self.for_set
         if self.plan is not None:  # answered before the dialog was drawn
             self._draw_plan(self.plan)
         self._show_preview(self.purpose)
