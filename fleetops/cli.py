@@ -289,7 +289,7 @@ def _drain_history(args: argparse.Namespace, since: float | None) -> int:
 
 def _action_history(args: argparse.Namespace, since: float | None) -> int:
     """``fleetops history --kind actions``: every action taken from the TUI, newest first: time,
-    node, GPU, action, outcome (sent, refused, failed, unknown, verified) and why."""
+    node, GPU, action, outcome (sent, refused, failed, unknown, verified, cancelled) and why."""
     import time as _t
 
     from fleetops.fleet.store import Store
@@ -561,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "survived reboots or GPU resets, application-wide XIDs, time between incidents (p50, p90); "
                    "drains: every drain and resume fleetops made in Slurm, with its owner (kind/run), outcome, "
                    "purpose and the drain it met; actions: every action taken from the TUI (reset, drain, resume, "
-                   "re-audit) with its node, GPU, outcome (sent, refused, failed, unknown, verified) and why "
+                   "re-audit) with its node, GPU, outcome (sent, refused, failed, unknown, verified, cancelled) and why "
                    "(default audit)")
     p.add_argument("--since", help=f"a duration ago ({GRAMMAR}) or an ISO date")
     p.add_argument("--last", type=int, default=20,

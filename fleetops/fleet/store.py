@@ -139,8 +139,9 @@ CREATE INDEX IF NOT EXISTS actions_node ON actions(node, at);
 TABLES = _AUDIT_TABLES + VALIDATION_TABLES + DRAIN_TABLES + ACTION_TABLES
 DRAIN_ACTIONS = ("drain", "resume")
 # the outcomes of an action row: ops.results' done/refused/failed/unknown, with done split into
-# sent (the command went out; nothing seen after it yet) and verified (a snapshot taken after it)
-ACTION_OUTCOMES = ("sent", "refused", "failed", "unknown", "verified")
+# sent (the command went out; nothing seen after it yet) and verified (a snapshot taken after it);
+# cancelled: the operator said no at the action's own dialog (nothing was sent)
+ACTION_OUTCOMES = ("sent", "refused", "failed", "unknown", "verified", "cancelled")
 
 
 def default_path() -> str:

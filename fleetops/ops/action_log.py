@@ -5,7 +5,8 @@ the history store (``actions`` table), read back by the TUI's action log at star
 Outcomes (``fleetops.fleet.store.ACTION_OUTCOMES``): ``sent`` (the command went out and did what
 was asked; nothing seen after it yet), ``refused`` (nothing was done: the refusal is the why),
 ``failed``, ``unknown`` (sent, no answer: check the node), ``verified`` (a snapshot taken after it
-was read: the verdict is the why). A sent action is updated in place once it is verified.
+was read: the verdict is the why), ``cancelled`` (the operator said no at the action's own dialog,
+the drain's reason prompt: nothing was sent). A sent action is updated in place once it is verified.
 
 As with drains: the action has already happened when it is recorded, so a store that cannot be
 written is a warning (to ``warn``, stderr by default), never a failed action.
@@ -21,7 +22,7 @@ from typing import Any, TextIO
 from fleetops.fleet.store import ActionRow, Store, StoreError
 from fleetops.ops import results
 
-SENT, VERIFIED = "sent", "verified"
+SENT, VERIFIED, CANCELLED = "sent", "verified", "cancelled"
 
 
 def outcome_of(result: Any) -> str:

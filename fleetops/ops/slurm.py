@@ -100,6 +100,22 @@ def operator_run(user: str | None = None, host: str | None = None) -> str:
     return run
 
 
+def purpose_refusal(kind: str, run: str, purpose: str | None) -> str | None:
+    """Why ``purpose`` cannot be the PURPOSE of a drain's Reason as given (None: it can): empty,
+    or longer than fits before ``rule.MAX_REASON`` with the owner in front (``drain_reason``
+    would cut it there, and the next shift would read half a sentence)."""
+    text = " ".join((purpose or "").split())
+    if not text:
+        return "a reason is needed: it is what Slurm's Reason (sinfo -R) tells the next person"
+    room = rule.MAX_REASON - len(_reason(kind, run, "x")) + 1
+    if len(text) > room:
+        return (
+            f"the reason is {len(text)} characters; at most {room} fit after "
+            f"'{rule.MARKER} {kind}/{run}: ' (Slurm's Reason is kept to {rule.MAX_REASON})"
+        )
+    return None
+
+
 def owner_detail(owner: rule.Owner | None) -> dict[str, Any] | None:
     """The owner of a drain, for results and JSON."""
     if owner is None:
@@ -349,6 +365,77 @@ class SlurmControl:
         return [
             refused.get(h.name) or self.drain(h, purpose, kind=kind, run=run, dry_run=dry_run) for h in hosts
         ]
+
+    def plan_drains(self, hosts: Sequence[Any], purpose: str | None, *, kind: str, run: str) -> list[ActionResult]:
+        """What draining ``hosts`` one at a time would do, sending nothing: each Slurm place is
+        asked for its nodes once (``scontrol show nodes -o``). Each node gets its own decision
+        (another owner's drain is held; one already this owner's needs nothing), then the
+        capacity guard (``rule.capacity_problems``, the check ``drain`` and ``drain_many`` make)
+        over the nodes allowed before it plus this one, in the order given: a node that would take
+        a partition past the share is refused with the guard's words, and the ones before it stay
+        allowed. Outcomes: DRY_RUN (would be drained), DONE (already this owner's: nothing to
+        send), REFUSED (why in the message). ``drain`` decides again when each is sent, so a node
+        someone took out meanwhile still counts. ``drain_many`` refuses a set as a whole instead:
+        a front end that drains only the allowed part shows this plan first."""
+        reason = _reason(kind, run, purpose)
+        planned: dict[str, ActionResult] = {}
+        by_place: dict[str, tuple[Any, list[Any]]] = {}
+        for host in hosts:
+            unmanaged = self._unmanaged(host, "drain")
+            if unmanaged is not None:
+                planned[host.name] = unmanaged
+            else:
+                by_place.setdefault(self.place(host).where, (host, []))[1].append(host)
+        for first, members in by_place.values():
+            place, shown, listed = self.nodes(first)
+            by_name = {n.name: n for n in listed}
+            allowed: list[str] = []
+            for host in members:
+                name = slurm_name(host)
+                node = by_name.get(name)
+                if not shown.ok:
+                    planned[host.name] = self._problem(host, "drain", place, name, shown)
+                    continue
+                if node is None:
+                    planned[host.name] = self._unknown_node(host, "drain", place, name)
+                    continue
+                decision = rule.drain_decision(node.state, node.reason, kind, run)
+                detail = {
+                    "slurm_name": name,
+                    "where": place.where,
+                    "state": node.state,
+                    "reason": node.reason,
+                    "decision": decision.action,
+                    "why": decision.why,
+                    "owner": owner_detail(decision.owner),
+                    "new_reason": reason,
+                }
+                if decision.action == "held":
+                    planned[host.name] = ActionResult(host.name, "drain", REFUSED, f"{host.name}: {decision.why}", detail=detail)
+                    continue
+                if decision.action == "ours":
+                    planned[host.name] = ActionResult(
+                        host.name, "drain", DONE, f"{host.name}: {decision.why}; nothing to send", detail=detail
+                    )
+                    continue
+                problems = (
+                    rule.capacity_problems(listed, [*allowed, name], self.max_share) if decision.action == "drain" else []
+                )
+                if problems:
+                    planned[host.name] = ActionResult(
+                        host.name,
+                        "drain",
+                        REFUSED,
+                        f"{host.name}: not drained: {'; '.join(problems)}",
+                        detail={**detail, "capacity": problems, "max_share": self.max_share},
+                    )
+                    continue
+                if decision.action == "drain":
+                    allowed.append(name)
+                planned[host.name] = ActionResult(
+                    host.name, "drain", DRY_RUN, f"{host.name}: would be drained with Reason {reason!r}", detail=detail
+                )
+        return [planned[h.name] for h in hosts]
 
     def resume(
         self, host: Any, *, kind: str, run: str, force: bool = False, dry_run: bool = False

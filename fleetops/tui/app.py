@@ -36,7 +36,12 @@ from textual.worker import get_current_worker
 from fleetops.ops import results as ops_results
 from fleetops.tui import data
 
-DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume"})
+DANGEROUS_ACTIONS = frozenset({"reaudit", "reset", "drain", "resume", "drain_set"})
+# how long what is known of a node's Slurm side holds before it is asked again: whether it is
+# a Slurm node here (no network) and whether a resume from here would be refused (scontrol)
+SLURM_STATE_S = 5.0
+RESUME_STATE_S = 30.0
+RESUME_ASK_AFTER_S = 0.3  # the selection rests this long before its node's drain is asked
 GC_GEN0_THRESHOLD = 50_000
 
 
@@ -99,6 +104,13 @@ class FleetApp(App[None]):
         # every action from this screen and its outcome, in the history store the drains go to
         db = getattr(source, "drain_db", None)
         self.action_log = ActionLog(db if isinstance(db, str) else getattr(store, "path", None))
+        # what is known of each node's Slurm side, for actions shown disabled (disabled_reason):
+        # (when asked, why a resume from here is refused, or None); (when, slurm_refusal) per verb
+        self.resume_refusals: dict[str, tuple[float, str | None]] = {}
+        self._slurm_refusals: dict[tuple[str, str], tuple[float, str | None]] = {}
+        self._slurm_asks: dict[str, int] = {}  # per node, bumped by each action: older answers are dropped
+        self._resume_timer: Any = None  # the pending ask of the selected node's drain, and its node
+        self._resume_timer_node: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -332,27 +344,232 @@ class FleetApp(App[None]):
     def request_drain(self, name: str) -> None:
         if self.refuse_readonly("drain") or self._slurm_refused(name, "drain"):
             return
-        from fleetops.tui.screens.confirm import ConfirmScreen, Question
+        lines = [
+            f"Node:    {name}",
+            "",
+            "Slurm stops scheduling jobs on it; running jobs finish.",
+            "A drain someone else set stays as it is (theirs, named).",
+        ]
 
-        entry = self.state.entries.get(name)
-        worst = entry.worst if entry else None
-        purpose = worst.check if worst else "drained from the TUI"
-        question = Question(
-            title=f"Drain {name}?",
-            lines=[
-                f"Node:    {name}",
-                f"Reason:  {self._drain_reason(purpose)}",
-                "",
-                "Slurm stops scheduling jobs on it; running jobs finish.",
-                "A drain someone else set stays as it is (theirs, named).",
-            ],
+        def answered(purpose: str | None) -> None:
+            if purpose:
+                self._action(name, "drain", lambda: self.source.drain(name, purpose))
+            else:
+                self._drain_cancelled([name])
+
+        self.push_screen(self._drain_screen(f"Drain {name}?", lines, self.drain_purpose([name])), answered)
+
+    # --- the drain's reason prompt and the drain of a filtered set ------------------------
+
+    def drain_purpose(self, names: list[str]) -> str:
+        """The reason the prompt starts with: the check of the nodes' worst finding (the one most
+        of them share), or a plain one where none has a finding."""
+        checks: dict[str, int] = {}
+        for name in names:
+            entry = self.state.entries.get(name)
+            worst = entry.worst if entry else None
+            if worst is not None and worst.check:
+                checks[worst.check] = checks.get(worst.check, 0) + 1
+        return max(checks, key=lambda c: (checks[c], c)) if checks else "drained from the TUI"
+
+    def drain_purpose_refusal(self, purpose: str) -> str | None:
+        """Why the prompt's reason cannot be sent (empty, too long for Slurm's Reason)."""
+        from fleetops.ops import slurm
+
+        run = getattr(self.source, "operator_run", None)
+        if not isinstance(run, str):  # no source that names its run: the rule's limit with a short one
+            run = "operator"
+        return slurm.purpose_refusal("operator", run, purpose)
+
+    def _drain_screen(self, title: str, lines: list[str], purpose: str, waiting: str | None = None) -> Any:
+        from fleetops.tui.screens.drain import DrainScreen
+
+        return DrainScreen(title, lines, purpose, self.drain_purpose_refusal, self._drain_reason, waiting=waiting)
+
+    def _drain_cancelled(self, names: list[str]) -> None:
+        from fleetops.ops import action_log
+
+        self.notify("drain cancelled: nothing sent", timeout=3)
+        for name in names:
+            self.action_log.add(name, "drain", action_log.CANCELLED, "cancelled at the reason prompt: nothing sent")
+
+    def request_drain_set(self, names: list[str], filter_text: str) -> None:
+        """Drain the nodes the filter shows, through the capacity guard: one dialog with the
+        count, the reason prompt and the guard's answer (asked before anything is sent); the
+        allowed nodes are then drained once each, the others are not sent, and every node's
+        outcome goes to the action log. Without a filter nothing is offered."""
+        if self.refuse_readonly("drain"):
+            return
+        if not filter_text:
+            self.notify("filter first (/): a drain of every node the screen shows is not offered", severity="warning")
+            return
+        if not names:
+            self.notify(f"the filter /{filter_text}/ shows no node: nothing to drain", severity="warning")
+            return
+        if self.source is None or not hasattr(self.source, "drain_plan"):
+            self.notify("no live source to drain through", severity="warning")
+            return
+        from fleetops.tui.screens.drain import plan_placeholder
+
+        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        lines = [
+            f"Filter /{filter_text}/: {len(names)} node{'s' if len(names) != 1 else ''} ({shown})",
+            "Each allowed node is drained once, in turn; refused nodes are not sent.",
+            "Slurm stops scheduling jobs on them; running jobs finish. A drain someone else set stays as it is.",
+        ]
+        purpose = self.drain_purpose(names)
+        screen = self._drain_screen(
+            f"Drain {len(names)} node{'s' if len(names) != 1 else ''}?", lines, purpose, plan_placeholder(len(names))
         )
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._action(name, "drain", lambda: self.source.drain(name, purpose))
+        def answered(chosen: str | None) -> None:
+            plan = screen.plan
+            if chosen and plan is not None:
+                self._drain_set(plan, chosen)
+            else:
+                self._drain_cancelled(list(names))
 
-        self.push_screen(ConfirmScreen(question, confirm_label="Drain"), answered)
+        self.push_screen(screen, answered)
+        self._plan_drain_set(screen, list(names), purpose)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _plan_drain_set(self, screen: Any, names: list[str], purpose: str) -> None:
+        from fleetops.tui.screens.drain import Plan
+
+        try:
+            planned = self.source.drain_plan(names, purpose)
+        except Exception as exc:  # noqa: BLE001 - said in the dialog, which then cannot confirm
+            why = f"the capacity guard could not be asked: {type(exc).__name__}: {exc}"
+            self.from_worker(lambda: screen.show_error(why) if screen.is_running else None)
+            return
+
+        def show() -> None:
+            if screen.is_running:  # not dismissed while Slurm was asked
+                screen.show_plan(Plan.of(planned))
+
+        self.from_worker(show)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _drain_set(self, plan: Any, purpose: str) -> None:
+        """The set's drain, as the dialog showed it: the refused are logged, the allowed are sent
+        once each, in turn (each drain passes the guard again; nothing is retried)."""
+        from fleetops.ops import action_log
+
+        for node, why in (*plan.refused, *plan.not_slurm, *plan.already):
+            self.action_log.add(node, "drain", ops_results.REFUSED, why)
+        sent = 0
+        for node in plan.allowed:
+            if self.exiting:
+                return
+            try:
+                result = self.source.drain(node, purpose)
+            except Exception as exc:  # noqa: BLE001 - one node's failure is logged; the next is its own drain
+                result = ops_results.ActionResult(node, "drain", ops_results.FAILED, f"{node}: drain failed: {exc}")
+            self.action_log.add(node, "drain", action_log.outcome_of(result), action_log.why_of(result))
+            sent += bool(result.ok)
+            self.last_action = result
+            self.from_worker(self.forget_slurm_state, node)
+        refused = len(plan.refused) + len(plan.not_slurm) + len(plan.already)
+        self.from_worker(
+            self.notify,
+            f"drained {sent} of {len(plan.allowed)} allowed node(s); {refused} not sent (action log: l)",
+            severity="information" if sent == len(plan.allowed) else "warning",
+            timeout=10,
+        )
+
+    # --- actions shown disabled, with the reason, before any confirmation ----------------
+
+    def disabled_reason(self, action: str, node: str | None, gpu: str | None = None) -> str | None:
+        """Why ``action`` on the selected node (and GPU) would be refused, known now: read-only
+        mode, a lost GPU's reset (``refusals.reset_refusal``), a drain or resume of a node that
+        is no Slurm node here (the source's ``slurm_refusal``), a resume of a drain that is not
+        this operator's (the source's answer, kept per node). None: enabled."""
+        if self.readonly and action in DANGEROUS_ACTIONS:
+            return "read-only mode (fleetops tui --readonly): actions are off"
+        if node is None:
+            return None
+        if action == "reset" and gpu:
+            from fleetops.tui.refusals import reset_refusal
+
+            entry = self.state.entries.get(node)
+            return reset_refusal(entry, gpu) if entry is not None and entry.gpu(gpu) is not None else None
+        if action in ("drain", "resume") and self.source is not None:
+            slurm = self._slurm_state(node, "drain or resume")  # one reason for both keys
+            if slurm:
+                return slurm
+            if action == "resume":
+                known = self.resume_refusals.get(node)
+                return known[1] if known is not None else None
+        return None
+
+    def _slurm_state(self, node: str, verb: str) -> str | None:
+        """``source.slurm_refusal`` (no network), kept a few seconds: the footer asks often."""
+        cache = self._slurm_refusals
+        now = time.monotonic()
+        known = cache.get((node, verb))
+        if known is None or now - known[0] > SLURM_STATE_S:
+            ask = getattr(self.source, "slurm_refusal", None)
+            known = (now, ask(node, verb) if ask is not None else None)
+            cache[(node, verb)] = known
+        return known[1]
+
+    def want_resume_state(self, node: str | None) -> None:
+        """The selection moved to ``node``: ask (in a worker) whether a resume would be refused,
+        unless known within ``SLURM_STATE_S`` or not askable (no Slurm node, read-only)."""
+        if node is None or self.readonly or self.source is None or not hasattr(self.source, "resume_refusal"):
+            return
+        known = self.resume_refusals.get(node)
+        if known is not None and time.monotonic() - known[0] <= RESUME_STATE_S:
+            return
+        if self._slurm_state(node, "drain or resume"):
+            return
+        # asked once the selection rests: a cursor run down the table asks for its last row only
+        if self._resume_timer is not None:
+            if self._resume_timer_node == node:
+                return  # already to be asked (a refresh of the same selection)
+            self._resume_timer.stop()
+        self._resume_timer_node = node
+        self._resume_timer = self.set_timer(RESUME_ASK_AFTER_S, lambda: self._ask_resume_now(node))
+
+    def _ask_resume_now(self, node: str) -> None:
+        self._resume_timer = self._resume_timer_node = None
+        known = self.resume_refusals.get(node)
+        if self.exiting or (known is not None and time.monotonic() - known[0] <= RESUME_STATE_S):
+            return
+        self.resume_refusals[node] = (time.monotonic(), None)  # asked: not again while the answer comes
+        self._ask_resume_state(node, self._slurm_asks.get(node, 0))
+
+    @work(thread=True, group="slurm-state", exit_on_error=False)
+    def _ask_resume_state(self, node: str, ask: int) -> None:
+        try:
+            refusal = self.source.resume_refusal(node)
+        except Exception:  # noqa: BLE001 - unknown: shown enabled; the resume itself decides again
+            refusal = None
+        self.from_worker(self._resume_state_known, node, refusal, ask)
+
+    def _resume_state_known(self, node: str, refusal: str | None, ask: int) -> None:
+        if ask != self._slurm_asks.get(node, 0):
+            return  # asked before an action on the node since: its answer is older than the action
+        self.resume_refusals[node] = (time.monotonic(), refusal)
+        self.update_gates()
+
+    def forget_slurm_state(self, node: str) -> None:
+        """After a drain or resume of ``node``: what was known of its drain is asked again."""
+        self.resume_refusals.pop(node, None)
+        self._slurm_asks[node] = self._slurm_asks.get(node, 0) + 1
+        self.update_gates()
+        if not self.exiting:
+            want = getattr(self.screen, "selected_node", None)
+            if want is not None and want() == node:
+                self.want_resume_state(node)
+
+    def update_gates(self) -> None:
+        """The screen's disabled actions and their reason line, again."""
+        if self.exiting:
+            return
+        update = getattr(self.screen, "update_gates", None)
+        if update is not None:
+            update()
 
     def _drain_reason(self, purpose: str) -> str:
         """The Reason the drain writes, as Slurm will show it (the source's operator run)."""
@@ -381,6 +598,8 @@ class FleetApp(App[None]):
         self.from_worker(self._ask_resume, name, refusal)
 
     def _ask_resume(self, name: str, refusal: str | None) -> None:
+        self.resume_refusals[name] = (time.monotonic(), refusal)
+        self.update_gates()
         if refusal:
             self.notify(refusal, severity="warning", timeout=10)
             self.action_log.add(name, "resume", "refused", refusal)
@@ -422,6 +641,8 @@ class FleetApp(App[None]):
 
         logged = self.action_log.add(name, what, action_log.outcome_of(result), action_log.why_of(result), gpu)
         self.last_action = result
+        if what in ("drain", "resume"):
+            self.from_worker(self.forget_slurm_state, name)
         if result.ok and not self.exiting:
             # what the action left behind, from a snapshot taken after it (the daemon samples on
             # request, else a cold collect), now rather than at the next round

@@ -342,6 +342,24 @@ class SshSource:
             return f"resume refused: {done.message}"
         return None
 
+    def drain_plan(self, names: Sequence[str], purpose: str) -> list[ops_results.ActionResult]:
+        """What draining ``names`` one at a time would do, before anything is sent (the filtered
+        drain's dialog shows it): ``ops.slurm.SlurmControl.plan_drains``, the capacity guard of
+        ``fleetops drain``, over the Slurm nodes; a node that is no Slurm node here
+        (``slurm_refusal``) is refused as such (``detail["slurm"]`` False) without asking Slurm."""
+        planned: dict[str, ops_results.ActionResult] = {}
+        asked = []
+        for name in names:
+            refusal = self.slurm_refusal(name, "drain")
+            if refusal:
+                planned[name] = ops_results.ActionResult(name, "drain", ops_results.REFUSED, refusal, detail={"slurm": False})
+            else:
+                asked.append(self.hosts[name])
+        if asked:
+            for done in self._slurm_control.plan_drains(asked, purpose, kind=OPERATOR, run=self.operator_run):
+                planned[done.node] = done
+        return [planned[name] for name in names]
+
     def _scontrol(self, name: str, state: str, purpose: str | None) -> ActionResult:
         """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
         inventory's Slurm host, never on the node (a hung node can be drained)."""

@@ -509,13 +509,18 @@ async def _until(pilot: Any, condition: Callable[[], Any], what: str, timeout: f
 async def _act(pilot: Any, app: Any, node: str, key: str) -> Any:
     """Select ``node`` in the fleet table, press ``key`` (d or u), confirm; the action's result."""
     from fleetops.tui.screens.confirm import ConfirmScreen
+    from fleetops.tui.screens.drain import DrainScreen
 
     app.last_action = None
     app.screen.table().select_key(node)
     await pilot.press(key)
     # a resume reads the node's drain first (a worker asking scontrol), then opens the dialog
-    await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), f"the dialog of {key} on {node}")
-    await pilot.press("tab", "enter")  # from Cancel (focused first) to the confirm button
+    dialog = DrainScreen if key == "d" else ConfirmScreen
+    await _until(pilot, lambda: isinstance(app.screen, dialog), f"the dialog of {key} on {node}")
+    if key == "d":
+        await pilot.press("enter")  # the reason prompt: its reason as prefilled
+    else:
+        await pilot.press("tab", "enter")  # from Cancel (focused first) to the confirm button
     await _until(pilot, lambda: app.last_action is not None, f"{key} on {node} to finish")
     return app.last_action
 

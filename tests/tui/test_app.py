@@ -239,7 +239,7 @@ def test_readonly_shows_the_indicator_and_blocks_reset() -> None:
         screen.query_one("#node-gpus", FleetTable).select_key(ENTRIES[2].gpus[3].uuid)
         await pilot.press("r", "d", "a")
         assert isinstance(app.screen, NodeScreen)  # no dialog opened
-        assert screen.check_action("reset", ()) is False
+        assert screen.check_action("reset", ()) is None  # shown disabled, the reason above the footer
         app.request_reset("node003", ENTRIES[2].gpus[3].uuid)  # called directly: still refused
         await pilot.pause()
         assert isinstance(app.screen, NodeScreen)

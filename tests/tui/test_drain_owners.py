@@ -1,5 +1,5 @@
 """The TUI's drain and resume name their owner: an operator (``operator/USER@HOST``), the purpose
-the worst finding's check; a resume of another owner's drain is refused with the owner named (no
+the reason prompt's text (it starts as the worst finding's check); a resume of another owner's drain is refused with the owner named (no
 force from the TUI). The source goes through ops.slurm against the strict stand-in scontrol
 (tests/fake_scontrol.py); the dialog through the Pilot."""
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import fake_scontrol
 import pytest
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from fleetops.fleet.inventory import Host
 from fleetops.ops import slurm
-from fleetops.tui.screens.confirm import ConfirmScreen
+from fleetops.tui.screens.drain import DrainScreen
 from fleetops.tui.source import ActionResult, SshSource
 
 from .conftest import NAMES, FakeSource, drive, fed_app, fed_entries, wait_for
@@ -46,10 +46,11 @@ def test_the_drain_dialog_shows_the_reason_naming_the_operator_and_the_worst_che
     async def body(pilot: Any) -> None:
         app.screen.table().select_key("node011")
         await pilot.press("d")
-        assert isinstance(app.screen, ConfirmScreen)
-        text = str(app.screen.query_one("#dialog-body", Static).render())
-        assert f"[fleetops] operator/alice@ctl01: {worst.check}" in text, text
-        await pilot.press("tab", "enter")
+        assert isinstance(app.screen, DrainScreen)  # the reason prompt, starting from the worst check
+        assert app.screen.query_one("#drain-reason", Input).value == worst.check
+        text = str(app.screen.query_one("#drain-preview", Static).render())
+        assert text == f"Slurm's Reason: [fleetops] operator/alice@ctl01: {worst.check}", text
+        await pilot.press("enter")
         await wait_for(pilot, lambda: app.last_action is not None, 30, "the drain")
         assert source.purposes == [("node011", worst.check)]
 

@@ -16,7 +16,7 @@ from textual import events
 
 from fleetops.tui import data, liveness, simfeed
 from fleetops.tui.app import FleetApp, snapshot_time
-from fleetops.tui.screens.confirm import ConfirmScreen
+from fleetops.tui.screens.drain import DrainScreen
 from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.widgets.summary import summary_text
 
@@ -114,8 +114,8 @@ def test_the_verdict_after_an_action_names_its_snapshot_and_an_older_poll_does_n
         assert app.state.entries["node003"].health == "crit"
         app.screen.table().select_key("node003")  # type: ignore[attr-defined]
         await pilot.press("d")
-        assert isinstance(app.screen, ConfirmScreen)
-        await pilot.press("tab", "enter")
+        assert isinstance(app.screen, DrainScreen)
+        await pilot.press("enter")  # the reason prompt: Enter drains with the reason shown
         await wait_for(pilot, lambda: any("after drain" in str(n.message) for n in app._notifications), 30,
                        "the verdict after the drain")
         assert source.collects == [("node003", True)]  # a snapshot taken after the action

@@ -306,3 +306,55 @@ def test_an_update_whose_answer_was_lost_is_unknown_with_the_check(fake) -> None
     assert res.outcome == results.UNKNOWN and not res.ok
     assert res.check == f"{control.scontrol} show node -o gpu01" and res.check in res.message
     assert len(sent) == 1  # sent once, not again
+
+
+def test_plan_drains_allows_nodes_in_order_up_to_each_partitions_share_and_sends_nothing(fake) -> None:
+    """Two partitions of 20 (10 %: two out each); gpu31 is out already in b. The plan keeps the
+    order given: a's first two are allowed, its third refused with the guard's words; b has
+    room for one more; another owner's drain is held, this operator's needs nothing (both in a
+    third partition), a node Slurm does not know and an unmanaged host are refused by name.
+    Nothing is sent, and Slurm is asked for its nodes once."""
+    nodes = {**fake_scontrol.cluster(22, "a"), **{f"gpu{i}": {"state": "IDLE", "partitions": ["b"]} for i in range(31, 51)}}
+    nodes["gpu31"].update(state="DOWN+DRAIN", reason="PSU")
+    nodes["gpu04"].update(state="IDLE+DRAIN", reason=HEALTH, partitions=["c"])
+    nodes["gpu05"].update(state="IDLE+DRAIN", reason="[fleetops] operator/bob@ctl02: ticket 1", partitions=["c"])
+    control, fs = fake(nodes)
+    names = ["gpu01", "gpu02", "gpu03", "gpu32", "gpu33", "gpu04", "gpu05", "gpu99", "ws01"]
+    hosts = [node(n, **({"fleetops_slurm_managed": False} if n == "ws01" else {})) for n in names]
+    plan = control.plan_drains(hosts, "rack 12 PDU swap", kind="operator", run="alice@ctl01")
+    assert [(r.node, r.outcome) for r in plan] == [
+        ("gpu01", results.DRY_RUN),
+        ("gpu02", results.DRY_RUN),
+        ("gpu03", results.REFUSED),
+        ("gpu32", results.DRY_RUN),
+        ("gpu33", results.REFUSED),
+        ("gpu04", results.REFUSED),
+        ("gpu05", results.DONE),
+        ("gpu99", results.REFUSED),
+        ("ws01", results.REFUSED),
+    ]
+    assert plan[0].message == "gpu01: would be drained with Reason '[fleetops] operator/alice@ctl01: rack 12 PDU swap'"
+    assert plan[2].message == (
+        "gpu03: not drained: partition a: 0 of 20 nodes are out of service already (none); draining gpu01, "
+        "gpu02, gpu03 would make 3, more than the allowed 2 (10%)"
+    )
+    assert plan[4].message == (
+        "gpu33: not drained: partition b: 1 of 20 nodes are out of service already (gpu31); draining gpu32, "
+        "gpu33 would make 3, more than the allowed 2 (10%)"
+    )
+    assert plan[5].message.startswith("gpu04: drained by the health program (run 20261206T031207Z-7c1e-gpu01)")
+    assert plan[6].message == "gpu05: already drained by an operator (run bob@ctl02): ticket 1; nothing to send"
+    assert "knows no node named 'gpu99'" in plan[7].message
+    assert plan[8].message == "ws01: not managed by Slurm (fleetops_slurm_managed: false): nothing to drain"
+    assert fs.updates() == []
+    assert [c for c in fs.calls() if c[:2] == ["show", "nodes"]] == [["show", "nodes", "-o"]]  # asked once
+
+
+def test_purpose_refusal_refuses_an_empty_purpose_and_one_the_reason_would_cut() -> None:
+    run = "alice@ctl01"
+    room = rule.MAX_REASON - len(f"[fleetops] operator/{run}: ")
+    assert slurm.purpose_refusal("operator", run, "  \t ") is not None
+    assert slurm.purpose_refusal("operator", run, "x" * room) is None
+    assert rule.drain_reason("operator", run, "x" * room).endswith("x" * room)  # kept whole
+    too_long = slurm.purpose_refusal("operator", run, "x" * (room + 1))
+    assert too_long is not None and too_long.startswith(f"the reason is {room + 1} characters; at most {room} fit")

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 from textual.suggester import SuggestFromList
 from textual.widgets import ContentSwitcher, Footer, Input
 
 from fleetops.tui import data
+from fleetops.tui.screens.gates import GatedScreen, note_widget
 from fleetops.tui.widgets.fleet_table import FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
 
@@ -28,7 +28,7 @@ VIEW_ALIASES = {
 }  # fmt: skip
 
 
-class FleetScreen(Screen[None]):
+class FleetScreen(GatedScreen):
     # ``:`` and ``/`` are priority bindings: the app runs them as it takes the key from its queue,
     # so the prompt is open before it looks at the next key (``prompt_key``). As ordinary
     # bindings they ran only after the keys typed behind them had gone to the table: letters
@@ -44,6 +44,8 @@ class FleetScreen(Screen[None]):
         Binding("r", "reset", "Reset GPU"),
         Binding("d", "drain", "Drain"),
         Binding("u", "resume", "Resume"),
+        # D sorts by DRIVER (shift-letter sorts); the filtered drain is ctrl+d
+        Binding("ctrl+d", "drain_set", "Drain filtered"),
         Binding("1", "view('nodes')", "Nodes", show=False),
         Binding("2", "view('gpus')", "GPUs", show=False),
         Binding("3", "view('findings')", "Findings", show=False),
@@ -70,6 +72,7 @@ class FleetScreen(Screen[None]):
             for view in data.VIEWS:
                 yield FleetTable(data.COLUMNS[view], id=f"view-{view}", highlight_s=self.app.highlight_s)  # type: ignore[attr-defined]
         yield Input(id="prompt", suggester=SuggestFromList(list(data.VIEWS) + ["quit"]))
+        yield note_widget()
         yield Footer()
 
     def on_mount(self) -> None:
@@ -98,6 +101,7 @@ class FleetScreen(Screen[None]):
         table.apply(rows)
         self.update_titles(len(rows))
         self.query_one(SummaryBar).show(state, self.app)
+        self.update_gates()
 
     def update_titles(self, shown: int) -> None:
         state = self.state
@@ -216,7 +220,7 @@ class FleetScreen(Screen[None]):
 
     def on_key(self, event: events.Key) -> None:
         """Shift-letter sorts by the column whose letter it is (see the help screen)."""
-        if self.prompt_mode is not None:
+        if self.prompt_mode is not None or self.press_disabled(event):
             return
         ch = event.character
         if ch and len(ch) == 1 and "A" <= ch <= "Z" and self.state.sort_letter(self.state.view, ch):
@@ -246,11 +250,24 @@ class FleetScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("command", "filter") and self.prompt_mode is not None:
             return False  # typed into the open prompt
-        if not self.app.allowed(action):  # type: ignore[attr-defined]
-            return False  # read-only: unbound, and gone from the footer
         if action == "reset" and self.state.view not in ("gpus",):
             return None  # shown dimmed: reset works on a GPU row (gpus view, or a node's detail)
-        return True
+        return self.gate(action)  # None (dimmed, the reason above the footer): read-only, a precondition
+
+    def selection(self) -> tuple[str | None, str | None]:
+        row = self.current_row() if self.ready else None
+        return (row.node or None, row.gpu or None) if row is not None else (None, None)
+
+    def on_fleet_table_row_highlighted(self, event: FleetTable.RowHighlighted) -> None:
+        if event.table is self.table():
+            self.selection_moved()
+
+    def action_drain_set(self) -> None:
+        """Drain every node the filter shows (any view: the nodes of its rows), through the
+        capacity guard; without a filter the app refuses (filter first)."""
+        names = list(dict.fromkeys(r.node for r in self.state.rows() if r.node))
+        text = self.state.filter.text if self.state.filter.active else ""
+        self.app.request_drain_set(names, text)  # type: ignore[attr-defined]
 
     def _node(self) -> str | None:
         row = self.current_row()

@@ -26,9 +26,11 @@ KEYS = (
     ("Enter", "open the node of the row: GPUs, findings, XIDs, history, charts (1-5 pick the tab there)"),
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
-    ("d / u", "drain / resume the node in Slurm (asks first)"),
+    ("d / u", "drain (asks the reason Slurm keeps) / resume the node in Slurm (asks first)"),
+    ("ctrl+d", "drain every node the filter shows, through the capacity guard (asks the reason; shows what the guard allows first)"),
     ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
     ("q", "quit"),
+    ("dimmed key", "an action its preconditions refuse (a lost GPU's reset, another owner's drain, read-only): why is shown above the footer"),
 )
 
 
@@ -39,7 +41,7 @@ def help_text(readonly: bool) -> Text:
         t.append(f"  {key:<13}", style="bold cyan")
         t.append(f"{what}\n")
     if readonly:
-        t.append("\n  READ-ONLY: a, r, d and u are off.\n", style="bold white on dark_red")
+        t.append("\n  READ-ONLY: a, r, d, u and ctrl+d are off.\n", style="bold white on dark_red")
     t.append("\nSort letters\n", style="bold")
     for view in data.VIEWS:
         letters = "  ".join(f"{c.sort_key}={c.label}" for c in data.COLUMNS[view] if c.sort_key)

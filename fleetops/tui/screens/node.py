@@ -10,11 +10,10 @@ import time
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
@@ -22,6 +21,7 @@ from fleetops.gpu import instances
 from fleetops.report import values
 from fleetops.tui import data
 from fleetops.tui.refusals import reset_refusal
+from fleetops.tui.screens.gates import GatedScreen, note_widget
 from fleetops.tui.widgets.charts import GpuCharts, gpu_xids
 from fleetops.tui.widgets.fleet_table import STYLES, FleetTable
 from fleetops.tui.widgets.summary import SummaryBar
@@ -183,7 +183,7 @@ def _mig_lines(t: Text, g: model.Gpu) -> None:
         t.append(f"\n  {_process_text(p)}")
 
 
-class NodeScreen(Screen[None]):
+class NodeScreen(GatedScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("a", "reaudit", "Re-audit"),
@@ -230,6 +230,7 @@ class NodeScreen(Screen[None]):
                 yield FleetTable(HISTORY_COLUMNS, id="node-history", highlight_s=0)
             with TabPane("Charts", id="tab-charts"), VerticalScroll():
                 yield GpuCharts(id="node-charts")
+        yield note_widget()
         yield Footer()
 
     def on_mount(self) -> None:
@@ -266,6 +267,7 @@ class NodeScreen(Screen[None]):
     def _show_gpu(self) -> None:
         key = self.query_one("#node-gpus", FleetTable).cursor_key
         self.query_one("#node-gpu-detail", Static).update(gpu_detail(self.entry, key))
+        self.selection_moved()  # the disabled actions of this GPU and node, and why
         if self.charts_live and key != self.charts_for:
             self.load_charts()
 
@@ -356,7 +358,14 @@ class NodeScreen(Screen[None]):
             self.query_one("#node-charts", GpuCharts).show_message(text)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return bool(self.app.allowed(action))  # type: ignore[attr-defined]  # False: unbound when read-only
+        return self.gate(action)  # None: shown disabled, the reason above the footer (read-only too)
+
+    def selection(self) -> tuple[str | None, str | None]:
+        key = self.query_one("#node-gpus", FleetTable).cursor_key if self.ready else None
+        return self.node, key
+
+    def on_key(self, event: events.Key) -> None:
+        self.press_disabled(event)  # a disabled action's key says why at once
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
