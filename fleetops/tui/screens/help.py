@@ -26,6 +26,8 @@ KEYS = (
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain / resume the node in Slurm (asks first)"),
     ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
+    ("c", "copy the command for the row or the selected GPU: fleetops reset -i INVENTORY NODE UUID, or the "
+          "node's fleetops drain (a lost GPU, a node row); C on a node screen: its drain"),
     ("q", "quit"),
 )
 
