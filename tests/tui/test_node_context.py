@@ -120,6 +120,7 @@ def _fed(name: str) -> data.NodeEntry:
     return replace(entry_of("node011"), name=name)
 
 
+@pytest.mark.root  # munged and slurmctld run as root
 def test_the_header_shows_slurm_state_reason_and_owner_read_from_slurmctld(slurm_app: FleetApp, cluster) -> None:
     app = slurm_app
 
@@ -139,6 +140,7 @@ def test_the_header_shows_slurm_state_reason_and_owner_read_from_slurmctld(slurm
     drive(app, body)
 
 
+@pytest.mark.root  # munged and slurmctld run as root
 def test_a_drain_and_a_resume_from_the_tui_are_read_back_into_the_header(slurm_app: FleetApp, cluster) -> None:
     app = slurm_app
     worst = entry_of("node011").worst
@@ -179,6 +181,7 @@ def test_a_drain_and_a_resume_from_the_tui_are_read_back_into_the_header(slurm_a
     drive(app, body)
 
 
+@pytest.mark.root  # munged and slurmctld run as root
 def test_a_node_slurm_does_not_know_or_the_inventory_excludes_is_not_a_slurm_node(slurm_app: FleetApp) -> None:
     app = slurm_app
 
@@ -199,6 +202,7 @@ def test_a_node_slurm_does_not_know_or_the_inventory_excludes_is_not_a_slurm_nod
     drive(app, body)
 
 
+@pytest.mark.root  # munged and slurmctld run as root
 def test_a_slurm_host_that_does_not_answer_says_why_slurm_was_not_read(slurm_app: FleetApp) -> None:
     app = slurm_app
 
