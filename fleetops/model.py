@@ -74,6 +74,10 @@ class GpuProcess:
     # fleetops.snapshot/v1.
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # Who runs it: the name of the process's real uid (/proc/PID/status), the uid where it has
+    # no name; None when it could not be read (the process ended between NVML's list and the
+    # read, or an older agent). Optional in fleetops.snapshot/v1.
+    user: str | None = None
 
 
 @dataclass

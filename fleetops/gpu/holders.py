@@ -58,6 +58,13 @@ def _uid(proc_dir: str) -> int | None:
     return None
 
 
+def process_user(pid: int, proc: str = PROC) -> str | None:
+    """Who runs ``pid``: its real uid's name (the uid where it has none), or None when its
+    ``/proc`` entry cannot be read (it ended since it was listed)."""
+    uid = _uid(os.path.join(proc, str(int(pid))))
+    return None if uid is None else _user(uid)
+
+
 def _command(proc_dir: str) -> str:
     try:
         with open(os.path.join(proc_dir, "cmdline"), "rb") as fh:

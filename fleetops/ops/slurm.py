@@ -131,6 +131,34 @@ class Place:
     where: str  # for messages: "the controller" or "Slurm host NAME"
 
 
+@dataclass(frozen=True)
+class NodeReading:
+    """One node as Slurm shows it, read for a front end (``SlurmControl.read``): its State and
+    Reason, the drain's owner by the rule, who set the Reason and when (slurmctld's stamp).
+    ``managed`` False: not a Slurm node (the inventory says so, or Slurm knows no such node);
+    ``problem``: why Slurm was not read (or, unmanaged, why it is not a Slurm node)."""
+
+    node: str
+    slurm_name: str | None = None
+    where: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    owner: rule.Owner | None = None
+    set_by: str | None = None
+    set_at: str | None = None
+    managed: bool = True
+    problem: str | None = None
+
+    @property
+    def drained(self) -> bool:
+        return rule.is_drained(self.state)
+
+    @property
+    def draining(self) -> bool:
+        """Drained, with jobs still running (Slurm's DRAINING)."""
+        return self.drained and rule.is_busy(self.state)
+
+
 class SlurmControl:
     """Drain and resume for the nodes of one inventory; holds how to reach a Slurm host and the
     share of a partition a drain may take out of service."""
@@ -237,7 +265,7 @@ class SlurmControl:
             return ActionResult(
                 host.name, action, REFUSED, f"{host.name}: scontrol not found on {place.where}", detail=detail
             )
-        if "not found" in text.lower() and "node" in text.lower():
+        if _names_unknown_node(result):
             return self._unknown_node(host, action, place, name)
         why = result.error or result.error_kind or "failed"
         last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
@@ -272,6 +300,28 @@ class SlurmControl:
         """(where, Slurm name, the ``scontrol show node`` result)."""
         place, name = self.place(host), slurm_name(host)
         return place, name, self._run(place, show_argv(name, self.scontrol))
+
+    def read(self, host: Any) -> NodeReading:
+        """The node as Slurm shows it now (State, Reason, the drain's owner by the rule, who set
+        the Reason and when), for a front end to show; the same ``show`` and parse the drain and
+        resume decide on. Never raises for Slurm trouble: ``problem`` says why it was not read,
+        and ``managed`` False says the node is no Slurm node at all."""
+        if not slurm_managed(host):
+            return NodeReading(host.name, managed=False, problem=f"{SLURM_MANAGED_VAR}: false in the inventory")
+        refusal = self.precheck(host)
+        if refusal is not None:
+            return NodeReading(host.name, problem=refusal)
+        place, name, shown = self.show(host)
+        if not shown.ok:
+            failed = self._problem(host, "read", place, name, shown)
+            unknown = _names_unknown_node(shown) and shown.exit_status != _NOT_FOUND_STATUS
+            return NodeReading(
+                host.name, name, place.where, managed=not unknown, problem=failed.message.removeprefix(f"{host.name}: ")
+            )
+        state, reason = rule.parse_node(shown.stdout)
+        who, when = rule.reason_stamp(shown.stdout)
+        owner = rule.owner_of(reason) if reason else None
+        return NodeReading(host.name, name, place.where, state, reason, owner, who, when)
 
     def nodes(self, host: Any) -> tuple[Place, Any, list[rule.SlurmNode]]:
         """(where, the ``scontrol show nodes -o`` result, its nodes) at the node's Slurm place."""
@@ -511,6 +561,12 @@ class SlurmControl:
             )
         problem = self._problem(host, action, place, name, result)
         return dataclasses.replace(problem, detail={**problem.detail, **detail})
+
+
+def _names_unknown_node(result: Any) -> bool:
+    """scontrol's answer says Slurm knows no such node (``Node NAME not found``)."""
+    text = f"{result.stderr or ''} {result.stdout or ''}".lower()
+    return "not found" in text and "node" in text
 
 
 def _reason(kind: str, run: str, purpose: str | None) -> str:

@@ -77,9 +77,11 @@ class FleetApp(App[None]):
         highlight_s: float = 1.5,
         tick_s: float = 1.0,
         feed_every_s: float = 0.1,
+        inventory: str | None = None,
     ) -> None:
         super().__init__()
         self.source = source
+        self.inventory = inventory  # the inventory path the TUI was started with (copied commands name it)
         self.readonly = readonly
         self.interval = interval
         self.where = where
@@ -643,12 +645,24 @@ class FleetApp(App[None]):
         self.last_action = result
         if what in ("drain", "resume"):
             self.from_worker(self.forget_slurm_state, name)
+            self.from_worker(self.slurm_changed, name)
         if result.ok and not self.exiting:
             # what the action left behind, from a snapshot taken after it (the daemon samples on
             # request, else a cold collect), now rather than at the next round
             entry = self.source.collect(name, after_action=True)
             self.deliver(entry)
             self.from_worker(self._report_entry, entry, f"after {what}", logged)
+
+    def slurm_changed(self, name: str) -> None:
+        """A drain or resume from this TUI is done: node screens of ``name`` read Slurm again."""
+        for screen in self.screen_stack:
+            if getattr(screen, "node", None) == name and hasattr(screen, "load_slurm"):
+                screen.load_slurm()
+
+    def copy_command(self, command: str, what: str) -> None:
+        """Put ``command`` on the clipboard (the terminal's, through Textual) and show it whole."""
+        self.copy_to_clipboard(command)
+        self.notify(command, title=f"copied: {what}", timeout=10)
 
     def action_help(self) -> None:
         from fleetops.tui.screens.help import HelpScreen

@@ -188,7 +188,10 @@ def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -
         )
         if source.open_files_warning:  # before the screen takes the terminal
             print(f"fleetops tui: {source.open_files_warning}", file=sys.stderr)
-        app = FleetApp(source, readonly=args.readonly, interval=interval, where=where, store=store)
+        app = FleetApp(
+            source, readonly=args.readonly, interval=interval, where=where, store=store,
+            inventory=os.path.abspath(inventory),
+        )  # fmt: skip
         app.run()
         return 0
     finally:

@@ -360,6 +360,20 @@ class SshSource:
                 planned[done.node] = done
         return [planned[name] for name in names]
 
+    def slurm_node(self, name: str) -> Any:
+        """The node as Slurm shows it now (``ops.slurm.SlurmControl.read``: State, Reason, the
+        drain's owner): for the node screen's header, read in a worker (network). A simulated
+        node that Slurm cannot be asked about is no Slurm node, as ``slurm_refusal`` says."""
+        from fleetops.ops import slurm
+
+        host = self.hosts[name]
+        entry = self._entry(name)
+        simulated = entry is not None and entry.snapshot is not None and entry.snapshot.backend == "sim"
+        refusal = self._slurm_control.precheck(host) if slurm.slurm_managed(host) and simulated else None
+        if refusal:
+            return slurm.NodeReading(name, managed=False, problem=f"a simulated node; {refusal}")
+        return self._slurm_control.read(host)
+
     def _scontrol(self, name: str, state: str, purpose: str | None) -> ActionResult:
         """Drain or resume through ``fleetops.ops.slurm``: scontrol on the controller or the
         inventory's Slurm host, never on the node (a hung node can be drained)."""

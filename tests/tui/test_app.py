@@ -143,7 +143,10 @@ def test_a_refresh_updates_only_changed_cells_lights_them_and_never_clears() -> 
         assert ("node006", "health") in lit and ("node006", "worst") in lit
         assert {k for k, _ in lit} == {"node006"}, sorted(lit)  # nothing else changed
         assert lit == {("node006", c) for c in ("health", "gpus", "xids", "worst")}
-        assert tbl.last_changed_cells == 5  # and SEEN, which moves with the clock: not lit
+        # and SEEN and BAD SINCE (from the XID 48 the DBE wrote at T0-120), which move with the
+        # clock: not lit
+        assert cells(tbl, "node006")["bad"] == "07:58 2m"
+        assert tbl.last_changed_cells == 6
         drawn = next(line for line in screen_lines(app) if "node006" in line)
         assert "CRIT" in drawn and "7/8" in drawn and "memory.ecc_dbe_volatile" in drawn
         await pilot.press("down")  # the cursor moves off node010: both rows are drawn anew

@@ -184,3 +184,19 @@ def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whol
     assert got["second"] == node, got["second"]
     assert got["first"] == node, got["first"]
     assert len(node.gpus) == 8 and node.gpus[3].ecc_uncorrected_volatile
+
+
+def test_a_process_user_is_optional_in_the_v1_schema():
+    """``GpuProcess.user`` came in as an optional key: a v1 document without it reads None (an
+    older agent's, or a process whose /proc entry was gone), one with it keeps it."""
+    node = _node(["stray-process@2"])
+    doc = json.loads(model.node_to_json(node))
+    procs = doc["gpus"][2]["processes"]
+    assert procs == [{"pid": sim.STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480,
+                      "gpu_instance_id": None, "compute_instance_id": None, "user": sim.STRAY_USER}]
+    assert model.node_from_dict(doc).gpus[2].processes[0].user == sim.STRAY_USER
+    del procs[0]["user"]
+    assert model.node_from_dict(doc).gpus[2].processes[0].user is None
+    procs[0]["user"] = 1000
+    with pytest.raises(model.SchemaError, match=r"processes\[0\]\.user"):
+        model.node_from_dict(doc)

@@ -590,6 +590,30 @@ def test_process_names_come_from_proc(monkeypatch, tmp_path):
     ]
 
 
+def test_a_process_user_is_read_from_proc_and_a_vanished_process_has_none(monkeypatch, tmp_path):
+    """The user is the name of the real uid in /proc/PID/status (the uid where it has no name);
+    a process that ended between NVML's list and the read has no /proc entry: no user, no error."""
+    import pwd
+
+    for pid, uid in ((4242, 0), (4343, 4_242_421)):
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "status").write_text(
+            f"Name:\tpython3\nUmask:\t0022\nState:\tR (running)\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        )
+    with pytest.raises(KeyError):
+        pwd.getpwuid(4_242_421)
+    gpu = h200()
+    gpu["processes"] = [
+        {"pid": 4242, "usedGpuMemory": 1024 * MIB},
+        {"pid": 4343, "usedGpuMemory": 1024 * MIB},
+        {"pid": 7, "usedGpuMemory": 1024 * MIB},  # gone: no /proc/7
+    ]
+    FakeNvml([gpu], monkeypatch)
+    procs = collect(None).gpus[0].processes
+    assert procs is not None
+    assert [(p.pid, p.user) for p in procs] == [(4242, "root"), (4343, "4242421"), (7, None)]
+
+
 def test_a_process_in_a_mig_instance_carries_its_instance_ids(monkeypatch, tmp_path):
     # NVML's process info under MIG names the GPU and compute instance; outside MIG it fills 0xFFFFFFFF
     gpu = h200()

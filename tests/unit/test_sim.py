@@ -209,3 +209,20 @@ def test_default_node_looks_like_the_reference_h200():
     assert (gpu["power_limit_w"], gpu["power_min_limit_w"], gpu["power_max_limit_w"]) == (700.0, 200.0, 700.0)
     assert len(gpu["nvlinks"]) == 18 and data["gpu_count"] == 8
     assert model.node_from_dict({**{k: v for k, v in data.items() if k != "_kernel_log"}, "collected_at": T0})
+
+
+def test_simulated_processes_carry_their_owner():
+    """The stray process is a training job's service account's; a process a test registers
+    names its user, or, a real process of this machine, is read from /proc as NVML's collector
+    reads it; a record without one has none."""
+    import pwd
+
+    state = sim.build_state("node001", {"faults": []})
+    sim.inject_into(state, "stray-process", 2)
+    sim.add_process(state, 1, 4242, "vllm", 30720, user="alice")
+    sim.add_process(state, 1, os.getpid(), "pytest", 10, real=True)
+    sim.add_process(state, 1, 4343, "python3", 10)
+    doc = sim.snapshot(state, now=T0)
+    assert [p["user"] for p in doc["gpus"][2]["processes"]] == [sim.STRAY_USER]
+    users = [(p["pid"], p.get("user")) for p in doc["gpus"][1]["processes"]]
+    assert users == [(4242, "alice"), (os.getpid(), pwd.getpwuid(os.getuid()).pw_name), (4343, None)]

@@ -50,6 +50,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.catalog import throttle
+from fleetops.gpu import holders
 from fleetops.gpu.nvml.core import LOST, GpuReader, Nvml, NvmlUnavailable, as_text, field_value, instance_id
 from fleetops.gpu.nvml.mig import read_mig
 from fleetops.gpu.nvml.topology import node_topology, read_affinity, read_fabric, read_nvlinks
@@ -520,6 +521,7 @@ def _read_processes(r: GpuReader) -> None:
                 used_memory_mib=int(used) // _MIB if used is not None else None,
                 gpu_instance_id=instance_id(getattr(p, "gpuInstanceId", None)),
                 compute_instance_id=instance_id(getattr(p, "computeInstanceId", None)),
+                user=holders.process_user(int(p.pid), PROC),
             )
         )
     r.gpu.processes = procs

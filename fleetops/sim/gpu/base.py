@@ -156,6 +156,12 @@ CRC_STORM_BASE, CRC_STORM_PER_MIN = 5_000, 3_000
 
 
 STRAY_PID = 48213
+STRAY_USER = "svc-train"  # the stray process's owner: a training job's service account
+
+
+def stray_process() -> dict[str, Any]:
+    """The ``stray-process`` fault's compute process, as the snapshot lists it."""
+    return {"pid": STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480, "user": STRAY_USER}
 
 
 # NVLink data moved per link and direction at 100 % load: about 80 % of an NVLink 4 link's

@@ -20,6 +20,7 @@ from fleetops.sim.gpu.base import (
     SimError,
     logs_code,
     lost_reason,
+    stray_process,
 )
 
 
@@ -69,18 +70,31 @@ def gpu_processes(state: dict[str, Any], position: int) -> list[dict[str, Any]]:
     ``real`` flag of processes a test registered with ``add_process``)."""
     procs = [dict(p) for p in state.get("processes", {}).get(str(position), [])]
     if any(f["name"] == "stray-process" and f.get("gpu") == position for f in state["faults"]):
-        procs.append({"pid": STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480})
+        procs.append(stray_process())
     return procs
 
 
 def add_process(
-    state: dict[str, Any], position: int, pid: int, name: str, used_memory_mib: int = 1024, real: bool = False
+    state: dict[str, Any],
+    position: int,
+    pid: int,
+    name: str,
+    used_memory_mib: int = 1024,
+    real: bool = False,
+    user: str | None = None,
 ) -> None:
-    """Show ``pid`` as a compute process on the GPU at ``position``. ``real=True`` says it is a
-    process of this machine that the agent may signal; the others are only records."""
+    """Show ``pid`` as a compute process on the GPU at ``position``, run by ``user``. ``real=True``
+    says it is a process of this machine that the agent may signal (its user, unless given, is
+    read from /proc as the NVML collector reads it); the others are only records."""
     entry: dict[str, Any] = {"pid": int(pid), "name": name, "used_memory_mib": int(used_memory_mib)}
     if real:
         entry["real"] = True
+        if user is None:
+            from fleetops.gpu import holders
+
+            user = holders.process_user(int(pid))
+    if user is not None:
+        entry["user"] = user
     state.setdefault("processes", {}).setdefault(str(position), []).append(entry)
 
 

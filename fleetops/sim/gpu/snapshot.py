@@ -25,7 +25,7 @@ from fleetops.sim.gpu.base import (
     SBE_STORM_BASE,
     SBE_STORM_PER_MIN,
     STEADY_PROBE_S,
-    STRAY_PID,
+    stray_process,
 )
 from fleetops.sim.gpu.traffic import (
     nvlink_rows,
@@ -99,7 +99,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
                 gpu["memory_used_mib"] = gpu.get("memory_used_mib", 0) + 20480
         procs = [dict(p) for p in state.get("processes", {}).get(str(index), [])]
         if any(f["name"] == "stray-process" for f in by_gpu.get(index, [])):
-            procs.append({"pid": STRAY_PID, "name": "python3 train.py", "used_memory_mib": 20480})
+            procs.append(stray_process())
         gpu["processes"] = procs
         gpu["power_enforced_limit_w"] = gpu["power_limit_w"]
         gpu["clocks_event_reasons"] = throttle.decode(gpu["clocks_event_mask"])

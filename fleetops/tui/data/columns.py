@@ -81,6 +81,28 @@ def format_age(seconds: float | None) -> str:
     return "never" if seconds is None else age_text(seconds)
 
 
+def bad_since_text(since: float, now: float) -> str:
+    """``bad since 03:12:07 UTC (14m05s)``: the node header's words (UTC, as the XIDs' times)."""
+    return f"bad since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC ({age_text(now - since)})"
+
+
+def bad_since_cell(since: float | None, now: float) -> str:
+    """The nodes view's compact form: ``03:12 14m`` (UTC time, whole minutes, hours or days);
+    past a day the date instead of the time (``12-05 2d``); empty while the node is OK."""
+    if since is None:
+        return ""
+    age = max(0, int(now - since))
+    if age < 60:
+        short = f"{age}s"
+    elif age < 3600:
+        short = f"{age // 60}m"
+    elif age < 86400:
+        short = f"{age // 3600}h"
+    else:
+        short = f"{age // 86400}d"
+    return time.strftime("%H:%M" if age < 86400 else "%m-%d", time.gmtime(since)) + " " + short
+
+
 def short_uuid(uuid: str) -> str:
     """``GPU-`` and the first 8 hex digits: unique enough to read, the full one is in the detail."""
     return uuid[:12]
@@ -161,6 +183,24 @@ def fmt_util(gpu: model.Gpu) -> str:
     return "n/a" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
 
 
+def _largest_mib(gpu: model.Gpu) -> int | None:
+    used = [p.used_memory_mib for p in gpu.processes or [] if p.used_memory_mib is not None]
+    return max(used) if used else None
+
+
+def fmt_procs(gpu: model.Gpu) -> str:
+    """Compute processes on the GPU and the largest one's GPU memory: ``2 20G`` (``1.5G`` below
+    10 GiB); ``0`` for none, ``n/a`` where the driver did not say."""
+    if gpu.processes is None:
+        return "n/a"
+    n = len(gpu.processes)
+    largest = _largest_mib(gpu)
+    if not n or largest is None:
+        return str(n)
+    gib = largest / 1024
+    return f"{n} {gib:.1f}G" if gib < 10 else f"{n} {gib:.0f}G"
+
+
 def fmt_finding(f: model.Finding) -> str:
     """``check: message``; messages already name the GPU (index and bus id) they are about."""
     return f"{f.check}: {f.message}"
@@ -232,6 +272,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("driver", "DRIVER", 11, "D", doc="NVIDIA driver version"),
         Column("xids", "XID/1H", 6, "X", doc="XIDs in the last hour"),
         Column("seen", "SEEN", 7, "A", clock=True, doc="how long ago the node's last good snapshot arrived"),
+        Column("bad", "BAD SINCE", 9, "B", clock=True,
+               doc="since when the node is in its fault state, UTC, and for how long (03:12 14m; the date past a "
+               "day); kept through STALE, empty when OK"),
         Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=40,
                doc="check: message of its worst finding, or why the latest poll gave no snapshot"),
     ),
@@ -282,6 +325,8 @@ DETAIL_GPU_COLUMNS: tuple[Column, ...] = (
     Column("hbm", "HBM", 4, doc=_HBM_DOC),
     Column("power", "POWER", 9, doc=_POWER_DOC),
     Column("util", "UTIL", 4, doc=_UTIL_DOC),
+    Column("procs", "PROCS", 8, doc="compute processes on the GPU and the largest one's GPU memory, GiB (each "
+           "process, with its user and MIG instance, on the GPU tab); n/a where the driver did not say"),
     Column("ecc", "ECC c/u", 9, doc=_ECC_DOC),
     Column("remap", "REMAP", 8, doc=_REMAP_DOC),
     Column("pcie", "PCIE", 10, doc=_PCIE_DOC),
@@ -397,6 +442,7 @@ def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
             "hbm",
             "power",
             "util",
+            "procs",
             "ecc",
             "remap",
             "pcie",
@@ -418,6 +464,7 @@ def gpu_cells(g: GpuView) -> dict[str, tuple[str, str, Any]]:
                 "",
                 gpu.utilization_gpu_pct if gpu.utilization_gpu_pct is not None else -1,
             ),
+            "procs": (fmt_procs(gpu), "", (len(gpu.processes or []), _largest_mib(gpu) or 0)),
             "ecc": (
                 fmt_ecc(gpu),
                 styles.get("ecc", ""),

@@ -78,6 +78,23 @@ class NodeEntry:
     version: int = 0
     gpu_rows: tuple[Row, ...] = ()
     finding_rows: tuple[Row, ...] = ()
+    # Since when the node's current bad state holds (controller clock): the first time it was
+    # seen turn from OK to a fault state, or earlier where the data says (an XID's own time, the
+    # start of a throttle the daemon holds); None while it is OK. See ``bad``.
+    bad_since: float | None = None
+
+    @property
+    def bad(self) -> bool | None:
+        """True in a fault state (a warn or crit finding, or no answer: UNREACH, HUNG, NODATA),
+        False when OK (or never polled), None when STALE: old data says nothing new about the
+        node, so a bad period neither starts nor ends there (no flicker through a silent spell)."""
+        if self.status == STATUS_STALE:
+            return None
+        if self.status == STATUS_PENDING:
+            return False if self.snapshot is None else self.health in FAULT_SEVERITIES
+        if self.status != STATUS_OK:
+            return True
+        return self.health in FAULT_SEVERITIES
 
     @property
     def mark(self) -> str | None:
@@ -117,8 +134,8 @@ class NodeEntry:
     @cached_property
     def node_row_parts(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
         """Cells, styles and sort values of the nodes-view row, computed once per entry; the
-        clock-bound ones (XIDs in the last hour, age) are placeholders here (FleetState fills
-        them)."""
+        clock-bound ones (XIDs in the last hour, age, bad since) are placeholders here
+        (FleetState fills them)."""
         health = self.display_health
         snap = self.snapshot
         if self.problem is not None and self.status != STATUS_OK:
@@ -137,9 +154,10 @@ class NodeEntry:
             (snap.driver_version or "n/a") if snap else "-",
             "",
             "",
+            "",
             worst_text,
         )
-        styles = ("", health, "warn" if ok < n else "", "", "", "", worst_style)
+        styles = ("", health, "warn" if ok < n else "", "", "", "", health, worst_style)
         sort = (
             natural_key(self.name),
             HEALTH_RANK.get(health, 0),
@@ -147,6 +165,7 @@ class NodeEntry:
             natural_key(snap.driver_version or "") if snap else (),
             0,
             0.0,
+            self.bad_since if self.bad_since is not None else float("inf"),  # the longest bad first
             (-model.SEVERITY_RANK.get(self.worst.severity, 0), self.worst.check) if self.worst else (1, ""),
         )
         return cells, styles, sort
@@ -279,6 +298,11 @@ def summarize(
         )  # fmt: skip
     worst_f = next((f for f in found if f.severity not in ("ok", "info")), None)
     hay = _haystack(name, found)
+    bad_since = None
+    if health in FAULT_SEVERITIES:
+        kept = previous.bad_since if previous is not None and previous.bad is not False else None
+        times = [seen_at, *_evidence_times(snapshot, found)] + ([kept] if kept is not None else [])
+        bad_since = min(times)
     entry = NodeEntry(
         name=name,
         status=STATUS_OK,
@@ -292,10 +316,48 @@ def summarize(
         worst=worst_f,
         haystack=hay,
         version=(previous.version + 1) if previous else 1,
+        bad_since=bad_since,
     )
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)
     )
+
+
+def _evidence_times(snapshot: model.Node, findings: Iterable[model.Finding]) -> list[float]:
+    """When the node's faults began, where the data says so itself: the kernel's time of each
+    XID behind an ``xid.`` fault (its code on its GPU, since that GPU's last reset), and the
+    first sample of a throttle the daemon still holds."""
+    times: list[float] = []
+    resets = {_bus(g.bus_id): g.last_reset_at for g in snapshot.gpus}
+    for f in findings:
+        if f.severity not in FAULT_SEVERITIES:
+            continue
+        if f.check == "thermal_power.throttle" and isinstance(f.observed, dict):
+            first = f.observed.get("first_seen")
+            if isinstance(first, (int, float)) and not isinstance(first, bool):
+                times.append(float(first))
+        elif f.check.startswith("xid.") and isinstance(f.observed, list):
+            codes = {c.get("code") for c in f.observed if isinstance(c, dict)}
+            bus = _bus((f.gpu or {}).get("bus_id"))
+            after = resets.get(bus) or 0.0
+            times += [
+                ev.timestamp for ev in snapshot.xids
+                if ev.code in codes and _bus(ev.bus_id) == bus and ev.timestamp is not None and ev.timestamp >= after
+            ]  # fmt: skip
+    return times
+
+
+def bad_since_shown(old: NodeEntry | None, new: NodeEntry, now: float) -> float | None:
+    """``new``'s bad-since as the screen keeps it, given the entry shown before (``old``): a
+    bad period goes on through STALE and through every answer that is still bad, whichever
+    source built the entry; one that no entry dates (a node that stopped answering) starts
+    ``now``, when the screen first sees it."""
+    if new.bad is False:
+        return None
+    times = [t for t in (new.bad_since, old.bad_since if old is not None and old.bad is not False else None) if t is not None]
+    if times:
+        return min(times)
+    return now if new.bad else None
 
 
 def _bus(bus_id: str | None) -> str:
@@ -330,7 +392,11 @@ def mark_failed(name: str, status: str, problem: model.Finding, previous: NodeEn
     # built afresh from the kept findings and this problem: a node marked again and again (a
     # host down for a day, retried every backoff) must not grow its search text each time
     hay = _haystack(name, (*base.findings, problem))
-    entry = replace(base, status=status, problem=problem, haystack=hay, version=base.version + 1)
+    # a bad period goes on (the screen dates one that starts here: ``bad_since_shown``)
+    since = base.bad_since if base.bad is not False else None
+    entry = replace(
+        base, status=status, problem=problem, haystack=hay, version=base.version + 1, bad_since=since
+    )
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetops.tui.data.columns import (
     COLUMNS,
@@ -20,6 +20,7 @@ from fleetops.tui.data.columns import (
     VIEWS,
     XID_WINDOW_S,
     Row,
+    bad_since_cell,
     column_index,
     format_age,
     gpu_cells,
@@ -28,7 +29,7 @@ from fleetops.tui.data.columns import (
     natural_key,
     xid_cells,
 )
-from fleetops.tui.data.entry import NodeEntry, pending_entry
+from fleetops.tui.data.entry import NodeEntry, bad_since_shown, pending_entry
 
 # --- filter ------------------------------------------------------------------------------
 
@@ -111,8 +112,8 @@ class FleetState:
     )
     stale_after: float | None = None  # a reachable node's age beyond this is shown as stale
     last_total: int = 0  # rows of the last ``rows()`` view before filtering
-    # name -> (entry, XIDs in the window, age text, age style, the row built from them)
-    _node_rows: dict[str, tuple[NodeEntry, int, str, str, Row]] = field(default_factory=dict, repr=False)
+    # name -> (entry, XIDs in the window, age text, age style, bad-since text, the row built from them)
+    _node_rows: dict[str, tuple[NodeEntry, int, str, str, str, Row]] = field(default_factory=dict, repr=False)
 
     def set_hosts(self, names: Iterable[str]) -> None:
         for name in names:
@@ -132,6 +133,9 @@ class FleetState:
                 # delivered after the action's own snapshot): never shown over newer data
                 continue
             if old is not e:
+                since = bad_since_shown(old, e, self.clock())
+                if since != e.bad_since:
+                    e = replace(e, bad_since=since)
                 self.entries[e.name] = e
                 changed.append(e.name)
         return changed
@@ -194,20 +198,22 @@ class FleetState:
         age = None if e.seen_at is None else now - e.seen_at
         seen = format_age(age) if age is not None else "-"
         seen_style = self._seen_style(e, age)
+        bad = bad_since_cell(e.bad_since, now)
         cached = self._node_rows.get(e.name)
-        if cached is not None and cached[0] is e and cached[1:4] == (xids, seen, seen_style):
-            return cached[4]  # the same object: the table skips it without looking inside
+        if cached is not None and cached[0] is e and cached[1:5] == (xids, seen, seen_style, bad):
+            return cached[5]  # the same object: the table skips it without looking inside
         cells, styles, sort = e.node_row_parts
         has_data = e.snapshot is not None
         aged = self.health_at(e, now) == "stale" and e.status == STATUS_OK  # old data its source kept as OK
         health_cell = health_label("stale") if aged else cells[1]
-        cells = (cells[0], health_cell, *cells[2:4], str(xids) if has_data else "-", seen, cells[6])
-        styles = (styles[0], "stale" if aged else styles[1], *styles[2:4], "warn" if xids else "dim", seen_style, styles[6])
+        cells = (cells[0], health_cell, *cells[2:4], str(xids) if has_data else "-", seen, bad, cells[7])
+        styles = (styles[0], "stale" if aged else styles[1], *styles[2:4], "warn" if xids else "dim", seen_style,
+                  styles[6], styles[7])  # fmt: skip
         sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:4], xids,
-                age if age is not None else float("inf"), sort[6])  # fmt: skip
+                age if age is not None else float("inf"), sort[6], sort[7])  # fmt: skip
         placeholder = e.status == STATUS_PENDING and not has_data
         row = Row(e.name, cells, styles, sort, e.fault or aged, e.haystack, e.name, placeholder=placeholder)
-        self._node_rows[e.name] = (e, xids, seen, seen_style, row)
+        self._node_rows[e.name] = (e, xids, seen, seen_style, bad, row)
         return row
 
     def _seen_style(self, e: NodeEntry, age: float | None) -> str:

@@ -46,6 +46,7 @@ class FleetScreen(GatedScreen):
         Binding("u", "resume", "Resume"),
         # D sorts by DRIVER (shift-letter sorts); the filtered drain is ctrl+d
         Binding("ctrl+d", "drain_set", "Drain filtered"),
+        Binding("c", "copy_command", "Copy cmd"),
         Binding("1", "view('nodes')", "Nodes", show=False),
         Binding("2", "view('gpus')", "GPUs", show=False),
         Binding("3", "view('findings')", "Findings", show=False),
@@ -297,3 +298,16 @@ class FleetScreen(GatedScreen):
         name = self._node()
         if name:
             self.app.request_resume(name)  # type: ignore[attr-defined]
+
+    def action_copy_command(self) -> None:
+        """``c``: the command for the row: a GPU's reset (gpus view, or a finding or XID about a
+        GPU), else the node's drain."""
+        from fleetops.tui import commands
+
+        row = self.current_row()
+        if row is None or not row.node:
+            self.notify("no row selected", severity="warning")
+            return
+        entry = self.state.entries.get(row.node) or data.pending_entry(row.node)
+        inventory = getattr(self.app, "inventory", None)
+        self.app.copy_command(*commands.for_selection(entry, row.gpu, inventory))  # type: ignore[attr-defined]

@@ -29,6 +29,8 @@ KEYS = (
     ("d / u", "drain (asks the reason Slurm keeps) / resume the node in Slurm (asks first)"),
     ("ctrl+d", "drain every node the filter shows, through the capacity guard (asks the reason; shows what the guard allows first)"),
     ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
+    ("c", "copy the command for the row or the selected GPU: fleetops reset -i INVENTORY NODE UUID, or the "
+          "node's fleetops drain (a lost GPU, a node row); C on a node screen: its drain"),
     ("q", "quit"),
     ("dimmed key", "an action its preconditions refuse (a lost GPU's reset, another owner's drain, read-only): why is shown above the footer"),
 )

@@ -40,6 +40,9 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         t.append(f"  last good state {age} ago ({data.health_label(entry.health)})", style=STYLES["warn"])
     else:
         t.append(f"  seen {age} ago", style=STYLES["dim"])
+    if entry.bad_since is not None:
+        bad_style = STYLES.get(entry.health if entry.status == data.STATUS_OK else health, STYLES["warn"])
+        t.append(f"  {data.bad_since_text(entry.bad_since, now)}", style=bad_style)
     snap = entry.snapshot
     if entry.problem is not None:
         t.append("\n ")
@@ -59,6 +62,44 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
         )
         t.append(services, style=STYLES["dim"])
+    return t
+
+
+def slurm_text(reading: Any, note: str | None = None) -> Text:
+    """The node's Slurm lines: State (drained, or draining while jobs still run), the drain's
+    owner as the catalog's rule reads the Reason (kind, run), who set the Reason and when
+    (slurmctld's stamp), then the Reason itself; or why it is not a Slurm node, or why Slurm was
+    not read. ``reading``: an ``ops.slurm.NodeReading``, None with ``note`` while none is."""
+    t = Text(" ")
+    t.append("Slurm ", style="bold")
+    if reading is None:
+        t.append(note or "reading ...", style=STYLES["dim"])
+        return t
+    if not reading.managed:
+        t.append(f"not a Slurm node ({reading.problem})", style=STYLES["dim"])
+        return t
+    if reading.problem is not None or reading.state is None:
+        t.append(f"not read: {reading.problem or 'scontrol gave no State'}", style=STYLES["unknown"])
+        return t
+    drained = reading.drained
+    t.append(reading.state, style=STYLES["warn"] if drained or "DOWN" in reading.state else "")
+    if reading.draining:
+        t.append(" (draining: jobs still run)", style=STYLES["warn"])
+    elif drained:
+        t.append(" (drained)", style=STYLES["warn"])
+    owner = reading.owner
+    if owner is not None:
+        if not owner.ours:
+            t.append("  owner: not fleetops")
+        else:
+            t.append(f"  owner: {owner.kind}")
+            t.append(f", run {owner.run}" if owner.run else (" (before owners were recorded)" if owner.legacy else ""))
+    if reading.reason:
+        t.append("\n ")
+        t.append("Reason ", style="bold")
+        t.append(reading.reason)
+    if reading.set_by or reading.set_at:
+        t.append(f"  (set by {reading.set_by or '?'}" + (f" at {reading.set_at})" if reading.set_at else ")"), style=STYLES["dim"])
     return t
 
 
@@ -147,8 +188,15 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
     return t
 
 
-def _process_text(p: model.GpuProcess) -> str:
-    return f"pid {p.pid} {p.name or '?'} {'n/a' if p.used_memory_mib is None else f'{p.used_memory_mib} MiB'}"
+def _process_text(p: model.GpuProcess, mig: bool = False) -> str:
+    """PID, command name, GPU memory, user, and under MIG the instance the driver places it in."""
+    text = f"pid {p.pid} {p.name or '?'} {'n/a' if p.used_memory_mib is None else f'{p.used_memory_mib} MiB'}"
+    text += f"  user {p.user or 'n/a'}"
+    if mig:
+        gi = "-" if p.gpu_instance_id is None else p.gpu_instance_id
+        ci = "-" if p.compute_instance_id is None else p.compute_instance_id
+        text += f"  GI {gi} CI {ci}"
+    return text
 
 
 def _mig_lines(t: Text, g: model.Gpu) -> None:
@@ -176,11 +224,11 @@ def _mig_lines(t: Text, g: model.Gpu) -> None:
                 t.append("  in use (processes not visible)" if inst.in_use else "  idle", style="dim")
             for pid in pids:
                 shown.add(pid)
-                t.append(f"\n      {_process_text(by_pid[pid])}")
+                t.append(f"\n      {_process_text(by_pid[pid], mig=True)}")
         procs = [p for p in procs if p.pid not in shown]
     t.append(f"\nprocesses {len(g.processes or [])}" + (" (outside the instances above)" if g.mig_instances and procs else ""))
     for p in procs:
-        t.append(f"\n  {_process_text(p)}")
+        t.append(f"\n  {_process_text(p, mig=bool(g.mig_mode_current))}")
 
 
 class NodeScreen(GatedScreen):
@@ -190,6 +238,8 @@ class NodeScreen(GatedScreen):
         Binding("r", "reset", "Reset GPU"),
         Binding("d", "drain", "Drain"),
         Binding("u", "resume", "Resume"),
+        Binding("c", "copy_command", "Copy cmd"),
+        Binding("C", "copy_command('node')", "Copy drain cmd", show=False),
         Binding("1", "tab('tab-findings')", "Findings", show=False),
         Binding("2", "tab('tab-gpu')", "GPU", show=False),
         Binding("3", "tab('tab-xids')", "XIDs", show=False),
@@ -206,6 +256,8 @@ class NodeScreen(GatedScreen):
         self.ready = False  # set once mounted: data may arrive between push and mount
         self.charts_for: str | None = None  # the GPU the charts show (or are being fetched for)
         self.charts_live = False
+        self.slurm: Any = None  # the node as Slurm showed it (ops.slurm.NodeReading), once read
+        self.slurm_note: str | None = None  # what the header says while there is none
 
     @property
     def state(self) -> data.FleetState:
@@ -218,6 +270,7 @@ class NodeScreen(GatedScreen):
     def compose(self) -> ComposeResult:
         yield SummaryBar(id="summary")
         yield Static(id="node-header")
+        yield Static(id="node-slurm")
         yield FleetTable(data.DETAIL_GPU_COLUMNS, id="node-gpus", highlight_s=self.app.highlight_s)  # type: ignore[attr-defined]
         with TabbedContent(id="node-tabs"):
             with TabPane("Findings", id="tab-findings"), VerticalScroll():
@@ -242,6 +295,7 @@ class NodeScreen(GatedScreen):
             gpus.select_key(self.select_gpu)
         gpus.focus()
         self.load_history()
+        self.load_slurm()
         self.charts_live = True
         self.load_charts()
         self.set_interval(self.CHARTS_REFRESH_S, self.load_charts)
@@ -259,6 +313,7 @@ class NodeScreen(GatedScreen):
         entry, now = self.entry, self.state.clock()
         self.query_one(SummaryBar).show(self.state, self.app)
         self.query_one("#node-header", Static).update(node_header(entry, now))
+        self.query_one("#node-slurm", Static).update(slurm_text(self.slurm, self.slurm_note))
         self.query_one("#node-gpus", FleetTable).apply(data.detail_gpu_rows(entry))
         self.query_one("#node-findings", Static).update(findings_text(entry))
         self.query_one("#node-xids", FleetTable).apply(self.state.detail_xid_rows(self.node, now))
@@ -311,6 +366,30 @@ class NodeScreen(GatedScreen):
     def _history_show(self, rows: list[data.Row]) -> None:
         if self.is_running:  # not popped (or the app quit) while the store was read
             self.query_one("#node-history", FleetTable).apply(rows)
+
+    def load_slurm(self) -> None:
+        """Read the node's Slurm State and Reason off the UI thread (scontrol, maybe over SSH):
+        when the screen opens, and after a drain or resume from this TUI (``FleetApp``)."""
+        source = getattr(self.app, "source", None)
+        if source is None or not hasattr(source, "slurm_node"):
+            self._slurm_show(None, "not read: no live source to ask Slurm through")
+            return
+        if self.slurm is None:
+            self._slurm_show(None, "reading ...")
+        self._read_slurm(source)
+
+    @work(thread=True, exclusive=True, group="slurm", exit_on_error=False)
+    def _read_slurm(self, source: Any) -> None:
+        try:
+            reading, note = source.slurm_node(self.node), None
+        except Exception as exc:  # noqa: BLE001 - a header line says it; the screen goes on
+            reading, note = None, f"not read: {type(exc).__name__}: {exc}"
+        self.app.from_worker(self._slurm_show, reading, note)  # type: ignore[attr-defined]
+
+    def _slurm_show(self, reading: Any, note: str | None) -> None:
+        self.slurm, self.slurm_note = reading, note
+        if self.ready and self.is_running:
+            self.query_one("#node-slurm", Static).update(slurm_text(reading, note))
 
     def load_charts(self) -> None:
         """Ask for the selected GPU's history off the UI thread (SSH takes its time)."""
@@ -385,6 +464,15 @@ class NodeScreen(GatedScreen):
 
     def action_drain(self) -> None:
         self.app.request_drain(self.node)  # type: ignore[attr-defined]
+
+    def action_copy_command(self, what: str = "selected") -> None:
+        """``c``: the command for the GPU under the cursor (``fleetops reset``; the node's drain
+        where the GPU cannot be reset); ``C``: the node's drain."""
+        from fleetops.tui import commands
+
+        key = self.query_one("#node-gpus", FleetTable).cursor_key if what == "selected" else None
+        inventory = getattr(self.app, "inventory", None)
+        self.app.copy_command(*commands.for_selection(self.entry, key, inventory))  # type: ignore[attr-defined]
 
     def action_resume(self) -> None:
         self.app.request_resume(self.node)  # type: ignore[attr-defined]
