@@ -23,6 +23,7 @@ from fleetops.sim import gpu as sim
 from fleetops.tui import data, simfeed
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.confirm import ConfirmScreen
+from fleetops.tui.screens.drain import DrainScreen
 from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.source import SshSource
 from fleetops.tui.widgets.fleet_table import FleetTable
@@ -157,8 +158,8 @@ def test_a_drain_and_a_resume_from_the_tui_are_read_back_into_the_header(slurm_a
         # the State alone: no drain, no owner, no Reason
         await wait_for(pilot, lambda: slurm(app) == f" Slurm {before[0]}", 30, "gpu01's Slurm state")
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the drain dialog")
-        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DrainScreen), 10, "the drain's reason prompt")
+        await pilot.press("enter")  # the reason as prefilled: the worst finding's check
         await wait_for(pilot, lambda: app.last_action is not None, 30, "the drain")
         assert app.last_action.ok, app.last_action
         reason = f"[fleetops] operator/alice@ctl01: {worst.check}"
