@@ -54,7 +54,12 @@ OTHER = "other"
 LEGACY_HEALTH_PREFIX = "healthcheck:"
 DRAIN_FLAGS = ("DRAIN", "DRAINED", "DRAINING")
 # States in which a node takes no jobs, whoever put it there.
-OUT_FLAGS = ("DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN")
+# scontrol writes a node whose slurmd stopped answering as IDLE+NOT_RESPONDING (sinfo as IDLE*);
+# FUTURE nodes are configured but not yet in service.
+OUT_FLAGS = (
+    "DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "NOT_RESPONDING",
+    "FUTURE",
+)
 BUSY_STATES = ("ALLOCATED", "ALLOC", "MIXED", "COMPLETING")
 MAX_REASON = 200  # Slurm keeps longer ones; sinfo -R and the people reading it do not
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$")

@@ -50,9 +50,17 @@ def _scontrol(c, *args: str) -> None:
 
 
 def _resume_all(c) -> None:
+    """Every node back in service, as the guard counts it: no drain, and its slurmd answering
+    (slurmctld may mark a node NOT_RESPONDING for a moment after a resume on a loaded machine;
+    the guard rightly counts such a node out of service)."""
     for node, state in _states(c).items():
         if "DRAIN" in state:
             _scontrol(c, "update", f"NodeName={node}", "State=RESUME")
+    deadline = time.monotonic() + 120
+    while not all(s == "IDLE" for s in _states(c).values()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the nodes did not all come back IDLE: {_states(c)}")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +162,8 @@ def test_the_tuis_filtered_drain_drains_what_the_guard_allows_and_refuses_the_re
         await _until(pilot, lambda: dialog.plan is not None, "the capacity guard's answer")
         assert dialog.plan.allowed == ("node301",)
         assert [n for n, _ in dialog.plan.refused] == ["node302", "node303"]
-        assert all(s == "IDLE" for s in _states(cluster).values())  # nothing sent yet
+        states = _states(cluster)
+        assert all(s == "IDLE" for s in states.values()), states  # nothing sent yet
         await _type_reason(pilot, "rack 7 PDU swap")
         await pilot.press("enter")
         await _until(pilot, lambda: len(app.action_log.rows) == 3, "every node's outcome")

@@ -203,6 +203,19 @@ def test_scontrol_show_nodes_is_read_node_by_node() -> None:
     assert [n.name for n in nodes if rule.is_out(n.state)] == ["n02", "n03"]
 
 
+def test_a_node_whose_slurmd_does_not_answer_is_out_as_scontrol_and_sinfo_write_it() -> None:
+    # scontrol show node -o (what the guard reads) spells it out; sinfo marks it with "*"
+    assert rule.is_out("IDLE+NOT_RESPONDING") and rule.is_out("MIXED+NOT_RESPONDING") and rule.is_out("IDLE*")
+    assert rule.is_out("IDLE+FUTURE")
+    assert not rule.is_out("IDLE") and not rule.is_out("MIXED+COMPLETING") and not rule.is_out("ALLOCATED")
+    nodes = rule.parse_nodes(
+        "NodeName=n01 State=IDLE+NOT_RESPONDING Partitions=gpu\nNodeName=n02 State=IDLE Partitions=gpu\n"
+        "NodeName=n03 State=IDLE Partitions=gpu\n"
+    )
+    problems = rule.capacity_problems(nodes, ["n02"], 0.34)  # one of three may be out: n01 already is
+    assert len(problems) == 1 and "partition gpu: 1 of 3 nodes are out of service already (n01)" in problems[0]
+
+
 def test_capacity_counts_every_node_out_whoever_drained_it() -> None:
     nodes = rule.parse_nodes(SHOW)
     # gpu has 10 nodes; two are out already (a health drain, a node down)
