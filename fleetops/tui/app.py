@@ -641,17 +641,42 @@ class FleetApp(App[None]):
         )
         from fleetops.ops import action_log
 
-        logged = self.action_log.add(name, what, action_log.outcome_of(result), action_log.why_of(result), gpu)
+        logged: Any = self.action_log.add(name, what, action_log.outcome_of(result), action_log.why_of(result), gpu)
         self.last_action = result
         if what in ("drain", "resume"):
             self.from_worker(self.forget_slurm_state, name)
             self.from_worker(self.slurm_changed, name)
+        if result.ok and what in ("drain", "resume") and logged is not None and hasattr(self.source, "slurm_node"):
+            # a drain's outcome is Slurm's State read after it, not the node's GPUs (a node with
+            # no agent, or one whose GPUs are sick, was drained all the same)
+            self._settle_slurm(name, what, logged)
+            logged = None
         if result.ok and not self.exiting:
             # what the action left behind, from a snapshot taken after it (the daemon samples on
             # request, else a cold collect), now rather than at the next round
             entry = self.source.collect(name, after_action=True)
             self.deliver(entry)
             self.from_worker(self._report_entry, entry, f"after {what}", logged)
+
+    def _settle_slurm(self, name: str, what: str, logged: Any) -> None:
+        """Settle a sent drain or resume with the node as Slurm shows it right after (worker
+        thread): verified when the drain is there (or gone, after a resume), failed when not,
+        unknown when Slurm could not be read."""
+        try:
+            reading = self.source.slurm_node(name)
+        except Exception as exc:  # noqa: BLE001 - the log says it, the action stays sent
+            reading, problem = None, f"{type(exc).__name__}: {exc}"
+        else:
+            problem = reading.problem
+        if reading is None or problem or reading.state is None:
+            self.action_log.settle(logged, "unknown", f"{name} after {what}: Slurm not read ({problem})")
+            return
+        wanted = reading.drained if what == "drain" else not reading.drained
+        shown = f"Slurm State {reading.state}" + (f", Reason {reading.reason}" if reading.reason else "")
+        if wanted:
+            self.action_log.settle(logged, "verified", f"{name} after {what}: {shown}")
+        else:
+            self.action_log.settle(logged, "failed", f"{name} after {what}: still {shown}")
 
     def slurm_changed(self, name: str) -> None:
         """A drain or resume from this TUI is done: node screens of ``name`` read Slurm again."""

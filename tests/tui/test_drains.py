@@ -9,6 +9,7 @@ tests/ansible/test_tui_drains_realistic.py does the same against a real slurmctl
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +139,11 @@ def test_the_reason_typed_in_the_prompt_is_the_reason_slurm_shows(cluster) -> No
         await wait_for(pilot, lambda: app.action_log.rows[0].outcome == "verified", 30, "the verdict after the drain")
         (row,) = app.action_log.rows
         assert (row.node, row.action) == ("gpu01", "drain")
+        # settled by Slurm's State read after the drain, not by the node's GPUs
+        assert re.fullmatch(
+            rf"gpu01 after drain: Slurm State [A-Z_+]*DRAIN[A-Z_+]*, Reason {re.escape(f'[fleetops] operator/{RUN}: {typed}')}",
+            row.why,
+        ), row.why
 
     drive(app, body)
 
