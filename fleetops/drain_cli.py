@@ -146,6 +146,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
         raise UsageError("--reason: say why the nodes are drained (it is kept in Slurm's Reason)")
     share = parse_share(args.max_drain_share)
     run = slurm.operator_run()
+    too_long = slurm.purpose_refusal(KIND, run, purpose)
+    if too_long:  # refused whole, never cut: the next shift would read half a sentence
+        raise UsageError(f"--reason: {too_long}")
     path = inventory_path(args.inventory)
     every, hosts = _hosts(path, args.nodes)
     reason = rule.drain_reason(KIND, run, purpose)

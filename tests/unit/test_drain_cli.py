@@ -81,6 +81,17 @@ def test_another_owners_drain_is_refused_and_named_unless_force(fs, inv, capsys)
     assert "forced by an operator" in out and fs.nodes()["gpu03"]["state"] == "MIXED"
 
 
+def test_a_reason_too_long_for_slurms_reason_is_refused_whole_and_nothing_is_sent(fs, inv, capsys) -> None:
+    room = 200 - len(f"[fleetops] operator/{RUN}: ")
+    code, out, err = run(capsys, "drain", "gpu01", "--reason", "x" * (room + 1), "-i", inv, "--yes")
+    assert code == EXIT_USAGE, out + err
+    assert f"--reason: the reason is {room + 1} characters; at most {room} fit after" in err
+    assert fs.updates() == []
+    code, out, err = run(capsys, "drain", "gpu01", "--reason", "x" * room, "-i", inv, "--yes")
+    assert code == EXIT_OK, out + err
+    assert fs.nodes()["gpu01"]["reason"] == f"[fleetops] operator/{RUN}: " + "x" * room
+
+
 def test_dry_run_shows_the_decision_and_reason_and_sends_nothing(fs, inv, capsys) -> None:
     code, out, _err = run(
         capsys,
