@@ -378,6 +378,7 @@ def snapshot_dict(path: str, now: float) -> dict[str, Any]:
         os.close(device)
     data: dict[str, Any] = sim.snapshot(state, now=now)
     lines = data.pop("_kernel_log")
+    data["fabric"] = _fabric(path, state, now, [g["bus_id"] for g in data["gpus"]])
     data["collected_at"] = now
     gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
     data["xids"] = []
@@ -387,6 +388,23 @@ def snapshot_dict(path: str, now: float) -> dict[str, Any]:
 
         data["xids"] = [to_dict(e) for e in xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
     return data
+
+
+def _fabric(path: str, state: dict[str, Any], now: float, gpu_bus_ids: list[str]) -> dict[str, Any]:
+    """The node's HCAs as the agent reads a node's: from its sysfs tree (``<state>.sys``), the
+    ports a time fault moves written first (the tree is a file like any other: nobody else
+    moves them)."""
+    from fleetops.fabric import sysfs
+    from fleetops.model import to_dict
+    from fleetops.sim.gpu import fabric as simfabric
+
+    if any(f["name"] in simfabric.TIME_FAULTS for f in state["faults"]):
+        try:
+            simfabric.sync_tree(path, state, now, only_timed=True)
+        except OSError:
+            pass  # a read-only state folder: the tree read below says what it shows
+    doc: dict[str, Any] = to_dict(sysfs.read(simfabric.sys_root(path), gpu_bus_ids))
+    return doc
 
 
 def _num(value: Any) -> Value:

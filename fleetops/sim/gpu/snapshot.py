@@ -27,6 +27,9 @@ from fleetops.sim.gpu.base import (
     STEADY_PROBE_S,
     STRAY_PID,
 )
+from fleetops.sim.gpu.fabric import (
+    section as fabric_section,
+)
 from fleetops.sim.gpu.traffic import (
     nvlink_rows,
     uptime_s,
@@ -172,6 +175,8 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         },
         # a scenario's driver_branch: null is a driver without nvmlSystemGetDriverBranch
         "unavailable": {} if branch is not None else {"driver_branch": "FunctionNotFound"},
+        # the HCAs as the node's sysfs tree shows them (the agent reads the tree itself)
+        "fabric": fabric_section(state, now),
         "_kernel_log": list(kernel_log),
     }
 
