@@ -246,6 +246,9 @@ class Fabric:
     # port; a GPU whose PCI path could not be read is absent. What "no HCA on its switch" is
     # judged by.
     gpu_switches: dict[str, str | None] = field(default_factory=dict)
+    # Epoch seconds the ports were read: what counter rates are taken over (the daemon's rate base
+    # is an older full snapshot whose fabric was read at its own time, not at the ring sample's).
+    read_at: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 

@@ -357,11 +357,23 @@ def _key(hca: model.Hca, port: model.HcaPort) -> tuple[str, int]:
     return (hca.node_guid or hca.name, port.port)
 
 
+def _interval(ctx: Context, prev_fabric: model.Fabric) -> float | None:
+    """Seconds between the two reads of the ports: their own ``read_at`` where both say (the
+    daemon's rate base is an older full snapshot), else the snapshots'."""
+    now_fabric = ctx.node.fabric
+    if now_fabric is None or now_fabric.read_at is None or prev_fabric.read_at is None:
+        return ctx.interval_s()
+    dt = float(now_fabric.read_at) - float(prev_fabric.read_at)
+    return dt if dt >= max(ctx.th.rate_min_interval_s, 1e-9) else None
+
+
 def _counters(ctx: Context, all_ports: list[Port]) -> None:
-    dt = ctx.interval_s()
     prev_fabric = ctx.previous.fabric if ctx.previous is not None else None
-    if dt is None or prev_fabric is None or not prev_fabric.hcas:
+    if prev_fabric is None or not prev_fabric.hcas:
         return  # totals alone say nothing: the counters accumulate for months
+    dt = _interval(ctx, prev_fabric)
+    if dt is None:
+        return
     before = {_key(h, p): p for h in prev_fabric.hcas for p in h.ports}
     for p in all_ports:
         old = before.get(_key(p.hca, p.port))

@@ -200,16 +200,20 @@ def attach_gpus(fabric: model.Fabric, paths: dict[str, list[str] | None]) -> Non
         hca.gpus = sorted(bus for bus, sw in known.items() if mine is not None and sw == mine)
 
 
-def read(root: str = SYSFS_ROOT, gpu_bus_ids: list[str] | None = None) -> model.Fabric:
-    """The node's RDMA devices under ``root`` (see the module docstring)."""
+def read(root: str = SYSFS_ROOT, gpu_bus_ids: list[str] | None = None, now: float | None = None) -> model.Fabric:
+    """The node's RDMA devices under ``root`` (see the module docstring); ``now``: the time to
+    record as ``read_at`` (the caller's clock), else the time of the read."""
+    import time
+
+    read_at = time.time() if now is None else now
     folder = os.path.join(root, CLASS_DIR)
     try:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
-        return model.Fabric(hcas=[], note=NO_DEVICE.format(path=os.path.join("/sys", CLASS_DIR)))
+        return model.Fabric(hcas=[], note=NO_DEVICE.format(path=os.path.join("/sys", CLASS_DIR)), read_at=read_at)
     except OSError as exc:
-        return model.Fabric(hcas=None, unavailable={"hcas": f"{folder}: {_why(exc)}"})
-    fabric = model.Fabric(hcas=[_hca(root, name) for name in names])
+        return model.Fabric(hcas=None, unavailable={"hcas": f"{folder}: {_why(exc)}"}, read_at=read_at)
+    fabric = model.Fabric(hcas=[_hca(root, name) for name in names], read_at=read_at)
     if not names:
         fabric.note = f"no RDMA device: {os.path.join('/sys', CLASS_DIR)} is empty"
     attach_gpus(fabric, gpu_paths(root, list(gpu_bus_ids or [])))

@@ -152,6 +152,9 @@ class SimAccess:
         node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
         node.collected_at = now
         node.uptime_s = sim.uptime_s(state, now)
+        if node.fabric is not None:  # the ports, unchanged, are as good as read now
+            node.fabric = copy.copy(node.fabric)
+            node.fabric.read_at = now
         node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
         return node
 
@@ -403,7 +406,7 @@ def _fabric(path: str, state: dict[str, Any], now: float, gpu_bus_ids: list[str]
             simfabric.sync_tree(path, state, now, only_timed=True)
         except OSError:
             pass  # a read-only state folder: the tree read below says what it shows
-    doc: dict[str, Any] = to_dict(sysfs.read(simfabric.sys_root(path), gpu_bus_ids))
+    doc: dict[str, Any] = to_dict(sysfs.read(simfabric.sys_root(path), gpu_bus_ids, now))
     return doc
 
 

@@ -213,3 +213,40 @@ def test_every_fabric_rule_is_in_the_catalog_with_its_source() -> None:
         assert any(s in REGISTRY[i].threshold for s in ("gpud", "NVSentinel", "AzNHC", "GCM")), i
     ran = checks_run(node(sim.build_state("n1")), pinned())
     assert {"fabric.port_down", "fabric.firmware", "fabric.port_count"} <= set(ran)
+
+
+def test_counter_rates_are_taken_over_the_ports_own_read_times() -> None:
+    """The daemon's rate base is an older full snapshot stamped with a ring sample's time: the
+    ports were read at their own time, and the rate is over that."""
+    healthy = sim.build_state("n1")
+    recovering = sim.build_state("n1")
+    recovering["fabric"][2]["counters"]["link_error_recovery"] += 8
+    t0 = time.time()
+    previous = node(healthy, t0)  # fabric.read_at = t0
+    previous.collected_at = t0 + 50  # the ring sample's time
+    current = node(recovering, t0 + 100)
+    assert fabric_findings(current, None, previous) == []  # 8 in 100 s: 4.8/min, under 5/min
+    previous.fabric.read_at = t0 + 50  # had they been read then: 8 in 50 s, 9.6/min
+    f = only(fabric_findings(current, None, previous))
+    assert (f.check, f.severity, f.observed["device"]) == ("fabric.link_errors", "warn", "mlx5_2")
+
+
+@pytest.mark.parametrize(("fault", "codes"), [
+    ("ib-port-down@3", {"fabric.port_down": "drain_and_inspect"}),
+    ("ib-fw-drift@3", {"fabric.firmware": "inspect"}),  # never the GPU firmware playbook, never a reboot
+    ("ib-missing-hca@3", {"fabric.port_count": "drain_and_inspect", "fabric.gpu_without_hca": "inspect"}),
+])
+def test_the_action_code_of_a_fabric_finding(fault: str, codes: dict[str, str]) -> None:
+    from fleetops.catalog import remedies
+
+    got = fabric_findings(node(sim.build_state("n1", {"faults": [fault]})), pinned())
+    assert {f.check: remedies.action_for(f) for f in got} == codes
+
+
+def test_the_management_port_down_is_only_inspected() -> None:
+    from fleetops.catalog import remedies
+
+    state = sim.build_state("n1")
+    _mgmt_down(state)
+    f = only(fabric_findings(node(state), pinned()))
+    assert remedies.action_for(f) == "inspect"

@@ -24,9 +24,12 @@ def node(tmp_path: Path) -> str:
     return str(path)
 
 
+T = 1_800_000_000.0  # the clock the reads record (read_at), one for every read of a test
+
+
 def read(path: str) -> dict[str, Any]:
     state = sim.read_state(path)
-    doc: dict[str, Any] = model.to_dict(sysfs.read(sim.fabric_sys_root(path), [g["bus_id"] for g in state["gpus"]]))
+    doc: dict[str, Any] = model.to_dict(sysfs.read(sim.fabric_sys_root(path), [g["bus_id"] for g in state["gpus"]], T))
     return doc
 
 
@@ -63,7 +66,7 @@ def test_the_tree_reads_as_the_in_memory_snapshot_says(node: str) -> None:
     for fault in ("ib-degraded", "ib-fw-drift", "ib-missing-hca", "ib-port-down"):
         sim.inject(node, fault, 2)
     state = sim.read_state(node)
-    assert read(node) == sim.snapshot(state)["fabric"]
+    assert read(node) == sim.snapshot(state, now=T)["fabric"]
 
 
 # fault -> what it changes on mlx5_3's port (or the HCA), everything else the same
@@ -153,3 +156,11 @@ def test_fabric_faults_are_listed_and_checked_by_name() -> None:
     assert set(sim.FABRIC_FAULTS) <= set(sim.FAULT_NAMES)
     with pytest.raises(sim.SimError, match="ib-port-down"):
         sim.check_fault_name("ib-port-dwn")
+
+
+def test_only_the_faults_that_move_with_time_keep_a_node_from_being_steady() -> None:
+    """A steady node's snapshot is kept by the daemon (one process serves a thousand nodes)."""
+    assert sim.steady(sim.build_state("n1"))
+    assert sim.steady(sim.build_state("n1", {"faults": ["ib-degraded@2", "ib-fw-drift@3", "ib-missing-hca@4"]}))
+    assert not sim.steady(sim.build_state("n1", {"faults": ["ib-symbol-errors@2"]}))
+    assert not sim.steady(sim.build_state("n1", {"faults": ["ib-flap@2"]}))

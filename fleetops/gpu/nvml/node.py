@@ -58,7 +58,7 @@ def build(
             node.unavailable["xids"] = reason
         gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
         node.xids = xid_events(lines, "kernel", gpus, now, node.uptime_s)
-    node.fabric = fabric.read(gpu_bus_ids=[g.bus_id for g in node.gpus])
+    node.fabric = fabric.read(gpu_bus_ids=[g.bus_id for g in node.gpus], now=time.time())
     resets = reset_times()
     for gpu in node.gpus:
         gpu.last_reset_at = resets.get(gpu.uuid)

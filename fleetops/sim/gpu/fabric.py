@@ -293,7 +293,7 @@ def section(state: dict[str, Any], now: float) -> dict[str, Any]:
 
     if "fabric" not in state:
         return {"hcas": [], "note": NO_DEVICE.format(path=f"/sys/{CLASS_DIR}"), "gpu_switches": {},
-                "unavailable": {}}
+                "read_at": now, "unavailable": {}}
     gpus = {g["bus_id"]: switch_of(gpu_path(g["bus_id"])[1]) for g in state["gpus"]}
     hcas = []
     for dev in sorted(view(state, now), key=lambda d: d["name"]):
@@ -315,4 +315,4 @@ def section(state: dict[str, Any], now: float) -> dict[str, Any]:
             "unavailable": {},
         })
     return {"hcas": hcas, "note": None if hcas else f"no RDMA device: /sys/{CLASS_DIR} is empty",
-            "gpu_switches": gpus, "unavailable": {}}
+            "gpu_switches": gpus, "read_at": now, "unavailable": {}}
