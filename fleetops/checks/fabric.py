@@ -284,11 +284,14 @@ def _degraded(ctx: Context, all_ports: list[Port]) -> None:
         wn, wantn = _width_n(width), _width_n(want_width)
         if wn is not None and wantn is not None and wn < wantn:
             problems.append(f"width {width} below {whose} {want_width}")
+        against_baseline = pinned and bool(problems)
         if want_layer is not None and p.port.link_layer is not None and p.port.link_layer != want_layer:
             problems.append(f"link layer {p.port.link_layer}, the baseline's is {want_layer}")
+            against_baseline = True
         if not problems:
             continue
-        ctx.add("fabric.port_degraded", "crit" if (pinned or want_layer is not None) else "warn",
+        # crit where the baseline says what the port must be; against its peers only, warn
+        ctx.add("fabric.port_degraded", "crit" if against_baseline else "warn",
                 f"compute port {p.label} at {p.port.rate}: " + "; ".join(problems),
                 observed={**p.ref(), "rate": p.port.rate, "rate_gbps": rate, "width": width},
                 expected={"rate_gbps": want_rate, "width": want_width, "link_layer": want_layer},

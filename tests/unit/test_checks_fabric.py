@@ -91,6 +91,12 @@ def test_a_degraded_port_against_the_baseline_is_crit_and_against_its_peers_warn
     assert "the node's other compute ports' 400 Gb/s" in f.message
 
 
+def test_a_port_slower_than_its_peers_stays_warn_when_the_baseline_pins_only_the_link_layer() -> None:
+    b = baseline.from_mapping({"fabric": {"link_layer": "InfiniBand"}}, "test")
+    f = only(fabric_findings(node(sim.build_state("n1", {"faults": ["ib-degraded@6"]})), b))
+    assert (f.check, f.severity) == ("fabric.port_degraded", "warn")
+
+
 def test_compute_ports_on_another_link_layer_than_the_baselines_are_each_reported() -> None:
     got = fabric_findings(node(sim.build_state("n1")), pinned(link_layer="Ethernet"))
     assert {(g.check, g.severity) for g in got} == {("fabric.port_degraded", "crit")}
