@@ -26,7 +26,8 @@ RATES_PREVIOUS = "previous audit"
 
 # The checks that turn two counter readings into a rate; with a daemon's snapshot these come
 # from the daemon's findings (tests/unit/test_audit_sources.py holds them to the registry).
-RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link"})
+RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link",
+                         "fabric.link_downed", "fabric.error_counters", "fabric.link_errors"})
 # The thresholds those checks read: the daemon judges with the defaults of these.
 RATE_THRESHOLDS = (
     "ecc_sbe_growth_per_hour_warn",
@@ -39,6 +40,10 @@ RATE_THRESHOLDS = (
     "nvlink_idle_max_kib",
     "nvlink_idle_peer_min_kib",
     "rate_min_interval_s",
+    "fabric_link_downed_crit",
+    "fabric_symbol_errors_per_s_warn",
+    "fabric_symbol_errors_per_hour_crit",
+    "fabric_link_recoveries_per_min_warn",
 )
 
 
