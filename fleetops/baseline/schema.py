@@ -366,6 +366,18 @@ SCHEMA: tuple[SchemaKey, ...] = (
     _threshold("fabric_link_recoveries_per_min_warn", T_NUM, 5,
                "link_error_recovery events per minute on an RDMA port above which it is warned about "
                "(NVSentinel's degraded).", unit="events/min"),
+    _threshold("fabric_flap_down_s", T_NUM, 25,
+               "How long an RDMA port must stay down before coming back for the daemon to count a flap "
+               "(gpud's definition).", unit="s", exclusive_minimum=True, maximum=3600),
+    _threshold("fabric_flap_count", T_INT, 3,
+               "Flaps of one port within the daemon's hour of samples that make it a flapping port "
+               "(gpud: 3).", unit="flaps", minimum=1),
+    _threshold("fabric_drop_down_s", T_NUM, 240,
+               "How long an RDMA port must stay down, link_downed unchanged, to be a drop (gpud: 4 "
+               "minutes).", unit="s", exclusive_minimum=True, maximum=3600),
+    _threshold("fabric_drop_hold_s", T_NUM, 600,
+               "How long a drop stays reported after the port came back (gpud: 10 minutes).", unit="s",
+               maximum=3600),
 )
 
 SCHEMA_BY_PATH: Mapping[str, SchemaKey] = MappingProxyType({k.path: k for k in SCHEMA})

@@ -47,6 +47,10 @@ class Thresholds:
     fabric_symbol_errors_per_s_warn: float = 10.0
     fabric_symbol_errors_per_hour_crit: float = 120.0
     fabric_link_recoveries_per_min_warn: float = 5.0
+    fabric_flap_down_s: float = 25.0
+    fabric_flap_count: int = 3
+    fabric_drop_down_s: float = 240.0
+    fabric_drop_hold_s: float = 600.0
 
 
 def _check_thresholds_match_schema() -> None:

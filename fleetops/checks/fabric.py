@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
-from fleetops.baseline import Baseline
+from fleetops.baseline import Baseline, Thresholds
 from fleetops.checks.base import SETTING_MIN_VOTERS, CheckSpec, Context, Item, gpu_label, setting_majority
 
 FAMILY = "fabric"
@@ -156,6 +156,32 @@ SPECS: tuple[CheckSpec, ...] = (
         "over at least thresholds.rate_min_interval_s. Sources: " + "; ".join((SRC_NVSENTINEL, SRC_GCM)),
         severities=("warn", "crit"),
         action=COUNTER_ACTION,
+    ),
+)
+
+
+SPECS = (
+    *SPECS,
+    CheckSpec(
+        "fabric.flap", FAMILY, "An RDMA port that keeps going down and coming back",
+        reads="the daemon's samples of each port's state, every tick, over its hour (fleetops-agent serve only)",
+        threshold="thresholds.fabric_flap_count (3) times down for at least thresholds.fabric_flap_down_s "
+        "(25 s) and back to ACTIVE, on a compute port (crit; an excluded port: warn). Source: " + SRC_GPUD
+        + "; AzNHC (check_ib_link_flapping)",
+        severities=("warn", "crit"),
+        action=CABLE_ACTION.format(what="unstable") + " A port that flaps breaks the NCCL jobs that use it "
+        "each time it falls: drain the node for the repair.",
+        not_a_fault="A cold collect or an audit without the daemon has no samples between snapshots: "
+        "flaps and drops are the daemon's alone.",
+    ),
+    CheckSpec(
+        "fabric.drop", FAMILY, "An RDMA port that went down and stayed down",
+        reads="the daemon's samples of each port's state and link_downed, every tick (fleetops-agent serve only)",
+        threshold="down for at least thresholds.fabric_drop_down_s (240 s) with link_downed unchanged "
+        "(it never trained again), reported until thresholds.fabric_drop_hold_s (600 s) after it came "
+        "back; a compute port crit, an excluded port warn. Source: " + SRC_GPUD,
+        severities=("warn", "crit"),
+        action=CABLE_ACTION.format(what="down"),
     ),
 )
 
@@ -492,3 +518,101 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
                               "fw_ver": i.value},
                     expected=majority, action=FIRMWARE_ACTION.format(want=majority)))
     return out
+
+
+# --- from the daemon's per-tick samples ------------------------------------------------------
+
+# (epoch seconds, ACTIVE or not, link_downed) of one port at one tick
+Sample = tuple[float, "bool | None", "int | None"]
+
+
+@dataclass(frozen=True)
+class DownRun:
+    """One stretch with the port not ACTIVE: from the first sample that saw it down to the first
+    that saw it ACTIVE again (``up_at`` None: still down at the last sample)."""
+
+    since: float
+    up_at: float | None
+    downed_changed: bool  # link_downed moved while it was down: it trained and fell again
+
+
+def down_runs(samples: list[Sample]) -> list[DownRun]:
+    """The down stretches of a port's samples (every tick's, or only the ticks that changed)."""
+    runs: list[DownRun] = []
+    since: float | None = None
+    first_downed: int | None = None
+    changed = False
+    for t, active, downed in samples:
+        if active is None:
+            continue  # unread: neither up nor down
+        if not active:
+            if since is None:
+                since, first_downed, changed = t, downed, False
+            elif first_downed is None:
+                first_downed = downed
+            elif downed is not None and downed != first_downed:
+                changed = True
+        elif since is not None:
+            runs.append(DownRun(since, t, changed))
+            since = None
+    if since is not None:
+        runs.append(DownRun(since, None, changed))
+    return runs
+
+
+def history_findings(
+    host: str, samples: dict[str, list[Sample]], compute: set[str], labels: dict[str, dict[str, object]],
+    now: float, th: Thresholds,
+) -> list[model.Finding]:
+    """Flaps and drops (gpud's definitions, thresholds configurable) from the daemon's samples of
+    each port (``"<dev>/<port>"``); ``compute``: the ports that are compute ports; ``labels``: each
+    port's device, port, netdev and PCI function for the finding."""
+    out: list[model.Finding] = []
+    for key, series in sorted(samples.items()):
+        runs = down_runs(series)
+        severity = "crit" if key in compute else "warn"
+        ref = labels.get(key) or {"device": key.split("/")[0], "port": int(key.split("/")[1])}
+        where = f"{ref['device']} port {ref['port']}"
+        flaps = [r for r in runs if r.up_at is not None and r.up_at - r.since >= th.fabric_flap_down_s]
+        if len(flaps) >= th.fabric_flap_count:
+            out.append(model.Finding(
+                check="fabric.flap", severity=severity, node=host,
+                message=f"{where} went down for {th.fabric_flap_down_s:g} s or more and came back "
+                f"{len(flaps)} times since {_clock(flaps[0].since)}",
+                observed={**ref, "flaps": len(flaps), "first": flaps[0].since, "last_up": flaps[-1].up_at},
+                expected=f"< {th.fabric_flap_count} flaps", action=SPECS_BY_ID["fabric.flap"].action))
+        drops = [r for r in runs if not r.downed_changed
+                 and ((r.up_at is None and now - r.since >= th.fabric_drop_down_s)
+                      or (r.up_at is not None and r.up_at - r.since >= th.fabric_drop_down_s
+                          and now - r.up_at <= th.fabric_drop_hold_s))]
+        if drops:
+            drop = drops[-1]
+            state = "still down" if drop.up_at is None else f"back since {_clock(drop.up_at)}"
+            out.append(model.Finding(
+                check="fabric.drop", severity=severity, node=host,
+                message=f"{where} went down at {_clock(drop.since)} and did not train again for "
+                f"{((drop.up_at or now) - drop.since):.0f} s ({state})",
+                observed={**ref, "down_since": drop.since, "up_at": drop.up_at},
+                expected=f"down less than {th.fabric_drop_down_s:g} s", action=SPECS_BY_ID["fabric.drop"].action))
+    return out
+
+
+def _clock(epoch: float) -> str:
+    import time
+
+    return time.strftime("%H:%M:%S", time.gmtime(epoch)) + " UTC"
+
+
+def port_labels(node: model.Node, baseline: Baseline | None) -> tuple[set[str], dict[str, dict[str, object]]]:
+    """(the compute ports, each port's reference) by ``"<dev>/<port>"``, from a full snapshot."""
+    compute: set[str] = set()
+    refs: dict[str, dict[str, object]] = {}
+    for p in ports(node, baseline):
+        key = f"{p.hca.name}/{p.port.port}"
+        refs[key] = p.ref()
+        if p.compute:
+            compute.add(key)
+    return compute, refs
+
+
+SPECS_BY_ID = {spec.id: spec for spec in SPECS}

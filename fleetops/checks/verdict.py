@@ -108,9 +108,10 @@ def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
 
 
 # Findings the daemon holds from its per-tick samples after the snapshot stopped showing them
-# (a throttle until --clear-after clean samples): taken from its answer for GPUs whose
-# snapshot the audit finds clean, whatever the baseline (the hold reads no threshold).
-HELD_CHECKS = frozenset({"thermal_power.throttle"})
+# (a throttle until --clear-after clean samples; an RDMA port's flaps and drops, which only its
+# samples see): taken from its answer for GPUs whose snapshot the audit finds clean, whatever
+# the baseline.
+HELD_CHECKS = frozenset({"thermal_power.throttle", "fabric.flap", "fabric.drop"})
 
 
 def _held(daemon: dict[str, Any], found: list[model.Finding], name: str) -> list[model.Finding]:

@@ -218,3 +218,31 @@ def read(root: str = SYSFS_ROOT, gpu_bus_ids: list[str] | None = None, now: floa
         fabric.note = f"no RDMA device: {os.path.join('/sys', CLASS_DIR)} is empty"
     attach_gpus(fabric, gpu_paths(root, list(gpu_bus_ids or [])))
     return fabric
+
+
+# (active, link_downed) of one port at one read: what the daemon samples every tick.
+PortSample = tuple[bool | None, int | None]
+
+
+def read_ports(root: str = SYSFS_ROOT) -> dict[str, PortSample]:
+    """``"<dev>/<port>"`` -> (ACTIVE or not, link_downed) for every port: two small files each,
+    cheap enough for every tick of the daemon. A value that cannot be read is None; a node
+    without the class has no ports."""
+    folder = os.path.join(root, CLASS_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return {}
+    out: dict[str, PortSample] = {}
+    for name in names:
+        ports_dir = os.path.join(folder, name, "ports")
+        try:
+            numbers = sorted(p for p in os.listdir(ports_dir) if p.isdigit())
+        except OSError:
+            continue
+        for number in numbers:
+            state, _ = _text(os.path.join(ports_dir, number, "state"))
+            downed, _ = _text(os.path.join(ports_dir, number, "counters", "link_downed"))
+            active = None if not state else state.split(":")[0].strip() == "4"
+            out[f"{name}/{number}"] = (active, int(downed) if downed is not None and downed.isdigit() else None)
+    return out

@@ -214,7 +214,7 @@ def test_every_fabric_rule_is_in_the_catalog_with_its_source() -> None:
     ids = {i for i in REGISTRY if i.startswith("fabric.")}
     assert ids == {"fabric.port_down", "fabric.port_degraded", "fabric.firmware", "fabric.port_count",
                    "fabric.gpu_without_hca", "fabric.link_downed", "fabric.error_counters", "fabric.link_errors",
-                   "fabric.unreadable"}
+                   "fabric.flap", "fabric.drop", "fabric.unreadable"}
     for i in ids - {"fabric.unreadable"}:
         assert any(s in REGISTRY[i].threshold for s in ("gpud", "NVSentinel", "AzNHC", "GCM")), i
     ran = checks_run(node(sim.build_state("n1")), pinned())
