@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 from fleetops import model
 
@@ -65,7 +66,7 @@ def _counters(folder: str) -> tuple[dict[str, int] | None, dict[str, str], str |
         return None, {}, _why(exc)
     values: dict[str, int] = {}
     missing: dict[str, str] = {}
-    for name in names:
+    for name in map(sys.intern, names):  # the same few dozen names on every port: one copy each
         text, why = _text(os.path.join(folder, name))
         if text is None:
             missing[name] = why or "unreadable"

@@ -150,12 +150,11 @@ class SimAccess:
                 return node
             self._node = node
         now = time.time()
-        node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
+        # its GPUs, topology, XIDs and fabric are the kept snapshot's (the fabric's read_at stays the
+        # time its ports were read: a steady state's ports do not move, so no rate moves either)
+        node = copy.copy(self._node)
         node.collected_at = now
         node.uptime_s = sim.uptime_s(state, now)
-        if node.fabric is not None:  # the ports, unchanged, are as good as read now
-            node.fabric = copy.copy(node.fabric)
-            node.fabric.read_at = now
         node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
         return node
 

@@ -114,8 +114,8 @@ def test_reused_snapshot_equals_a_cold_collect(tmp_path: Path) -> None:
     assert _without_time(to_dict(again)) == _without_time(to_dict(cold))
     assert again.uptime_s == pytest.approx(cold.uptime_s, abs=0.2)
     assert again.gpus[3].pcie_gen_current == 4
-    assert again.fabric is not None and first.fabric is not None
-    assert again.fabric.read_at == again.collected_at and first.fabric.read_at == first.collected_at
+    # the ports as read when the state last changed, the very same object (converted once)
+    assert again.fabric is not None and again.fabric is first.fabric
 
 
 def test_a_changed_state_is_seen_at_the_next_call(tmp_path: Path) -> None:

@@ -7,14 +7,15 @@ NDR port each (``400 Gb/sec (4X NDR)``), each behind the same PCIe switch as one
 and one ConnectX-6 Dx Ethernet management port ``mlx5_8`` on a root port of its own. Counters
 start where months of traffic leave them.
 
-The devices' healthy values are kept in the state (``state["fabric"]``, made with the node); the
-``ib-*`` faults are overlaid on them (``view``) and the tree is written from the view
+The devices are kept in the state (``state["fabric"]``, made with the node: identity, firmware,
+rate and a seed from which ``counters_of`` makes the counters again at every view, plus what a
+scenario adds to them under ``counters`` / ``hw_counters``); the ``ib-*`` faults are overlaid on
+them (``view``) and the tree is written from the view
 (``sync_tree``) when a fault is injected or cleared, and before each snapshot while a fault
 changes with time (``ib-flap`` cycles the port, ``ib-symbol-errors`` grows its counter)."""
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 from typing import Any
@@ -63,32 +64,44 @@ def sys_root(state_path: str) -> str:
     return base + ".sys"
 
 
-def _h(*parts: object) -> int:
-    return int(digest("ib", *parts)[:12], 16)
+_MASK = (1 << 64) - 1
 
 
-def _counters(host: str, name: str, roce: bool) -> tuple[dict[str, int], dict[str, int]]:
+def _mix(seed: int, salt: int) -> int:
+    """A well-spread 64-bit number from a device's seed (splitmix64's finaliser): the counters are
+    made again at every view from the seed alone, so the state file keeps no counter."""
+    z = (seed + salt * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def counters_of(seed: int, roce: bool) -> tuple[dict[str, int], dict[str, int]]:
     """Months of traffic: data counters (4-octet words) near 1e14-1e15, packets from them, a few
-    errors, link_downed 0-2."""
+    errors, link_downed 0-2; the same for a seed every time."""
+    def h(salt: int) -> int:
+        return _mix(seed, salt)
+
     c = {n: 0 for n in COUNTERS}
-    data_x = 100_000_000_000_000 + _h(host, name, "tx") % 900_000_000_000_000
-    data_r = 100_000_000_000_000 + _h(host, name, "rx") % 900_000_000_000_000
+    data_x = 100_000_000_000_000 + h(1) % 900_000_000_000_000
+    data_r = 100_000_000_000_000 + h(2) % 900_000_000_000_000
     c.update(port_xmit_data=data_x, port_rcv_data=data_r,
              port_xmit_packets=data_x // 1031, port_rcv_packets=data_r // 1029,
              unicast_xmit_packets=data_x // 1031 - 40_311, unicast_rcv_packets=data_r // 1029 - 40_297,
              multicast_xmit_packets=40_311, multicast_rcv_packets=40_297,
-             port_xmit_wait=1_000_000_000 + _h(host, name, "wait") % 9_000_000_000,
-             symbol_error=_h(host, name, "sym") % 6, link_downed=_h(host, name, "down") % 3,
-             link_error_recovery=_h(host, name, "rec") % 4, port_rcv_errors=_h(host, name, "rcv") % 11,
-             port_xmit_discards=_h(host, name, "disc") % 50)
+             port_xmit_wait=1_000_000_000 + h(3) % 9_000_000_000,
+             symbol_error=h(4) % 6, link_downed=h(5) % 3, link_error_recovery=h(6) % 4,
+             port_rcv_errors=h(7) % 11, port_xmit_discards=h(8) % 50)
     hw = {n: 0 for n in HW_COUNTERS + (ROCE_HW_COUNTERS if roce else ())}
-    hw.update(lifespan=10, out_of_buffer=_h(host, name, "oob") % 100,
-              local_ack_timeout_err=_h(host, name, "ack") % 20, out_of_sequence=_h(host, name, "seq") % 1000,
-              packet_seq_err=_h(host, name, "pse") % 20, implied_nak_seq_err=_h(host, name, "nak") % 10,
-              duplicate_request=_h(host, name, "dup") % 200,
-              rx_write_requests=10_000_000_000 + _h(host, name, "wr") % 90_000_000_000,
-              rx_read_requests=1_000_000_000 + _h(host, name, "rd") % 9_000_000_000)
+    hw.update(lifespan=10, out_of_buffer=h(9) % 100, local_ack_timeout_err=h(10) % 20, out_of_sequence=h(11) % 1000,
+              packet_seq_err=h(12) % 20, implied_nak_seq_err=h(13) % 10, duplicate_request=h(14) % 200,
+              rx_write_requests=10_000_000_000 + h(15) % 90_000_000_000,
+              rx_read_requests=1_000_000_000 + h(16) % 9_000_000_000)
     return c, hw
+
+
+def _seed(host: str, name: str) -> int:
+    return int(digest("ib", host, name)[:16], 16)
 
 
 def _guid(host: str, name: str) -> str:
@@ -98,12 +111,11 @@ def _guid(host: str, name: str) -> str:
 
 def build_devices(hostname: str, gpu_buses: list[str]) -> list[dict[str, Any]]:
     """The node's HCAs, healthy: one per GPU on that GPU's PCIe switch, and the management port."""
-    devices = []
+    devices: list[dict[str, Any]] = []
     for index, bus_id in enumerate(gpu_buses):
         bus = int(bus_id.split(":")[1], 16)
         top = bus - 3  # the root port's bus: root port, switch up, switch down, then the GPU
         name = f"mlx5_{index}"
-        counters, hw = _counters(hostname, name, roce=False)
         devices.append({
             "name": name, "root": f"pci0000:{top:02x}",
             "path": [f"0000:{top:02x}:01.0", f"0000:{top + 1:02x}:00.0", f"0000:{top + 2:02x}:01.0",
@@ -111,15 +123,14 @@ def build_devices(hostname: str, gpu_buses: list[str]) -> list[dict[str, Any]]:
             "numa_node": 0 if index < len(gpu_buses) / 2 else 1,
             "fw_ver": COMPUTE_FW, "board_id": COMPUTE_BOARD, "hca_type": COMPUTE_TYPE,
             "node_guid": _guid(hostname, name), "link_layer": "InfiniBand", "rate": NDR_RATE,
-            "netdev": f"ibp{bus + 1}s0", "counters": counters, "hw_counters": hw,
+            "netdev": f"ibp{bus + 1}s0", "seed": _seed(hostname, name), "counters": {}, "hw_counters": {},
         })
     name = f"mlx5_{len(gpu_buses)}"
-    counters, hw = _counters(hostname, name, roce=True)
     devices.append({
         "name": name, "root": "pci0000:c0", "path": ["0000:c0:01.1", f"0000:{MGMT_BUS:02x}:00.0"],
         "numa_node": 1, "fw_ver": MGMT_FW, "board_id": MGMT_BOARD, "hca_type": MGMT_TYPE,
         "node_guid": _guid(hostname, name), "link_layer": "Ethernet", "rate": MGMT_RATE,
-        "netdev": f"enp{MGMT_BUS}s0f0np0", "counters": counters, "hw_counters": hw,
+        "netdev": f"enp{MGMT_BUS}s0f0np0", "seed": _seed(hostname, name), "counters": {}, "hw_counters": {},
     })
     return devices
 
@@ -135,10 +146,15 @@ def gpu_path(bus_id: str) -> tuple[str, list[str]]:
 def view(state: dict[str, Any], now: float) -> list[dict[str, Any]]:
     """The devices as the node shows them at ``now``: the stored ones with the ``ib-*`` faults
     overlaid (``present`` False for a missing HCA)."""
-    devices = copy.deepcopy(state.get("fabric") or [])
-    for dev in devices:
-        dev["present"] = True
-        dev["state"], dev["phys_state"] = ACTIVE, LINK_UP
+    devices = []
+    for stored in state.get("fabric") or []:
+        counters, hw = counters_of(int(stored["seed"]), stored["link_layer"] == "Ethernet")
+        for name, add in (stored.get("counters") or {}).items():  # what a test or scenario adds
+            counters[name] = counters.get(name, 0) + int(add)
+        for name, add in (stored.get("hw_counters") or {}).items():
+            hw[name] = hw.get(name, 0) + int(add)
+        devices.append({**stored, "counters": counters, "hw_counters": hw, "present": True, "state": ACTIVE,
+                        "phys_state": LINK_UP})
     for fault in state["faults"]:
         name = fault["name"]
         if name not in FABRIC_FAULTS or fault.get("gpu") is None or fault["gpu"] >= len(devices):
