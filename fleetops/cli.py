@@ -619,10 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("node")
         q.add_argument(
             "fault",
-            help="e.g. ecc-dbe, xid:79, host-down, host-hang; for validate: slow-hbm, slow-gemm, slow-pcie, "
-            "slow-nvlink, noisy" + (", all" if name == "clear" else ""),
+            help="e.g. ecc-dbe, xid:79, host-down, host-hang; the HCAs: ib-port-down, ib-degraded, ib-flap, "
+            "ib-symbol-errors, ib-link-downed, ib-fw-drift, ib-missing-hca; for validate: slow-hbm, slow-gemm, "
+            "slow-pcie, slow-nvlink, noisy" + (", all" if name == "clear" else ""),
         )
-        q.add_argument("--gpu", type=int, help="GPU index (default: GPU 0, or the last for gpu-missing)")
+        q.add_argument("--gpu", type=int, help="GPU index (default: GPU 0, or the last for gpu-missing); "
+                       "for ib-*: the HCA beside that GPU (mlx5_N)")
         if name == "inject":
             q.add_argument("--peer", type=int, help="slow-nvlink only: the one link between --gpu and this GPU")
     q = ssub.add_parser("status", help="nodes, addresses, up/down/hung, faults")

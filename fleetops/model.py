@@ -194,6 +194,69 @@ class Topology:
 
 
 @dataclass
+class HcaPort:
+    """One port of an RDMA device, as sysfs writes it (``/sys/class/infiniband/<dev>/ports/<n>``).
+    ``state``, ``phys_state`` and ``rate`` are kept as written ("4: ACTIVE", "5: LinkUp",
+    "400 Gb/sec (4X NDR)"); ``rate_gbps`` and ``width`` ("4X") are read from ``rate``. Counters are
+    exact integers by their sysfs file name; a counter that could not be read is absent from the
+    mapping and named in ``unavailable`` as ``counters.<name>`` (or ``hw_counters.<name>``)."""
+
+    port: int
+    state: str | None = None
+    phys_state: str | None = None
+    rate: str | None = None
+    rate_gbps: float | None = None
+    width: str | None = None
+    link_layer: str | None = None  # "InfiniBand" | "Ethernet"
+    netdev: str | None = None  # "ibp25s0", "enp1s0f0np0"
+    counters: dict[str, int] | None = None
+    hw_counters: dict[str, int] | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return (self.state or "").split(":")[0].strip() == "4"
+
+
+@dataclass
+class Hca:
+    """One RDMA device (``mlx5_0``): its PCI function, firmware and ports, and the GPUs that sit
+    behind the same PCIe switch (bus ids; ``[]`` none, None not known)."""
+
+    name: str
+    pci_address: str | None = None
+    numa_node: int | None = None
+    fw_ver: str | None = None
+    board_id: str | None = None
+    node_guid: str | None = None
+    hca_type: str | None = None
+    # The PCI functions from the root port down to this device (bus ids), from the ``device``
+    # link's target: what places it under a PCIe switch.
+    pci_path: list[str] | None = None
+    gpus: list[str] | None = None
+    ports: list[HcaPort] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Fabric:
+    """The node's RDMA devices (InfiniBand and RoCE), read from sysfs only. ``hcas`` None: the
+    device class could not be listed (the reason in ``unavailable``); ``[]`` with ``note``: the
+    node has none."""
+
+    hcas: list[Hca] | None = field(default_factory=list)
+    note: str | None = None
+    # GPU bus id -> the PCIe switch it sits behind (its upstream port's bus id), None on a root
+    # port; a GPU whose PCI path could not be read is absent. What "no HCA on its switch" is
+    # judged by.
+    gpu_switches: dict[str, str | None] = field(default_factory=dict)
+    # Epoch seconds the ports were read: what counter rates are taken over (the daemon's rate base
+    # is an older full snapshot whose fabric was read at its own time, not at the ring sample's).
+    read_at: float | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Node:
     hostname: str
     schema: str = SCHEMA_ID
@@ -226,6 +289,9 @@ class Node:
     # rate_since (the rate base's time), degraded, reason, lost, findings, xid_counts,
     # xid_events; absent from a cold collect.
     daemon: dict[str, Any] | None = None
+    # The RDMA devices beside the GPUs (``fabric/``). Optional in fleetops.snapshot/v1: None in a
+    # snapshot written before it existed.
+    fabric: Fabric | None = None
 
     def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:
         key = normalize_bus_id(bus_id)

@@ -36,8 +36,19 @@ EXPECTED: dict[str, dict[str, str]] = {
     "xid:48": {"xid.recent": "crit"},
     "xid:94": {"xid.recent": "warn"},
     "xid:13": {"xid.recent": "warn"},
+    # the HCA beside the GPU (mlx5_N); the port is named in observed, the finding is the node's
+    "ib-port-down": {"fabric.port_down": "crit"},
+    "ib-degraded": {"fabric.port_degraded": "crit"},  # the baseline pins 400 Gb/s 4X
+    "ib-flap": {"fabric.port_down": "crit"},  # taken 2 minutes in: the port is in its down half
+    "ib-symbol-errors": {"fabric.link_errors": "crit"},  # 50/s: over 120 within the hour
+    "ib-link-downed": {"fabric.link_downed": "crit"},
+    "ib-fw-drift": {"fabric.firmware": "warn"},
+    "ib-missing-hca": {"fabric.port_count": "crit", "fabric.gpu_without_hca": "warn"},
 }
-NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count"}
+NODE_LEVEL = {"versions.driver", "versions.fabric_manager_match", "versions.driver_package", "config.gpu_count",
+              "fabric.port_down", "fabric.port_degraded", "fabric.firmware", "fabric.port_count",
+              "fabric.link_downed", "fabric.error_counters", "fabric.link_errors"}
 # Checks that compare two snapshots (rates): an audit without history has no previous snapshot
 # for them. config.gpu_missing needs none for a lost GPU: it stays listed, answering GpuIsLost.
-NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link"}
+NEEDS_PREVIOUS = {"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link",
+                  "fabric.link_downed", "fabric.error_counters", "fabric.link_errors"}

@@ -8,8 +8,8 @@ Layering: in an inventory, group baselines layer from parent to child. The host'
 ``all``, then its groups in Ansible's order (depth first, then ``ansible_group_priority``, then
 name: a parent before its children), then the host itself; at each level the inventory file's
 inline vars come before its ``group_vars``/``host_vars`` files. ``layer`` merges them in that
-order: keys a later level sets win, mappings (``thresholds``, ``mig``, ``pcie``, ``gpu_models``
-and each model, ``packages``) merge key by key, lists (``services``,
+order: keys a later level sets win, mappings (``thresholds``, ``mig``, ``pcie``, ``fabric``,
+``gpu_models`` and each model, ``packages``) merge key by key, lists (``services``,
 ``stray_process_allowlist``) replace, and an explicit ``null`` unsets the key for that level's
 hosts. Each layer is validated on its
 own (errors name its file and line); rules that relate two keys (warn below crit) are checked
@@ -62,6 +62,7 @@ from fleetops.baseline.values import (
     DEFAULT_THRESHOLDS,
     Baseline,
     DriverBaseline,
+    FabricBaseline,
     GpuModelBaseline,
     MigBaseline,
     MigWant,
@@ -93,6 +94,7 @@ __all__ = [
     "Baseline",
     "BaselineError",
     "DriverBaseline",
+    "FabricBaseline",
     "GpuModelBaseline",
     "MigBaseline",
     "MigWant",

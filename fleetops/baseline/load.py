@@ -13,6 +13,7 @@ from fleetops.baseline.validate import Validator, fmt_path, type_name
 from fleetops.baseline.values import (
     Baseline,
     DriverBaseline,
+    FabricBaseline,
     GpuModelBaseline,
     MigBaseline,
     PcieBaseline,
@@ -35,6 +36,17 @@ def _validation(raw: Mapping[str, Any] | None) -> ValidationBaseline:
         key = name if name in _floors.SHIPPED else (_floors.model_key(name) or name)
         floors.setdefault(key, {}).update({m: float(v) for m, v in (metrics or {}).items() if v is not None})
     return ValidationBaseline(require=raw.get("require"), max_age_days=raw.get("max_age_days"), floors=floors)
+
+
+def _fabric(raw: Mapping[str, Any] | None) -> FabricBaseline:
+    raw = raw or {}
+    devices, layers = raw.get("exclude_devices"), raw.get("exclude_link_layers")
+    return FabricBaseline(
+        compute_ports=raw.get("compute_ports"), link_layer=raw.get("link_layer"), rate_gbps=raw.get("rate_gbps"),
+        width=raw.get("width"), firmware=raw.get("firmware"),
+        exclude_devices=tuple(devices) if devices is not None else None,
+        exclude_link_layers=tuple(layers) if layers is not None else None,
+    )
 
 
 # Pairs (warn, crit) that must be ordered.
@@ -105,6 +117,7 @@ def _build(
         thresholds=thresholds,
         xid_policy=policy,
         validation=_validation(raw.get("validation")),
+        fabric=_fabric(raw.get("fabric")),
         source=source,
         raw=_plain(raw),
         origins=dict(origins),

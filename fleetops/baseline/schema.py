@@ -256,6 +256,37 @@ SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("validation.floors.*", T_MAP, None,
               "One GPU model's floors, keyed by metric name.", {"hbm_triad_gbps": 3500}),
     *_VALIDATION_FLOOR_KEYS,
+    # --- the RDMA fabric beside the GPUs (checks' fabric family) ---
+    SchemaKey("fabric", T_MAP, None,
+              "The InfiniBand / RoCE HCAs every node of the group must have: the compute ports "
+              "(every RDMA port not excluded), their link layer, rate and width, and the HCAs' "
+              "firmware. Absent keys are decided by the fleet majority in an audit.",
+              {"compute_ports": 8, "link_layer": "InfiniBand", "rate_gbps": 400, "width": "4X",
+               "firmware": "28.39.1002", "exclude_devices": ["mlx5_8"]}),
+    SchemaKey("fabric.compute_ports", T_INT, None,
+              "Compute ports each node must have (one per GPU on HGX H100/H200: 8). 0: none expected.",
+              8, minimum=0, maximum=64, unit="ports"),
+    SchemaKey("fabric.link_layer", T_STR, None,
+              "Link layer of every compute port: InfiniBand, or Ethernet for RoCE.", "InfiniBand",
+              choices=("InfiniBand", "Ethernet")),
+    SchemaKey("fabric.rate_gbps", T_NUM, None,
+              "Lowest rate a compute port may run at (sysfs 'rate': 400 for NDR 4X, 200 for HDR 4X "
+              "or NDR 2X).", 400, minimum=1, maximum=3200, unit="Gb/s"),
+    SchemaKey("fabric.width", T_STR, None,
+              "Narrowest link width a compute port may train to (4X on NDR HCAs).", "4X",
+              choices=("1X", "2X", "4X", "8X", "12X")),
+    SchemaKey("fabric.firmware", T_STR, None,
+              "Firmware version (sysfs fw_ver) of every HCA with a compute port. " + _VERSION_HINT,
+              "28.39.1002", pattern=r"[0-9]+(\.[0-9]+)+"),
+    SchemaKey("fabric.exclude_devices", T_STR_LIST, None,
+              "RDMA devices whose ports are not compute ports (management, storage): device names "
+              "or shell-style patterns ('mlx5_8', 'mlx5_bond*'). Their ports are never expected and "
+              "never drain a node (at most warn). Absent, with exclude_link_layers absent too: a port "
+              "is a compute port when its HCA shares a PCIe switch with a GPU (or, where no HCA does, "
+              "when it is InfiniBand).", ["mlx5_8"]),
+    SchemaKey("fabric.exclude_link_layers", T_STR_LIST, None,
+              "Link layers whose ports are not compute ports (Ethernet: the management and storage "
+              "ports of an InfiniBand cluster).", ["Ethernet"]),
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,
@@ -322,6 +353,31 @@ SCHEMA: tuple[SchemaKey, ...] = (
     _threshold("rate_min_interval_s", T_NUM, 10,
                "Shortest interval between two snapshots over which rates (PCIe replays, NVLink "
                "errors, ECC growth) are computed; closer snapshots report totals only.", unit="s", exclusive_minimum=True),
+    _threshold("fabric_link_downed_crit", T_INT, 1,
+               "Times an RDMA compute port's link_downed counter may grow between two snapshots before the "
+               "node is critical (NVSentinel: any increase is fatal; GCM: critical on its own).",
+               unit="events", minimum=1),
+    _threshold("fabric_symbol_errors_per_s_warn", T_NUM, 10,
+               "Symbol errors per second on an RDMA port above which it is warned about (NVSentinel's "
+               "degraded).", unit="errors/s"),
+    _threshold("fabric_symbol_errors_per_hour_crit", T_NUM, 120,
+               "Symbol errors on an RDMA port within an hour (or per hour, over a longer interval) above "
+               "which the node is critical (NVSentinel's fatal).", unit="errors/h"),
+    _threshold("fabric_link_recoveries_per_min_warn", T_NUM, 5,
+               "link_error_recovery events per minute on an RDMA port above which it is warned about "
+               "(NVSentinel's degraded).", unit="events/min"),
+    _threshold("fabric_flap_down_s", T_NUM, 25,
+               "How long an RDMA port must stay down before coming back for the daemon to count a flap "
+               "(gpud's definition).", unit="s", exclusive_minimum=True, maximum=3600),
+    _threshold("fabric_flap_count", T_INT, 3,
+               "Flaps of one port within the daemon's hour of samples that make it a flapping port "
+               "(gpud: 3).", unit="flaps", minimum=1),
+    _threshold("fabric_drop_down_s", T_NUM, 240,
+               "How long an RDMA port must stay down, link_downed unchanged, to be a drop (gpud: 4 "
+               "minutes).", unit="s", exclusive_minimum=True, maximum=3600),
+    _threshold("fabric_drop_hold_s", T_NUM, 600,
+               "How long a drop stays reported after the port came back (gpud: 10 minutes).", unit="s",
+               maximum=3600),
 )
 
 SCHEMA_BY_PATH: Mapping[str, SchemaKey] = MappingProxyType({k.path: k for k in SCHEMA})

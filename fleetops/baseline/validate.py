@@ -31,6 +31,8 @@ from fleetops.validation import floors as _floors  # plain data, cheap for the a
 
 # --- validation ------------------------------------------------------------------------
 
+LINK_LAYERS = ("InfiniBand", "Ethernet")  # what sysfs writes in a port's link_layer
+
 
 def fmt_path(parent: str, key: str) -> str:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
@@ -151,6 +153,10 @@ class Validator:
                 if not isinstance(item, str) or not item.strip():
                     self.fail(f"{shown}[{i}]", f"expected a non-empty string, got {type_name(item)}", line)
                 items.append(str(item))
+            if schema_path == "fabric.exclude_link_layers":
+                for i, item in enumerate(items):
+                    if item not in LINK_LAYERS:
+                        self.fail(f"{shown}[{i}]", f"must be one of {', '.join(LINK_LAYERS)}; got {item!r}", line)
             if schema_path in ("mig.layout", "gpu_models.*.mig.layout"):
                 if not items:
                     self.fail(shown, "expected at least one profile (mig.mode: false turns MIG off)", line)

@@ -43,6 +43,14 @@ class Thresholds:
     xid_storm_count: int = 10
     xid_hold_hours: float = 168.0
     rate_min_interval_s: float = 10.0
+    fabric_link_downed_crit: int = 1
+    fabric_symbol_errors_per_s_warn: float = 10.0
+    fabric_symbol_errors_per_hour_crit: float = 120.0
+    fabric_link_recoveries_per_min_warn: float = 5.0
+    fabric_flap_down_s: float = 25.0
+    fabric_flap_count: int = 3
+    fabric_drop_down_s: float = 240.0
+    fabric_drop_hold_s: float = 600.0
 
 
 def _check_thresholds_match_schema() -> None:
@@ -113,6 +121,19 @@ class ValidationBaseline:
 
 
 @dataclass(frozen=True)
+class FabricBaseline:
+    """``fabric:``: the RDMA ports every node must have (see SCHEMA's ``fabric.*``)."""
+
+    compute_ports: int | None = None
+    link_layer: str | None = None
+    rate_gbps: float | None = None
+    width: str | None = None
+    firmware: str | None = None
+    exclude_devices: tuple[str, ...] | None = None
+    exclude_link_layers: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Baseline:
     """Desired state. ``None`` means "not checked". Build with ``from_mapping``/``load_file``."""
 
@@ -136,6 +157,7 @@ class Baseline:
     thresholds: Thresholds = field(default_factory=Thresholds)
     xid_policy: Mapping[int, _xpolicy.XidPolicy] = field(default_factory=dict)
     validation: ValidationBaseline = field(default_factory=ValidationBaseline)
+    fabric: FabricBaseline = field(default_factory=FabricBaseline)
     source: str = "<defaults>"
     # The validated mapping as written (explicit keys only) and where each key came from:
     # what merge() layers. Not part of equality.

@@ -69,6 +69,16 @@ BY_CHECK: dict[str, str | dict[str, str]] = {
     "validation.missing": "inspect",
     "validation.expired": "inspect",
     "validation.failed": "drain",
+    # the HCAs: a compute port's fault (crit) takes the node out for the cable or card; an
+    # excluded port's (warn) never drains. HCA firmware has no playbook here: its action says how.
+    "fabric.port_down": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.port_degraded": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.port_count": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.link_downed": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.error_counters": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.link_errors": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.firmware": "inspect",
+    "fabric.gpu_without_hca": "inspect",
 }
 # the XID catalog's action keys -> plan actions
 FROM_XID_ACTION = {

@@ -9,7 +9,7 @@ Entry points:
 - ``REGISTRY``: every check (``CheckSpec``) by id, in family order; ``registry_dicts()`` for docs.
 
 Families (one module each): versions, memory, pcie, nvlink, thermal_power, xid, config, topology,
-validation.
+validation, fabric.
 """
 
 from __future__ import annotations
@@ -19,7 +19,18 @@ from typing import Any
 
 from fleetops import model
 from fleetops.baseline import Baseline
-from fleetops.checks import config, memory, nvlink, pcie, thermal_power, topology, validation, versions, xid
+from fleetops.checks import (
+    config,
+    fabric,
+    memory,
+    nvlink,
+    pcie,
+    thermal_power,
+    topology,
+    validation,
+    versions,
+    xid,
+)
 from fleetops.checks.base import FAMILIES, CheckSpec, Context, unreadable_spec
 
 _MODULES = {
@@ -32,6 +43,7 @@ _MODULES = {
     "config": config,
     "topology": topology,
     "validation": validation,
+    "fabric": fabric,
 }
 assert tuple(_MODULES) == FAMILIES
 
@@ -40,6 +52,7 @@ _FLEET_RUNNERS: tuple[Callable[[list[model.Node], Baseline | None], list[model.F
     thermal_power.run_fleet,
     config.run_fleet,
     topology.run_fleet,
+    fabric.run_fleet,
 )
 
 

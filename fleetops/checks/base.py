@@ -20,7 +20,8 @@ from typing import Any
 from fleetops import model
 from fleetops.baseline import DEFAULT_THRESHOLDS, Baseline, Thresholds
 
-FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology", "validation")
+FAMILIES = ("versions", "memory", "pcie", "nvlink", "thermal_power", "xid", "config", "topology", "validation",
+            "fabric")
 
 # fleetops commands named in actions (one place to rename them).
 CMD_RESET = "fleetops reset {node} {gpu} -i INVENTORY"  # INVENTORY: as for CMD_VALIDATE

@@ -26,7 +26,8 @@ RATES_PREVIOUS = "previous audit"
 
 # The checks that turn two counter readings into a rate; with a daemon's snapshot these come
 # from the daemon's findings (tests/unit/test_audit_sources.py holds them to the registry).
-RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link"})
+RATE_CHECKS = frozenset({"memory.ecc_sbe_rate", "pcie.replay_rate", "nvlink.error_rate", "nvlink.idle_link",
+                         "fabric.link_downed", "fabric.error_counters", "fabric.link_errors"})
 # The thresholds those checks read: the daemon judges with the defaults of these.
 RATE_THRESHOLDS = (
     "ecc_sbe_growth_per_hour_warn",
@@ -39,6 +40,10 @@ RATE_THRESHOLDS = (
     "nvlink_idle_max_kib",
     "nvlink_idle_peer_min_kib",
     "rate_min_interval_s",
+    "fabric_link_downed_crit",
+    "fabric_symbol_errors_per_s_warn",
+    "fabric_symbol_errors_per_hour_crit",
+    "fabric_link_recoveries_per_min_warn",
 )
 
 
@@ -103,9 +108,10 @@ def _daemon_has_window(snap: model.Node, daemon: dict[str, Any]) -> bool:
 
 
 # Findings the daemon holds from its per-tick samples after the snapshot stopped showing them
-# (a throttle until --clear-after clean samples): taken from its answer for GPUs whose
-# snapshot the audit finds clean, whatever the baseline (the hold reads no threshold).
-HELD_CHECKS = frozenset({"thermal_power.throttle"})
+# (a throttle until --clear-after clean samples; an RDMA port's flaps and drops, which only its
+# samples see): taken from its answer for GPUs whose snapshot the audit finds clean, whatever
+# the baseline.
+HELD_CHECKS = frozenset({"thermal_power.throttle", "fabric.flap", "fabric.drop"})
 
 
 def _held(daemon: dict[str, Any], found: list[model.Finding], name: str) -> list[model.Finding]:

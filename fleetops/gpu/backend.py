@@ -78,6 +78,11 @@ class GpuAccess(Protocol):
         book's); raises RuntimeError where it cannot be built, as a failed sample does."""
         ...
 
+    def fabric_ports(self) -> dict[str, tuple[bool | None, int | None]]:
+        """The RDMA ports' (ACTIVE or not, link_downed) by ``"<dev>/<port>"``, from sysfs: the
+        daemon samples them every tick for flaps and drops (``fabric.sysfs.read_ports``)."""
+        ...
+
     def snapshot(self, release: bool = False) -> model.Node:
         """The cold snapshot (``fleetops-agent collect``, the reset flow, ``mig reset``, the
         setters): read afresh, kernel-log XIDs included. ``release``: hold no device file

@@ -66,6 +66,7 @@ class SimAccess:
         self._steady = False
         self._light: LightSample | None = None
         self._node: Any = None  # the full snapshot of a steady state, kept until the file changes
+        self._ports: dict[str, tuple[bool | None, int | None]] | None = None  # a steady state's port sample
         # the simulated node's control device, held open while "NVML is initialised", as a real
         # daemon holds /dev/nvidiactl: a simulated reset or driver unload sees this process
         # holding the GPU (gpu/holders.py) until ``release``
@@ -105,7 +106,7 @@ class SimAccess:
             if text != self._text:
                 state = sim.parse_state(self.state_path, text)
                 self._text, self._state, self._steady = text, state, sim.steady(state)
-                self._light = self._node = None
+                self._light = self._node = self._ports = None
             if key is not None and read_at - max(key[3], key[4]) / 1e9 > RACY_S:
                 self._key = key
         self.boot = float(self._state["node"].get("boot_time", 0.0)) or None
@@ -149,11 +150,28 @@ class SimAccess:
                 return node
             self._node = node
         now = time.time()
-        node = copy.copy(self._node)  # its GPUs, topology and XIDs are the kept snapshot's
+        # its GPUs, topology, XIDs and fabric are the kept snapshot's (the fabric's read_at stays the
+        # time its ports were read: a steady state's ports do not move, so no rate moves either)
+        node = copy.copy(self._node)
         node.collected_at = now
         node.uptime_s = sim.uptime_s(state, now)
         node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
         return node
+
+    def fabric_ports(self) -> dict[str, tuple[bool | None, int | None]]:
+        """The RDMA ports' state and link_downed from the node's sysfs tree, for the daemon's
+        every tick; a steady state's answer is kept until the file changes, as its light sample."""
+        from fleetops.fabric import sysfs
+        from fleetops.sim.gpu import fabric as simfabric
+
+        state = self._current()
+        if self._steady and self._ports is not None:
+            return self._ports
+        if any(f["name"] in simfabric.TIME_FAULTS for f in state["faults"]):
+            simfabric.sync_tree(self.state_path, state, time.time(), only_timed=True)
+        ports = sysfs.read_ports(simfabric.sys_root(self.state_path))
+        self._ports = ports if self._steady else None
+        return ports
 
     def snapshot(self, release: bool = False) -> model.Node:
         """The cold snapshot of the state file (``snapshot_dict``) as a node; nothing is held
@@ -378,6 +396,7 @@ def snapshot_dict(path: str, now: float) -> dict[str, Any]:
         os.close(device)
     data: dict[str, Any] = sim.snapshot(state, now=now)
     lines = data.pop("_kernel_log")
+    data["fabric"] = _fabric(path, state, now, [g["bus_id"] for g in data["gpus"]])
     data["collected_at"] = now
     gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}
     data["xids"] = []
@@ -387,6 +406,23 @@ def snapshot_dict(path: str, now: float) -> dict[str, Any]:
 
         data["xids"] = [to_dict(e) for e in xid_events(lines, "sim", gpus, now, data.get("uptime_s"))]
     return data
+
+
+def _fabric(path: str, state: dict[str, Any], now: float, gpu_bus_ids: list[str]) -> dict[str, Any]:
+    """The node's HCAs as the agent reads a node's: from its sysfs tree (``<state>.sys``), the
+    ports a time fault moves written first (the tree is a file like any other: nobody else
+    moves them)."""
+    from fleetops.fabric import sysfs
+    from fleetops.model import to_dict
+    from fleetops.sim.gpu import fabric as simfabric
+
+    if any(f["name"] in simfabric.TIME_FAULTS for f in state["faults"]):
+        try:
+            simfabric.sync_tree(path, state, now, only_timed=True)
+        except OSError:
+            pass  # a read-only state folder: the tree read below says what it shows
+    doc: dict[str, Any] = to_dict(sysfs.read(simfabric.sys_root(path), gpu_bus_ids, now))
+    return doc
 
 
 def _num(value: Any) -> Value:

@@ -35,6 +35,7 @@ LIVE = {
     "clock_graphics_mhz", "clock_video_mhz", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_mib",
     "memory_free_mib", "memory_reserved_mib", "pcie_tx_kbps", "pcie_rx_kbps", "clocks_event_mask",
     "clocks_event_reasons", "fan_speed_pct", "performance_state", "tx_kib", "rx_kib", "processes",
+    "read_at",  # the fabric's: when the ports were read
 }
 MOMENT = {"collected_at", "collect_ms", "uptime_s", "daemon", "mig", "age_s"}
 

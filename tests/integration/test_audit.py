@@ -94,6 +94,12 @@ FAULTS = {
     "xid:48": (6, ""),
     "xid:94": (7, ""),
     "xid:13": (0, ""),
+    # the HCA beside the GPU (mlx5_N); a flap is audited within its first 30 s, while the port is down
+    "ib-port-down": (3, "transceiver"),
+    "ib-degraded": (6, "transceiver"),
+    "ib-flap": (1, "transceiver"),
+    "ib-fw-drift": (2, "firmware"),
+    "ib-missing-hca": (5, "lspci"),
 }
 
 

@@ -29,6 +29,8 @@ SIM_BASELINE: dict[str, Any] = {
     "nvlinks_per_gpu": 18,
     "expected_topology": "NV18",
     "stray_process_allowlist": [],
+    "fabric": {"compute_ports": 8, "link_layer": "InfiniBand", "rate_gbps": 400, "width": "4X",
+               "firmware": "28.39.1002", "exclude_devices": ["mlx5_8"]},
 }
 
 

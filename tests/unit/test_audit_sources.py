@@ -150,3 +150,15 @@ def test_the_collect_command_always_carries_the_age_limit() -> None:
     assert audit.collect_command("fleetops-agent", 30.0, False) == ["fleetops-agent", "collect", "--max-age", "30"]
     assert audit.collect_command("/opt/a", 2.5, False) == ["/opt/a", "collect", "--max-age", "2.5"]
     assert audit.collect_command("fleetops-agent", 30.0, True) == ["fleetops-agent", "collect", "--fresh"]
+
+
+def test_a_daemon_snapshot_brings_the_fabric_counter_findings_of_its_window(
+        sim_node: Callable[..., model.Node]) -> None:
+    """The symbol errors of an HCA port, judged over the daemon's window: in the first audit, with
+    no previous audit; the cold collect alone has no rate and says nothing of them."""
+    start, now = _pair(sim_node, "ib-symbol-errors@4", dt=60.0)
+    found = verdict.node_findings(_result(_served(now, start)), None, previous=None)
+    assert _rates(found) == {("fabric.link_errors", None): "crit"}
+    assert [f.observed["device"] for f in found if f.check == "fabric.link_errors"] == ["mlx5_4"]
+    cold = dataclasses.replace(now, daemon=None)
+    assert _rates(verdict.node_findings(_result(cold), None, previous=None)) == {}

@@ -233,6 +233,50 @@ _NVLINK_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Per RDMA port (labels device and port only: bounded by the node's HCAs), from the snapshot's
+# fabric: (metric, counters folder, counter, scale, help). port_*_data counts 4-octet words.
+_RDMA_COUNTERS: tuple[tuple[str, str, str, int, str], ...] = (
+    ("fleetops_rdma_port_transmit_bytes_total", "counters", "port_xmit_data", 4, "Data sent by the port."),
+    ("fleetops_rdma_port_receive_bytes_total", "counters", "port_rcv_data", 4, "Data received by the port."),
+    ("fleetops_rdma_port_link_downed_total", "counters", "link_downed", 1,
+     "Times the port's link went down (link_downed)."),
+    ("fleetops_rdma_port_link_error_recovery_total", "counters", "link_error_recovery", 1,
+     "Link error recoveries (link_error_recovery)."),
+    ("fleetops_rdma_port_symbol_errors_total", "counters", "symbol_error", 1, "Symbol errors (symbol_error)."),
+    ("fleetops_rdma_port_receive_errors_total", "counters", "port_rcv_errors", 1, "Received packets with errors."),
+    ("fleetops_rdma_port_transmit_discards_total", "counters", "port_xmit_discards", 1, "Packets discarded on send."),
+    ("fleetops_rdma_port_excessive_buffer_overrun_errors_total", "counters", "excessive_buffer_overrun_errors", 1,
+     "Excessive buffer overruns."),
+    ("fleetops_rdma_port_local_link_integrity_errors_total", "counters", "local_link_integrity_errors", 1,
+     "Local link integrity errors."),
+    ("fleetops_rdma_port_rnr_nak_retry_errors_total", "hw_counters", "rnr_nak_retry_err", 1,
+     "RNR NAK retries exceeded (hw_counters/rnr_nak_retry_err)."),
+)
+
+
+def _rdma(page: _Page, fabric: model.Fabric | None) -> None:
+    """The node's RDMA ports: up, rate, counters; each HCA's firmware as an info series."""
+    hcas = (fabric.hcas if fabric is not None else None) or []
+    page.family("fleetops_rdma_hca_info", "gauge", "1 per RDMA device, with its firmware and board.")
+    page.family("fleetops_rdma_port_up", "gauge", "1 when the RDMA port is ACTIVE.")
+    page.family("fleetops_rdma_port_rate_bytes_per_second", "gauge", "The rate the port trained to.")
+    for hca in hcas:
+        page.add("fleetops_rdma_hca_info", "gauge", "", (("device", hca.name), ("fw_ver", hca.fw_ver or ""),
+                                                          ("board_id", hca.board_id or "")), 1)
+        for port in hca.ports:
+            labels = (("device", hca.name), ("port", port.port))
+            page.add("fleetops_rdma_port_up", "gauge", "", labels, None if port.state is None else port.active)
+            page.add("fleetops_rdma_port_rate_bytes_per_second", "gauge", "", labels,
+                     None if port.rate_gbps is None else port.rate_gbps * 1e9 / 8)
+    for metric, group, name, scale, help_text in _RDMA_COUNTERS:
+        page.family(metric, "counter", help_text)
+        for hca in hcas:
+            for port in hca.ports:
+                value = (getattr(port, group) or {}).get(name)
+                page.add(metric, "counter", help_text, (("device", hca.name), ("port", port.port)),
+                         None if value is None else int(value) * scale)
+
+
 def _label_value(value: str, pattern: re.Pattern[str]) -> str:
     return value if pattern.match(value) else "other"
 
@@ -350,6 +394,7 @@ def render(state: MetricsInput) -> str:
         if uuid in by_uuid and direction in ("tx", "rx"):
             page.add("fleetops_gpu_nvlink_bytes_total", "counter", "",
                      [*_gpu_labels(by_uuid[uuid]), ("link", int(link_no)), ("direction", direction)], int(value))
+    _rdma(page, node.fabric)
     return page.text()
 
 

@@ -94,6 +94,12 @@ class NodeService:
         self.findings: list[dict[str, Any]] = []  # the last full snapshot's, then the held ones
         self._checked: list[Any] = []  # the last full snapshot's findings (model.Finding)
         self.holds: dict[str, Any] = {}  # uuid -> checks.thermal_power.ThrottleHold, fed every sample
+        # "<dev>/<port>" -> (time, ACTIVE or not, link_downed) of every tick that changed either,
+        # over the hour (the first entry is the state at the hour's start): the RDMA ports' flaps
+        # and drops (checks.fabric.history_findings). Kept as changes, a steady port costs one
+        # entry and no judging.
+        self.port_rings: dict[str, deque[tuple[float, bool | None, int | None]]] = {}
+        self._port_refs: tuple[Any, set[str], dict[str, dict[str, object]]] | None = None
         self._trigger_values: dict[str, tuple[Value, Value]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
@@ -236,6 +242,7 @@ class NodeService:
                     hold = self.holds[uuid] = ThrottleHold()
                 hold.observe(now, row.get("clocks_event_mask"), self.clear_after)
             self.lost.update(lost)
+            self._sample_ports(now)
             if self.degraded_reason and self.degraded_reason.startswith("sample"):
                 self.degraded_reason = None
         except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
@@ -245,6 +252,22 @@ class NodeService:
             self._full()
         self._hold_findings()
         self._publish()
+
+    def _sample_ports(self, now: float) -> None:
+        """The RDMA ports' state and link_downed into their rings (a backend without the call,
+        a test's, samples none)."""
+        read = getattr(self.backend, "fabric_ports", None)
+        if read is None:
+            return
+        start = now - HISTORY_S
+        for key, (active, downed) in self._call("fabric ports", read).items():
+            ring = self.port_rings.get(key)
+            if ring is None:
+                ring = self.port_rings[key] = deque(maxlen=int(HISTORY_S / self.interval_s) + 1)
+            if not ring or ring[-1][1] != active or ring[-1][2] != downed:
+                ring.append((now, active, downed))
+            while len(ring) > 1 and ring[1][0] <= start:
+                ring.popleft()
 
     def _changed_state(self, values: dict[str, dict[str, Value]], lost: dict[str, str]) -> bool:
         """Whether this tick shows what a check judges on its value, not on a rate: a new
@@ -298,7 +321,21 @@ class NodeService:
         if node is None:
             return
         held = held_throttle_findings(node, self.holds, self._checked, self.clear_after)
-        self.findings = [f.to_dict() for f in [*self._checked, *held]]
+        self.findings = [f.to_dict() for f in [*self._checked, *held, *self._port_findings(node)]]
+
+    def _port_findings(self, node: Any) -> list[Any]:
+        """Flaps and drops of the RDMA ports, from their rings, judged on every tick."""
+        if all(len(r) == 1 and r[0][1] is not False for r in self.port_rings.values()):
+            return []  # every port up (or unread) all hour: nothing to judge
+        from fleetops.baseline import DEFAULT_THRESHOLDS
+        from fleetops.checks import fabric
+
+        if self._port_refs is None or self._port_refs[0] is not node.fabric:
+            self._port_refs = (node.fabric, *fabric.port_labels(node, self.baseline))
+        _, compute, refs = self._port_refs
+        th = self.baseline.thresholds if self.baseline is not None else DEFAULT_THRESHOLDS
+        return fabric.history_findings(node.hostname, {k: list(r) for k, r in self.port_rings.items()},
+                                       compute, refs, time.time(), th)
 
     def _xid_models(self, node: Any) -> list[Any]:
         """The book's events as the snapshot's XIDs, attributed to GPUs by bus id."""

@@ -306,6 +306,12 @@ class NvmlAccess:
         self._mig_gpus = instances.table(model.to_dict(g) for g in node.gpus if g.mig_mode_current or g.mig_instances)
         return node
 
+    def fabric_ports(self) -> dict[str, tuple[bool | None, int | None]]:
+        """The RDMA ports' state and link_downed, for the daemon's every tick (sysfs only)."""
+        from fleetops.fabric import sysfs
+
+        return sysfs.read_ports()
+
     def snapshot(self, release: bool = False) -> model.Node:
         """The cold snapshot (``gpu.nvml.node.build``): its own ``nvmlInit``, whatever this
         object holds; ``release``: NVML shut down before returning."""

@@ -1,8 +1,8 @@
 """The node's snapshot through NVML (``build``): the one builder of the cold collect
 (``NvmlAccess.snapshot``) and the daemon's full snapshot (``NvmlAccess.full``), so a field one of
 them has, the other has too. NVML's GPU fields (``snapshot.collect_into``) plus the host facts
-(``gpu.hostinfo``), the kernel log's XIDs and the reset journal's ``last_reset_at``
-(``gpu.node``)."""
+(``gpu.hostinfo``), the RDMA devices from sysfs (``fabric.sysfs``), the kernel log's XIDs and the
+reset journal's ``last_reset_at`` (``gpu.node``)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def build(
     import socket
 
     from fleetops import model
+    from fleetops.fabric import sysfs as fabric
     from fleetops.gpu import hostinfo, nvml
     from fleetops.gpu.node import SnapshotError, reset_times, xid_events
     from fleetops.xid import kernlog as xid
@@ -57,6 +58,7 @@ def build(
             node.unavailable["xids"] = reason
         gpus = {g.bus_id: (g.uuid, g.index) for g in node.gpus}
         node.xids = xid_events(lines, "kernel", gpus, now, node.uptime_s)
+    node.fabric = fabric.read(gpu_bus_ids=[g.bus_id for g in node.gpus], now=time.time())
     resets = reset_times()
     for gpu in node.gpus:
         gpu.last_reset_at = resets.get(gpu.uuid)

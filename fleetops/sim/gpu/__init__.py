@@ -17,6 +17,10 @@ Two kinds of fault:
   and bus id, every value reads as unavailable (``GpuIsLost``), no other GPU moves, and every
   workload, setter, MIG call and reset on it is refused.
 
+The node's HCAs (``fabric``): a sysfs tree beside the state file (``<state>.sys``) with eight
+NDR InfiniBand ports and an Ethernet management port, which the agent reads as a node's
+``/sys``; the ``ib-*`` faults change it (see ``sim/gpu/fabric.py``).
+
 NVLink traffic: every link's TX/RX data counters (KiB since the driver loaded) grow with the
 GPU's load, the stored ``utilization_gpu_pct`` (0 by default: an idle GPU moves nothing over
 NVLink). ``set_load`` changes it; the counters are folded into ``nvlink_traffic`` (KiB at a
@@ -35,7 +39,7 @@ where that passthrough VM reported NVLink as Not Supported.
 
 The package (``from fleetops.sim import gpu as sim``; every name below is ``sim.X``): ``base``
 (defaults, fault names, shared rules), ``statefile``, ``traffic`` (NVLink counters), ``mig``,
-``validation``, ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
+``validation``, ``fabric`` (the HCAs' sysfs tree), ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
 (inject and clear) and ``state`` (a node from a scenario), each importing only those before it.
 """
 
@@ -49,6 +53,7 @@ from fleetops.sim.gpu.base import (
     DEFAULT_GPU,
     DEFAULT_NODE,
     DEFAULT_UPTIME_S,
+    FABRIC_FAULTS,
     FAULT_NAMES,
     GPU_IS_LOST,
     HGX_BUSES,
@@ -89,6 +94,15 @@ from fleetops.sim.gpu.base import (
     lost_reason,
     require_present,
     retire_setting_fault,
+)
+from fleetops.sim.gpu.fabric import (
+    section as fabric_section,
+)
+from fleetops.sim.gpu.fabric import (
+    sync_tree as sync_fabric_tree,
+)
+from fleetops.sim.gpu.fabric import (
+    sys_root as fabric_sys_root,
 )
 from fleetops.sim.gpu.faults import (
     clear,
@@ -169,6 +183,7 @@ __all__ = [
     "DEFAULT_GPU",
     "DEFAULT_NODE",
     "DEFAULT_UPTIME_S",
+    "FABRIC_FAULTS",
     "FAULT_NAMES",
     "GPU_IS_LOST",
     "HGX_BUSES",
@@ -218,6 +233,8 @@ __all__ = [
     "digest",
     "driver_branch_of",
     "end_process",
+    "fabric_section",
+    "fabric_sys_root",
     "find_gpu",
     "fold_traffic",
     "gpu_position",
@@ -258,6 +275,7 @@ __all__ = [
     "set_validation_noise",
     "snapshot",
     "steady",
+    "sync_fabric_tree",
     "thaw_link",
     "traffic_kib",
     "uptime_s",

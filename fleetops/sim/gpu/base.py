@@ -136,7 +136,19 @@ XID_TEXT = {
 }
 
 
-FAULT_NAMES = tuple(SETTING_FAULTS) + CONDITION_FAULTS
+# The node's HCAs (sim/gpu/fabric.py): each takes the HCA beside ``--gpu N`` (mlx5_N).
+FABRIC_FAULTS = (
+    "ib-port-down",
+    "ib-degraded",
+    "ib-flap",
+    "ib-symbol-errors",
+    "ib-link-downed",
+    "ib-fw-drift",
+    "ib-missing-hca",
+)
+
+
+FAULT_NAMES = tuple(SETTING_FAULTS) + CONDITION_FAULTS + FABRIC_FAULTS
 
 
 NODE_FAULTS = ("driver-drift", "gpu-missing")  # gpu-missing takes --gpu, default the last one

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from fleetops.sim.gpu.base import (
+    FABRIC_FAULTS,
     LINK_FAULT_LINK,
     NODE_EVENTS,
     SETTING_FAULTS,
@@ -15,6 +16,10 @@ from fleetops.sim.gpu.base import (
     SimError,
     check_fault_name,
     logs_code,
+)
+from fleetops.sim.gpu.fabric import (
+    link_line,
+    sync_tree,
 )
 from fleetops.sim.gpu.ops import (
     reboot,
@@ -87,8 +92,26 @@ def inject_into(state: dict[str, Any], name: str, gpu: int | None, peer: int | N
     if name.startswith("xid:") or name in ("ecc-dbe", "row-remap-failure"):
         code = int(name[4:]) if name.startswith("xid:") else (48 if name == "ecc-dbe" else 64)
         _log_xid(state, index, code)
+    if name in LINK_LOGGED and index is not None:
+        _log_link(state, name, index, up=False)
+        if name == "ib-link-downed":  # the link fell and trained again
+            _log_link(state, name, index, up=True)
     state["faults"].append(record)
     return True
+
+
+# The ib-* faults whose port falls: the mlx5 driver logs the carrier going down (and up).
+LINK_LOGGED = ("ib-port-down", "ib-flap", "ib-link-downed")
+
+
+def _log_link(state: dict[str, Any], name: str, index: int, up: bool) -> str | None:
+    devices = state.get("fabric") or []
+    if index >= len(devices):
+        return None
+    stamp = printk_uptime(state["node"], time.time())
+    line = f"[{stamp:12.6f}] {link_line(devices[index], up)}"
+    state.setdefault("kernel_log", []).append({"gpu": index, "code": None, "fault": name, "line": line})
+    return line
 
 
 def _log_xid(state: dict[str, Any], index: int | None, code: int) -> None:
@@ -117,6 +140,8 @@ def inject(path: str, name: str, gpu: int | None = None, peer: int | None = None
         for entry in state.get("kernel_log", [])[before:]:
             append_kmsg(kmsg_path(path), entry["line"], float(state["node"].get("boot_time", 0.0)),
                         float(state["node"].get("printk_drift_ppm", 0.0)))
+        if name in FABRIC_FAULTS or name == "reboot":
+            sync_tree(path, state, time.time())
         return done
 
 
@@ -125,7 +150,20 @@ def clear(path: str, name: str, gpu: int | None = None) -> int:
     if name != "all":
         check_fault_name(name)
     with locked_state(path) as state:
-        return clear_from(state, name, gpu)
+        before = [dict(f) for f in state["faults"]]
+        removed = clear_from(state, name, gpu)
+        kept = {(f["name"], f.get("gpu")) for f in state["faults"]}
+        gone = [f for f in before if (f["name"], f.get("gpu")) not in kept]
+        if any(f["name"] in FABRIC_FAULTS for f in gone):
+            sync_tree(path, state, time.time())
+        for fault in gone:  # the port is back: the driver logs its carrier up (to /dev/kmsg only)
+            if fault["name"] in ("ib-port-down", "ib-flap"):
+                line = _log_link(state, fault["name"], fault["gpu"], up=True)
+                state["kernel_log"].pop()
+                if line is not None:
+                    append_kmsg(kmsg_path(path), line, float(state["node"].get("boot_time", 0.0)),
+                                float(state["node"].get("printk_drift_ppm", 0.0)))
+        return removed
 
 
 def clear_from(state: dict[str, Any], name: str, gpu: int | None) -> int:
@@ -149,5 +187,7 @@ def clear_from(state: dict[str, Any], name: str, gpu: int | None) -> int:
                 target["mig_mode_pending"] = fault["saved_pending"]
     state["faults"] = kept
     backed = {(logs_code(f["name"]), f.get("gpu")) for f in kept}
-    state["kernel_log"] = [e for e in state.get("kernel_log", []) if (e["code"], e["gpu"]) in backed]
+    standing = {(f["name"], f.get("gpu")) for f in kept}
+    state["kernel_log"] = [e for e in state.get("kernel_log", [])
+                           if ((e["fault"], e["gpu"]) in standing if "fault" in e else (e["code"], e["gpu"]) in backed)]
     return removed

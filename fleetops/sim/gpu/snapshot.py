@@ -27,6 +27,9 @@ from fleetops.sim.gpu.base import (
     STEADY_PROBE_S,
     stray_process,
 )
+from fleetops.sim.gpu.fabric import (
+    section as fabric_section,
+)
 from fleetops.sim.gpu.traffic import (
     nvlink_rows,
     uptime_s,
@@ -172,6 +175,8 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         },
         # a scenario's driver_branch: null is a driver without nvmlSystemGetDriverBranch
         "unavailable": {} if branch is not None else {"driver_branch": "FunctionNotFound"},
+        # the HCAs as the node's sysfs tree shows them (the agent reads the tree itself)
+        "fabric": fabric_section(state, now),
         "_kernel_log": list(kernel_log),
     }
 
@@ -208,8 +213,8 @@ def driver_branch_of(version: str | None) -> str | None:
 
 
 def steady(state: dict[str, Any], now: float | None = None) -> bool:
-    """Whether ``snapshot(state)`` stays the same as time passes, its uptime aside: an idle node
-    with no growing error storm and no kernel-log lines. Such a state's samples and snapshots can
+    """Whether ``snapshot(state)`` stays the same as time passes, its uptime (and the time its
+    ports were read) aside: an idle node with no growing error storm and no kernel-log lines. Such a state's samples and snapshots can
     be reused until the state file changes, which is what lets one daemon process serve a
     thousand simulated nodes cheaply. Decided by taking the snapshot an hour apart rather than
     by a list of the time-dependent faults, so a new one cannot be missed."""
@@ -217,6 +222,7 @@ def steady(state: dict[str, Any], now: float | None = None) -> bool:
     first, later = snapshot(state, now), snapshot(state, now + STEADY_PROBE_S)
     if first["_kernel_log"]:  # XIDs: their times are derived from the (rounded) uptime
         return False
-    first.pop("uptime_s")
-    later.pop("uptime_s")
+    for doc in (first, later):
+        doc.pop("uptime_s")
+        doc["fabric"].pop("read_at")  # when the ports were read, as the uptime: not what they show
     return first == later

@@ -17,6 +17,10 @@ from fleetops.sim.gpu.base import (
     check_fault_name,
     digest,
 )
+from fleetops.sim.gpu.fabric import (
+    build_devices,
+    sync_tree,
+)
 from fleetops.sim.gpu.faults import (
     inject_into,
 )
@@ -65,6 +69,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
         "faults": [],
         "kernel_log": [],
         "processes": {},
+        "fabric": build_devices(hostname, [g["bus_id"] for g in gpus]),
     }
     for entry in scenario.get("faults") or []:
         name, gpu_index, peer = _parse_fault_entry(entry)
@@ -121,4 +126,5 @@ def init_state(path: str, hostname: str, scenario: dict[str, Any] | None = None)
     state = build_state(hostname, scenario)
     write_state(path, state)
     make_devices(path, len(state["gpus"]))
+    sync_tree(path, state, time.time())
     return state
