@@ -102,6 +102,38 @@ def test_each_fault_changes_exactly_its_port_and_clear_restores_it(node: str, fa
     assert read(node) == before
 
 
+def test_the_nodes_of_one_folder_share_one_tree_until_a_fault_sets_one_apart(tmp_path: Path) -> None:
+    """A fleet's healthy nodes are symlinks to one shared tree (a thousand nodes would otherwise
+    cost half a million files): each reads as its own state says; a fault points its node at
+    the tree of its new view, or (a fault that moves with time) gives it a tree of its own; the
+    other node and the shared tree stay as they were, and clear brings the node back."""
+    a, b = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    sim.init_state(a, "a")
+    sim.init_state(b, "b")
+    roots = [Path(simfabric.sys_root(p)) for p in (a, b)]
+    shared = roots[1].resolve()
+    assert roots[0].is_symlink() and roots[0].resolve() == shared and shared.parent.name == ".sys-templates"
+    for path in (a, b):
+        assert read(path) == sim.snapshot(sim.read_state(path), now=T)["fabric"]
+    before = read(b)
+    files_before = sorted((str(f.relative_to(shared)), f.read_text()) for f in shared.rglob("*") if f.is_file())
+    assert sim.inject(a, "ib-fw-drift", 0)
+    assert roots[0].resolve() != shared and read(a) == sim.snapshot(sim.read_state(a), now=T)["fabric"]
+    assert by_name(read(a))["mlx5_0"]["fw_ver"] == "28.37.1014" and read(b) == before
+    assert sim.inject(a, "ib-symbol-errors", 1)  # moves with time: a tree of a's own
+    assert roots[0].resolve() == Path(str(roots[0]) + "-own").resolve()
+    time.sleep(1.1)  # a second of errors: the next collect's sync writes them
+    simfabric.sync_tree(a, sim.read_state(a), time.time(), only_timed=True)
+    grown, was = by_name(read(a)), by_name(before)
+    assert grown["mlx5_1"]["ports"][0]["counters"]["symbol_error"] > was["mlx5_1"]["ports"][0]["counters"]["symbol_error"]
+    assert grown["mlx5_0"]["fw_ver"] == "28.37.1014" and grown["mlx5_2"] == was["mlx5_2"]
+    assert read(b) == before
+    files_after = sorted((str(f.relative_to(shared)), f.read_text()) for f in shared.rglob("*") if f.is_file())
+    assert files_after == files_before  # nothing was written into the shared tree
+    assert sim.clear(a, "all", None) >= 2
+    assert roots[0].resolve() == shared and read(a) == before
+
+
 def test_a_missing_hca_leaves_the_bus_and_its_gpu_without_a_rail(node: str) -> None:
     before = read(node)
     sim.inject(node, "ib-missing-hca", 5)

@@ -16,6 +16,7 @@ changes with time (``ib-flap`` cycles the port, ``ib-symbol-errors`` grows its c
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Any
@@ -100,12 +101,16 @@ def counters_of(seed: int, roce: bool) -> tuple[dict[str, int], dict[str, int]]:
     return c, hw
 
 
-def _seed(host: str, name: str) -> int:
-    return int(digest("ib", host, name)[:16], 16)
+def _seed(name: str) -> int:
+    """A device's counter seed: by its name, the same on every node, so that the nodes of one
+    shape share their counter files (``sync_tree``'s template); the node GUIDs stay the node's."""
+    return int(digest("ib", name)[:16], 16)
 
 
-def _guid(host: str, name: str) -> str:
-    h = digest("guid", host, name)
+def _guid(name: str) -> str:
+    """A device's node GUID: by its name, the same on every simulated node (their trees are one
+    shared tree until a fault tells them apart: ``sync_tree``)."""
+    h = digest("guid", name)
     return f"a088:c203:00{h[0:2]}:{h[2:6]}"
 
 
@@ -122,15 +127,15 @@ def build_devices(hostname: str, gpu_buses: list[str]) -> list[dict[str, Any]]:
                      f"0000:{bus + 1:02x}:00.0"],
             "numa_node": 0 if index < len(gpu_buses) / 2 else 1,
             "fw_ver": COMPUTE_FW, "board_id": COMPUTE_BOARD, "hca_type": COMPUTE_TYPE,
-            "node_guid": _guid(hostname, name), "link_layer": "InfiniBand", "rate": NDR_RATE,
-            "netdev": f"ibp{bus + 1}s0", "seed": _seed(hostname, name), "counters": {}, "hw_counters": {},
+            "node_guid": _guid(name), "link_layer": "InfiniBand", "rate": NDR_RATE,
+            "netdev": f"ibp{bus + 1}s0", "seed": _seed(name), "counters": {}, "hw_counters": {},
         })
     name = f"mlx5_{len(gpu_buses)}"
     devices.append({
         "name": name, "root": "pci0000:c0", "path": ["0000:c0:01.1", f"0000:{MGMT_BUS:02x}:00.0"],
         "numa_node": 1, "fw_ver": MGMT_FW, "board_id": MGMT_BOARD, "hca_type": MGMT_TYPE,
-        "node_guid": _guid(hostname, name), "link_layer": "Ethernet", "rate": MGMT_RATE,
-        "netdev": f"enp{MGMT_BUS}s0f0np0", "seed": _seed(hostname, name), "counters": {}, "hw_counters": {},
+        "node_guid": _guid(name), "link_layer": "Ethernet", "rate": MGMT_RATE,
+        "netdev": f"enp{MGMT_BUS}s0f0np0", "seed": _seed(name), "counters": {}, "hw_counters": {},
     })
     return devices
 
@@ -270,27 +275,76 @@ def write_device(root: str, dev: dict[str, Any]) -> None:
     _link(bus_link, os.path.relpath(function, os.path.dirname(bus_link)))
 
 
+def _write_all(root: str, state: dict[str, Any], devices: list[dict[str, Any]], only: set[int] | None) -> None:
+    gpus = state["gpus"]
+    if only is None:
+        write_gpus(root, [g["bus_id"] for g in gpus], [int(g.get("numa_node") or 0) for g in gpus])
+    for index, dev in enumerate(devices):
+        if only is None or index in only:
+            write_device(root, dev)
+
+
+def _template(state_path: str, state: dict[str, Any], devices: list[dict[str, Any]]) -> str:
+    """The tree of every node that shows exactly ``devices`` on these GPUs, made once in
+    ``.sys-templates/`` beside the state files: a fleet of a thousand healthy nodes has one tree
+    (half a million files and 2.6 GB otherwise), and each fault combination one more."""
+    buses = [(g["bus_id"], int(g.get("numa_node") or 0)) for g in state["gpus"]]
+    key = digest("fabric-tree", json.dumps([devices, buses], sort_keys=True))[:20]
+    pool = os.path.join(os.path.dirname(os.path.abspath(state_path)), ".sys-templates")
+    template = os.path.join(pool, key)
+    if not os.path.isdir(template):
+        building = f"{template}.{os.getpid()}.tmp"
+        shutil.rmtree(building, ignore_errors=True)
+        _FRESH.add(building + os.sep)
+        try:
+            _write_all(building, state, devices, None)
+        finally:
+            _FRESH.discard(building + os.sep)
+        try:
+            os.rename(building, template)
+        except OSError:  # another process made it first: the same tree
+            shutil.rmtree(building, ignore_errors=True)
+    return template
+
+
+def _point(root: str, target: str) -> None:
+    """``root`` (a symlink) to ``target``, in one step: a reader sees the old tree or the new."""
+    link = os.path.relpath(target, os.path.dirname(root))
+    if os.path.islink(root) and os.readlink(root) == link:
+        return
+    tmp = f"{root}.{os.getpid()}.link"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(link, tmp)
+    os.replace(tmp, root)
+
+
 def sync_tree(state_path: str, state: dict[str, Any], now: float, only_timed: bool = False) -> None:
-    """Write the tree from ``view``: every device, or (``only_timed``) those a time fault moves.
-    Only files whose text changed are rewritten."""
+    """Make the node's ``/sys`` show ``view``. A node whose devices do not change with time is a
+    symlink to the shared tree of its view (``_template``); one with a fault that moves with
+    time (``ib-flap``, ``ib-symbol-errors``) gets a tree of its own (``<state>.sys-own``, hard
+    links to the shared one at first), in which only the files whose text changed are rewritten,
+    each by a rename (a shared file is never written). ``only_timed``: the call before a read,
+    which rewrites only the devices a time fault moves."""
     if "fabric" not in state:
         return  # a state made before the simulator had HCAs: its node has none
     root = sys_root(state_path)
-    gpus = state["gpus"]
-    # a tree made now (the node's first): nobody reads it yet, so no file needs the atomic rename
-    fresh = not os.path.isdir(root) and not only_timed
-    if fresh:
-        _FRESH.add(root + os.sep)
-    try:
-        if not only_timed:
-            write_gpus(root, [g["bus_id"] for g in gpus], [int(g.get("numa_node") or 0) for g in gpus])
-        moving = {f["gpu"] for f in state["faults"] if f["name"] in TIME_FAULTS}
-        for index, dev in enumerate(view(state, now)):
-            if only_timed and index not in moving:
-                continue
-            write_device(root, dev)
-    finally:
-        _FRESH.discard(root + os.sep)
+    devices = view(state, now)
+    moving = {f["gpu"] for f in state["faults"] if f["name"] in TIME_FAULTS}
+    if os.path.isdir(root) and not os.path.islink(root):  # a tree of its own from an older simulator
+        _write_all(root, state, devices, moving if only_timed else None)
+        return
+    if not moving:
+        if not only_timed or not os.path.lexists(root):
+            _point(root, _template(state_path, state, devices))
+        return
+    own = root + "-own"
+    if not (os.path.islink(root) and os.path.realpath(root) == os.path.realpath(own)):
+        shutil.rmtree(own, ignore_errors=True)
+        base = os.path.realpath(root) if os.path.lexists(root) else _template(state_path, state, devices)
+        shutil.copytree(base, own, symlinks=True, copy_function=os.link)
+        _point(root, own)
+    _write_all(root, state, devices, moving if only_timed else None)
 
 
 def link_line(dev: dict[str, Any], up: bool) -> str:
