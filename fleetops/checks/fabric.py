@@ -320,7 +320,8 @@ def _degraded(ctx: Context, all_ports: list[Port]) -> None:
         ctx.add("fabric.port_degraded", "crit" if against_baseline else "warn",
                 f"compute port {p.label} at {p.port.rate}: " + "; ".join(problems),
                 observed={**p.ref(), "rate": p.port.rate, "rate_gbps": rate, "width": width},
-                expected={"rate_gbps": want_rate, "width": want_width, "link_layer": want_layer},
+                expected={k: v for k, v in (("rate_gbps", want_rate), ("width", want_width),
+                                            ("link_layer", want_layer)) if v is not None},
                 action=DEGRADED_ACTION)
 
 

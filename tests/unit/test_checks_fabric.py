@@ -89,6 +89,7 @@ def test_a_degraded_port_against_the_baseline_is_crit_and_against_its_peers_warn
     f = only(fabric_findings(node(state)))
     assert (f.check, f.severity) == ("fabric.port_degraded", "warn")
     assert "the node's other compute ports' 400 Gb/s" in f.message
+    assert f.expected == {"rate_gbps": 400.0, "width": "4X"}  # no baseline: no link layer expected
 
 
 def test_a_port_slower_than_its_peers_stays_warn_when_the_baseline_pins_only_the_link_layer() -> None:
