@@ -106,6 +106,25 @@ def _version(reasons: list[dict[str, Any]]) -> str | None:
     return None
 
 
+HCA_KEYS = ("device", "port", "netdev", "pci_address")
+
+
+def hca_ref(f: model.Finding) -> dict[str, Any] | None:
+    """Where a fabric finding's technician goes: the HCA (device, PCI address) and, for a port's,
+    the port and its netdev, as the finding observed them; None for a finding on no HCA."""
+    observed = f.observed if isinstance(f.observed, dict) else {}
+    if not f.check.startswith("fabric.") or not observed.get("device"):
+        return None
+    return {k: observed[k] for k in HCA_KEYS if observed.get(k) is not None}
+
+
+def _hca_text(where: dict[str, Any]) -> str:
+    parts = [str(where["device"]) + (f" port {where['port']}" if "port" in where else "")]
+    parts += [f"netdev {where['netdev']}"] if "netdev" in where else []
+    parts += [f"PCI {where['pci_address']}"] if "pci_address" in where else []
+    return ", ".join(parts)
+
+
 class Escalating(Protocol):
     """What ``build`` asks of the history (``fleetops.fleet.escalation.Escalations``)."""
 
@@ -257,6 +276,9 @@ def build(
         }
         if history:
             reason["escalation"] = history
+        where = hca_ref(f)
+        if where:
+            reason["hca"] = where
         if act in SIDE_ACTIONS:  # one per node and kind, every GPU's finding under it
             key, at = f"side:{act}", None
             reason["gpu"] = dict(f.gpu) if f.gpu else None
@@ -355,7 +377,9 @@ def render(plan: Plan) -> str:
                 at = f" (GPU {on.get('index')})" if on else ""
                 lines.append(f"      [{r['severity']}] {r['check']}{at}: {r['message']}")
                 lines += [f"        history: {e['text']}" for e in r.get("escalation") or ()]
-                if item.action == "inspect" and r.get("action"):
+                if r.get("hca"):  # the technician needs the port and what to do there
+                    lines.append(f"          at: {_hca_text(r['hca'])}")
+                if (item.action == "inspect" or r.get("hca")) and r.get("action"):
                     lines.append(f"          what to do: {r['action']}")
             if item.command:
                 lines.append(f"      run: {item.command}")
