@@ -11,7 +11,9 @@ the XID catalog's (``fleetops.xid.catalog``); a check this table does not know i
 its action text (table and rule: ``fleetops.catalog.remedies``, which the audit's JSON report
 uses too). Per GPU the most drastic repair wins; every side fix is kept, one per node and
 kind, with the findings that call for it. Per node, a reboot supersedes the GPU resets on that
-node (a reboot resets every GPU).
+node (a reboot resets every GPU). A finding on an HCA (``fabric.*``) names where the technician
+goes (device, port, netdev, PCI address) and its action, whatever the item's action: a drain for
+inspection sends someone to a port, not to a GPU.
 
 A node without a snapshot (``transport.*``: hung, unreachable, no agent) cannot be planned and is
 listed with why; so are findings the node could not read (severity unknown).
