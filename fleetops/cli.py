@@ -624,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
             "slow-pcie, slow-nvlink, noisy" + (", all" if name == "clear" else ""),
         )
         q.add_argument("--gpu", type=int, help="GPU index (default: GPU 0, or the last for gpu-missing); "
-                       "for ib-*: the HCA beside that GPU (mlx5_N)")
+                       "for ib-*: the HCA beside that GPU (mlx5_N); one past the last GPU: the Ethernet "
+                       "management port")
         if name == "inject":
             q.add_argument("--peer", type=int, help="slow-nvlink only: the one link between --gpu and this GPU")
     q = ssub.add_parser("status", help="nodes, addresses, up/down/hung, faults")

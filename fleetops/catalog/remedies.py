@@ -77,6 +77,9 @@ BY_CHECK: dict[str, str | dict[str, str]] = {
     "fabric.link_downed": {"crit": "drain_and_inspect", "warn": "inspect"},
     "fabric.error_counters": {"crit": "drain_and_inspect", "warn": "inspect"},
     "fabric.link_errors": {"crit": "drain_and_inspect", "warn": "inspect"},
+    # the daemon's flaps and drops: their action text says "inspect", which alone would drain
+    "fabric.flap": {"crit": "drain_and_inspect", "warn": "inspect"},
+    "fabric.drop": {"crit": "drain_and_inspect", "warn": "inspect"},
     "fabric.firmware": "inspect",
     "fabric.gpu_without_hca": "inspect",
 }

@@ -11,7 +11,9 @@ the XID catalog's (``fleetops.xid.catalog``); a check this table does not know i
 its action text (table and rule: ``fleetops.catalog.remedies``, which the audit's JSON report
 uses too). Per GPU the most drastic repair wins; every side fix is kept, one per node and
 kind, with the findings that call for it. Per node, a reboot supersedes the GPU resets on that
-node (a reboot resets every GPU).
+node (a reboot resets every GPU). A finding on an HCA (``fabric.*``) names where the technician
+goes (device, port, netdev, PCI address) and its action, whatever the item's action: a drain for
+inspection sends someone to a port, not to a GPU.
 
 A node without a snapshot (``transport.*``: hung, unreachable, no agent) cannot be planned and is
 listed with why; so are findings the node could not read (severity unknown).
@@ -104,6 +106,25 @@ def _version(reasons: list[dict[str, Any]]) -> str | None:
             if r["check"] == check and isinstance(r.get("expected"), str) and r["expected"].strip():
                 return str(r["expected"]).strip()
     return None
+
+
+HCA_KEYS = ("device", "port", "netdev", "pci_address")
+
+
+def hca_ref(f: model.Finding) -> dict[str, Any] | None:
+    """Where a fabric finding's technician goes: the HCA (device, PCI address) and, for a port's,
+    the port and its netdev, as the finding observed them; None for a finding on no HCA."""
+    observed = f.observed if isinstance(f.observed, dict) else {}
+    if not f.check.startswith("fabric.") or not observed.get("device"):
+        return None
+    return {k: observed[k] for k in HCA_KEYS if observed.get(k) is not None}
+
+
+def _hca_text(where: dict[str, Any]) -> str:
+    parts = [str(where["device"]) + (f" port {where['port']}" if "port" in where else "")]
+    parts += [f"netdev {where['netdev']}"] if "netdev" in where else []
+    parts += [f"PCI {where['pci_address']}"] if "pci_address" in where else []
+    return ", ".join(parts)
 
 
 class Escalating(Protocol):
@@ -257,6 +278,9 @@ def build(
         }
         if history:
             reason["escalation"] = history
+        where = hca_ref(f)
+        if where:
+            reason["hca"] = where
         if act in SIDE_ACTIONS:  # one per node and kind, every GPU's finding under it
             key, at = f"side:{act}", None
             reason["gpu"] = dict(f.gpu) if f.gpu else None
@@ -355,7 +379,9 @@ def render(plan: Plan) -> str:
                 at = f" (GPU {on.get('index')})" if on else ""
                 lines.append(f"      [{r['severity']}] {r['check']}{at}: {r['message']}")
                 lines += [f"        history: {e['text']}" for e in r.get("escalation") or ()]
-                if item.action == "inspect" and r.get("action"):
+                if r.get("hca"):  # the technician needs the port and what to do there
+                    lines.append(f"          at: {_hca_text(r['hca'])}")
+                if (item.action == "inspect" or r.get("hca")) and r.get("action"):
                     lines.append(f"          what to do: {r['action']}")
             if item.command:
                 lines.append(f"      run: {item.command}")

@@ -197,3 +197,67 @@ def test_prometheus_scrapes_the_agent_and_fires_on_a_dbe(
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+
+
+def test_prometheus_fires_the_fabric_alerts_on_the_rails_only(
+    prometheus_bin: str, served: tuple[Endpoint, int], tmp_path: Path
+) -> None:
+    """``ib-port-down`` on the rail beside GPU 3 and on the Ethernet management port (mlx5_8),
+    ``ib-link-downed`` on GPU 5's: the agent's finding pages for the rail at once, the raw
+    port-down rule holds it (pending, its 4 minutes are promtool's to test) for mlx5_3 only, the
+    management port gets only the warning's pending, and the link that fell and came back fires."""
+    endpoint, agent_port = served
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {RULES}\n"
+        "scrape_configs:\n  - job_name: fleetops-agent\n    static_configs:\n"
+        f"      - targets: ['{ADDRESS}:{agent_port}']\n        labels: {{node: n1, group: gpu}}\n"
+    )
+    log = open(tmp_path / "prometheus.log", "w")
+    proc = subprocess.Popen(
+        [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address={ADDRESS}:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+    )
+
+    def alerts(name: str, state: str) -> list[dict[str, Any]]:
+        return [a for a in api(port, "/api/v1/alerts")["alerts"]
+                if a["labels"]["alertname"] == name and a["state"] == state]
+
+    try:
+        # the healthy page first, scraped more than once, so that link_downed has a base
+        wait_for("two scrapes of the rails", lambda: [
+            r for r in api(port, "/api/v1/query", query='count_over_time(fleetops_rdma_port_up{device="mlx5_5"}[1m])')
+            ["result"] if float(r["value"][1]) >= 2], proc)
+        roles = {r["metric"]["device"]: r["metric"]["role"]
+                 for r in api(port, "/api/v1/query", query="fleetops_rdma_port_up == 1")["result"]}
+        assert roles == {**{f"mlx5_{i}": "compute" for i in range(8)}, "mlx5_8": "excluded"}
+        assert [a for a in api(port, "/api/v1/alerts")["alerts"] if "Rdma" in a["labels"]["alertname"]] == []
+
+        faulty = sim_node(faults=("ib-port-down@3", "ib-port-down@8", "ib-link-downed@5"))
+        endpoint.set(page(faulty))
+        fell = wait_for("FleetopsRdmaLinkDowned firing", lambda: alerts("FleetopsRdmaLinkDowned", "firing"), proc)
+        assert [(a["labels"]["device"], a["labels"]["port"], a["labels"]["role"], a["labels"]["node"],
+                 a["labels"]["severity"]) for a in fell] == [("mlx5_5", "1", "compute", "n1", "critical")]
+        down = wait_for("FleetopsRdmaPortDown pending", lambda: alerts("FleetopsRdmaPortDown", "pending"), proc)
+        assert [(a["labels"]["device"], a["labels"]["role"]) for a in down] == [("mlx5_3", "compute")]
+        assert "mlx5_3 port 1 down on n1" in down[0]["annotations"]["summary"]
+        mgmt = wait_for("FleetopsRdmaExcludedPortDown pending",
+                        lambda: alerts("FleetopsRdmaExcludedPortDown", "pending"), proc)
+        assert [(a["labels"]["device"], a["labels"]["severity"]) for a in mgmt] == [("mlx5_8", "warning")]
+        node = wait_for("FleetopsNodeCritical firing", lambda: [
+            a for a in alerts("FleetopsNodeCritical", "firing") if a["labels"]["check"] == "fabric.port_down"], proc)
+        assert [a["labels"]["node"] for a in node] == ["n1"]
+        # nothing critical names the management port
+        critical = [a for a in api(port, "/api/v1/alerts")["alerts"] if a["labels"].get("severity") == "critical"]
+        assert [a for a in critical if a["labels"].get("device") == "mlx5_8"] == []
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()

@@ -114,3 +114,30 @@ def test_the_daemon_samples_every_port_each_tick_and_reports_a_flap(tmp_path: Pa
     assert [(f["severity"], f["observed"]["device"], f["observed"]["netdev"]) for f in flap] == [
         ("crit", "mlx5_3", "ibp94s0")]
     assert "fabric.flap" in verdict.HELD_CHECKS  # the audit takes it from the daemon's answer
+
+
+def test_the_served_page_gives_each_port_the_role_the_daemons_baseline_judges(tmp_path: Path) -> None:
+    """The endpoint's ``role`` label comes from the daemon's state, judged by the checks' port rule
+    under the daemon's baseline: the port it excludes is ``excluded`` on the page, and a baseline
+    reloaded without the exclusion makes it ``compute`` again."""
+    from fleetops.agent.serve import exposition
+
+    state = tmp_path / "n1.json"
+    sim.init_state(str(state), "n1")
+    b = baseline.from_mapping({"fabric": {"exclude_devices": ["mlx5_2"], "exclude_link_layers": ["Ethernet"]}}, "t")
+    svc = NodeService(SimAccess(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"), str(tmp_path / "kmsg"),
+                      interval_s=2.0, full_interval_s=10.0, baseline=b)
+    svc._tick()
+
+    def roles() -> dict[str, str]:
+        svc._publish()
+        page = exposition.metrics.render(exposition.metrics_input(svc.state()[1] or {}, time.time()))
+        lines = [ln for ln in page.splitlines() if ln.startswith("fleetops_rdma_port_up{")]
+        return {ln.split('device="')[1].split('"')[0]: ln.split('role="')[1].split('"')[0] for ln in lines}
+
+    got = roles()
+    assert got["mlx5_2"] == "excluded" and got["mlx5_8"] == "excluded"
+    assert sorted(d for d, r in got.items() if r == "compute") == [f"mlx5_{i}" for i in (0, 1, 3, 4, 5, 6, 7)]
+    svc.baseline = None  # a reload without a baseline: the default rule (the HCAs beside a GPU)
+    got = roles()
+    assert got["mlx5_2"] == "compute" and got["mlx5_8"] == "excluded"

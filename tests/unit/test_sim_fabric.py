@@ -102,6 +102,23 @@ def test_each_fault_changes_exactly_its_port_and_clear_restores_it(node: str, fa
     assert read(node) == before
 
 
+def test_an_ib_fault_past_the_gpus_takes_the_management_port_and_no_index_past_the_hcas(node: str) -> None:
+    """``--gpu 8`` on an 8-GPU node names mlx5_8, the Ethernet management port (ib-* faults
+    only); an index past the HCAs, or a GPU fault at 8, is refused as before."""
+    before = read(node)
+    assert sim.inject(node, "ib-port-down", 8)
+    after = by_name(read(node))
+    assert after["mlx5_8"]["ports"][0]["state"] == "1: DOWN"
+    assert after["mlx5_8"]["ports"][0]["link_layer"] == "Ethernet"
+    assert all(after[f"mlx5_{i}"]["ports"][0]["state"] == "4: ACTIVE" for i in range(8))
+    with pytest.raises(sim.SimError, match="does not exist"):
+        sim.inject(node, "ib-port-down", 9)
+    with pytest.raises(sim.SimError, match="does not exist"):
+        sim.inject(node, "ecc-dbe", 8)
+    assert sim.clear(node, "ib-port-down", 8) == 1
+    assert read(node) == before
+
+
 def test_the_nodes_of_one_folder_share_one_tree_until_a_fault_sets_one_apart(tmp_path: Path) -> None:
     """A fleet's healthy nodes are symlinks to one shared tree (a thousand nodes would otherwise
     cost half a million files): each reads as its own state says; a fault points its node at

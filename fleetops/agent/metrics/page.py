@@ -97,11 +97,16 @@ class MetricsInput:
     pcie_bytes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     nvlink_bytes: Mapping[tuple[str, int, str], int] = field(default_factory=dict)
     version: str = field(default_factory=_fleetops_version)
+    # The node's compute RDMA ports ("<dev>/<port>"), as the checks judged them under the daemon's
+    # baseline (fleetops.checks.fabric.ports); None: by the checks' default rule (no baseline).
+    compute_ports: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "findings", tuple(self.findings))
         for name in ("xid_counts", "pcie_bytes", "nvlink_bytes"):
             object.__setattr__(self, name, types.MappingProxyType(dict(getattr(self, name))))
+        if self.compute_ports is not None:
+            object.__setattr__(self, "compute_ports", frozenset(self.compute_ports))
 
 
 def xid_counts_from_events(events: Iterable[model.XidEvent]) -> dict[XidKey, int]:
@@ -233,8 +238,11 @@ _NVLINK_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# Per RDMA port (labels device and port only: bounded by the node's HCAs), from the snapshot's
-# fabric: (metric, counters folder, counter, scale, help). port_*_data counts 4-octet words.
+# Per RDMA port (labels device, port and role only: bounded by the node's HCAs), from the
+# snapshot's fabric: (metric, counters folder, counter, scale, help). port_*_data counts 4-octet
+# words. ``role`` is ``compute`` for a compute port and ``excluded`` for any other (management,
+# storage), by the checks' own rule (``fleetops.checks.fabric.ports``), so that an alert rule can
+# leave out the ports the checks never drain a node for.
 _RDMA_COUNTERS: tuple[tuple[str, str, str, int, str], ...] = (
     ("fleetops_rdma_port_transmit_bytes_total", "counters", "port_xmit_data", 4, "Data sent by the port."),
     ("fleetops_rdma_port_receive_bytes_total", "counters", "port_rcv_data", 4, "Data received by the port."),
@@ -254,17 +262,38 @@ _RDMA_COUNTERS: tuple[tuple[str, str, str, int, str], ...] = (
 )
 
 
-def _rdma(page: _Page, fabric: model.Fabric | None) -> None:
+ROLE_COMPUTE, ROLE_EXCLUDED = "compute", "excluded"
+
+
+def _compute_ports(node: model.Node) -> frozenset[str]:
+    """The compute ports by the checks' rule without a baseline (the daemon passes its own)."""
+    from fleetops.checks import fabric as fabric_checks  # only for a page with RDMA ports
+
+    compute, _ = fabric_checks.port_labels(node, None)
+    return frozenset(compute)
+
+
+def _rdma(page: _Page, node: model.Node, compute_ports: frozenset[str] | None) -> None:
     """The node's RDMA ports: up, rate, counters; each HCA's firmware as an info series."""
+    fabric = node.fabric
     hcas = (fabric.hcas if fabric is not None else None) or []
+    if hcas and compute_ports is None:
+        compute_ports = _compute_ports(node)
+    compute = compute_ports or frozenset()
+
+    def port_labels(hca: model.Hca, port: model.HcaPort) -> tuple[tuple[str, object], ...]:
+        role = ROLE_COMPUTE if f"{hca.name}/{port.port}" in compute else ROLE_EXCLUDED
+        return (("device", hca.name), ("port", port.port), ("role", role))
+
     page.family("fleetops_rdma_hca_info", "gauge", "1 per RDMA device, with its firmware and board.")
-    page.family("fleetops_rdma_port_up", "gauge", "1 when the RDMA port is ACTIVE.")
+    page.family("fleetops_rdma_port_up", "gauge",
+                "1 when the RDMA port is ACTIVE (role: compute, or excluded from the checks' drains).")
     page.family("fleetops_rdma_port_rate_bytes_per_second", "gauge", "The rate the port trained to.")
     for hca in hcas:
         page.add("fleetops_rdma_hca_info", "gauge", "", (("device", hca.name), ("fw_ver", hca.fw_ver or ""),
                                                           ("board_id", hca.board_id or "")), 1)
         for port in hca.ports:
-            labels = (("device", hca.name), ("port", port.port))
+            labels = port_labels(hca, port)
             page.add("fleetops_rdma_port_up", "gauge", "", labels, None if port.state is None else port.active)
             page.add("fleetops_rdma_port_rate_bytes_per_second", "gauge", "", labels,
                      None if port.rate_gbps is None else port.rate_gbps * 1e9 / 8)
@@ -273,7 +302,7 @@ def _rdma(page: _Page, fabric: model.Fabric | None) -> None:
         for hca in hcas:
             for port in hca.ports:
                 value = (getattr(port, group) or {}).get(name)
-                page.add(metric, "counter", help_text, (("device", hca.name), ("port", port.port)),
+                page.add(metric, "counter", help_text, port_labels(hca, port),
                          None if value is None else int(value) * scale)
 
 
@@ -394,7 +423,7 @@ def render(state: MetricsInput) -> str:
         if uuid in by_uuid and direction in ("tx", "rx"):
             page.add("fleetops_gpu_nvlink_bytes_total", "counter", "",
                      [*_gpu_labels(by_uuid[uuid]), ("link", int(link_no)), ("direction", direction)], int(value))
-    _rdma(page, node.fabric)
+    _rdma(page, node, state.compute_ports)
     return page.text()
 
 

@@ -54,7 +54,9 @@ def metrics_input(doc: dict[str, Any], now: float) -> metrics.MetricsInput:
         reason=_reason_token(reason) if reason else None,
         sample_age_s=round(now - float(collected), 3) if collected else None,
     )
-    return metrics.MetricsInput(node=node, agent=agent, findings=findings, xid_counts=counts)
+    compute = daemon.get("compute_ports")
+    return metrics.MetricsInput(node=node, agent=agent, findings=findings, xid_counts=counts,
+                                compute_ports=None if compute is None else frozenset(compute))
 
 
 def _reason_token(reason: str) -> str:

@@ -99,7 +99,9 @@ class NodeService:
         # and drops (checks.fabric.history_findings). Kept as changes, a steady port costs one
         # entry and no judging.
         self.port_rings: dict[str, deque[tuple[float, bool | None, int | None]]] = {}
-        self._port_refs: tuple[Any, set[str], dict[str, dict[str, object]]] | None = None
+        # (fabric, baseline, compute ports, each port's reference): the checks' port rule, worked
+        # out again only for a new fabric or a reloaded baseline
+        self._port_refs: tuple[Any, Any, set[str], dict[str, dict[str, object]]] | None = None
         self._trigger_values: dict[str, tuple[Value, Value]] = {}
         self.degraded_reason: str | None = None
         self.in_call: tuple[str, float] | None = None
@@ -330,12 +332,20 @@ class NodeService:
         from fleetops.baseline import DEFAULT_THRESHOLDS
         from fleetops.checks import fabric
 
-        if self._port_refs is None or self._port_refs[0] is not node.fabric:
-            self._port_refs = (node.fabric, *fabric.port_labels(node, self.baseline))
-        _, compute, refs = self._port_refs
+        compute, refs = self._ports(node)
         th = self.baseline.thresholds if self.baseline is not None else DEFAULT_THRESHOLDS
         return fabric.history_findings(node.hostname, {k: list(r) for k, r in self.port_rings.items()},
                                        compute, refs, time.time(), th)
+
+    def _ports(self, node: Any) -> tuple[set[str], dict[str, dict[str, object]]]:
+        """(the compute ports, each port's reference) by ``"<dev>/<port>"``, by the checks' rule
+        under this daemon's baseline (``fleetops.checks.fabric.port_labels``)."""
+        cached = self._port_refs
+        if cached is None or cached[0] is not node.fabric or cached[1] is not self.baseline:
+            from fleetops.checks import fabric
+
+            cached = self._port_refs = (node.fabric, self.baseline, *fabric.port_labels(node, self.baseline))
+        return cached[2], cached[3]
 
     def _xid_models(self, node: Any) -> list[Any]:
         """The book's events as the snapshot's XIDs, attributed to GPUs by bus id."""
@@ -496,6 +506,8 @@ class NodeService:
             "last_resume": self.last_resume,
             "lost": dict(self.lost),
             "findings": list(self.findings),
+            # the RDMA ports the checks take for compute ports (the endpoint's role label)
+            "compute_ports": sorted(self._ports(node)[0]) if node is not None and node.fabric is not None else None,
             "xid_counts": book["counts"],
             "xid_events": book["events"][-100:],
             "xid_cursor": book["seq"],

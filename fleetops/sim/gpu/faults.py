@@ -49,6 +49,9 @@ def _gpu_index(state: dict[str, Any], name: str, gpu: int | None) -> int | None:
         return None
     if gpu is None:
         return count - 1 if name == "gpu-missing" else 0
+    hcas = len(state.get("fabric") or [])
+    if name in FABRIC_FAULTS and count <= gpu < hcas:
+        return gpu  # the HCA past the GPUs' (mlx5_N): the Ethernet management port
     if not 0 <= gpu < count:
         raise SimError(f"GPU index {gpu} does not exist on {state['hostname']} (it has GPUs 0-{count - 1})")
     return gpu
