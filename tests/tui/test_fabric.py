@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from textual.widgets import Static
 
+from fleetops.baseline import load as baseline_load
 from fleetops.fabric import sysfs
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
@@ -95,6 +96,43 @@ def test_fabric_cell_without_a_fabric_section_or_without_rdma_devices() -> None:
     bare = data.summarize("node001", none, [], simfeed.T0)
     assert bare.node_row_parts[0][3] == "none"
     assert data.fabric.port_rows(none, bare.fabric, []) == []
+
+
+def test_fabric_cell_where_the_device_class_could_not_be_listed() -> None:
+    entry = fed_entries({"node001": []})[0]
+    snap = copy.deepcopy(entry.snapshot)
+    assert snap is not None and snap.fabric is not None
+    snap.fabric.hcas, snap.fabric.unavailable = None, {"hcas": "/sys/class/infiniband: unreadable: Permission denied"}
+    e = data.summarize("node001", snap, simfeed.findings(snap), simfeed.T0)
+    assert e.node_row_parts[0][3] == "n/a" and e.node_row_parts[1][3] == "unknown"
+
+
+def _judged(faults: list[str], baseline: Any) -> data.NodeEntry:
+    snap = simfeed.snapshot(simfeed.sim_state("node004", faults))
+    return data.summarize("node004", snap, simfeed.findings(snap, baseline), simfeed.T0, baseline=baseline)
+
+
+def test_a_missing_hca_counts_against_the_baselines_compute_ports() -> None:
+    pinned = baseline_load.from_mapping({"fabric": {"compute_ports": 8, "exclude_devices": ["mlx5_8"]}}, "test")
+    e = _judged(["ib-missing-hca@2"], pinned)
+    assert e.node_row_parts[0][3] == "IB 7/8" and e.node_row_parts[1][3] == "crit"
+    assert [f.check for f in e.findings if f.severity == "crit"] == ["fabric.port_count"]
+    rows = data.fabric.port_rows(e.snapshot, e.fabric, e.findings)
+    assert [r.key for r in rows] == [f"mlx5_{i}/1" for i in (0, 1, 3, 4, 5, 6, 7, 8)]
+    # without a number to expect, the count is of the ports there (the missing HCA's GPU warns)
+    alone = _judged(["ib-missing-hca@2"], None)
+    assert (alone.node_row_parts[0][3], alone.node_row_parts[1][3]) == ("IB 7/7", "warn")
+    assert [f.check for f in alone.findings if f.severity == "warn"] == ["fabric.gpu_without_hca"]
+
+
+def test_the_role_of_a_port_is_the_checks_rule_with_the_nodes_baseline() -> None:
+    """The baseline's exclusions decide, as for the checks: mlx5_0 excluded by name, the
+    Ethernet port then a compute port (no layer excluded)."""
+    odd = baseline_load.from_mapping({"fabric": {"exclude_devices": ["mlx5_0"]}}, "test")
+    e = _judged([], odd)
+    roles = {r.key: r.cells[1] for r in data.fabric.port_rows(e.snapshot, e.fabric, e.findings)}
+    assert roles["mlx5_0/1"] == "mgmt" and roles["mlx5_8/1"] == "compute" and roles["mlx5_3/1"] == "compute"
+    assert e.node_row_parts[0][3] == "RDMA 8/8"
 
 
 def test_fabric_tab_shows_each_port_role_state_rate_and_why_a_field_is_unavailable(tmp_path: Any) -> None:
