@@ -158,6 +158,7 @@ def test_fabric_tab_shows_each_port_role_state_rate_and_why_a_field_is_unavailab
         assert (mgmt["role"], mgmt["rate"], mgmt["gpus"]) == ("mgmt", "200G 4X Eth", "-")
         unread = cells(ports, "mlx5_2/1")
         assert unread["symbol"] == "n/a" and unread["downed"] != "n/a"
+        assert "GPUs ok 8/8  XIDs/1h 0  fabric IB 7/8  " in str(screen.query_one("#node-header", Static).render())
         text = str(screen.query_one("#node-fabric-text", Static).render())
         assert "mlx5_2 port 1 counters.symbol_error: unreadable: a directory where a file belongs" in text
         assert cells(ports, "mlx5_6/1")["rcverr"] == "n/a"

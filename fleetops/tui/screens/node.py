@@ -59,6 +59,10 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         t.append(
             f"GPUs ok {entry.gpus_ok}/{entry.gpus_total}  XIDs/1h {entry.xids_since(now - data.XID_WINDOW_S)}  "
         )
+        fab_text, fab_style, _ = data.fabric.node_cell(entry.fabric, entry.findings)
+        t.append("fabric ")
+        t.append(fab_text, style=STYLES.get(fab_style, STYLES[""]))
+        t.append("  ")
         services = "  ".join(
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
         )
