@@ -169,7 +169,7 @@ class SshSource:
             age = snap.daemon.get("age_s") if isinstance(snap.daemon, dict) else None
             if isinstance(age, (int, float)) and age > 0:  # a daemon's snapshot is as old as it says
                 seen -= float(age)
-            entry = data.summarize(name, snap, findings, seen, previous)
+            entry = data.summarize(name, snap, findings, seen, previous, self.baselines.get(name))
             with self._lock:
                 base = self._rate_base.get(name)
                 if base is None or snap.collected_at - base.collected_at >= RATE_BASE_MIN_AGE_S:

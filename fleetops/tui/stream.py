@@ -522,7 +522,7 @@ class StreamSource(SshSource):
             findings = self.judge(name, snap)  # as collects and audits judge it
             # seen_at on the controller's clock: when the daemon took the data it shows
             seen = self.clock() - node.age_at_receipt - (time.monotonic() - node.received_at)
-            entry = data.summarize(name, snap, findings, seen, previous)
+            entry = data.summarize(name, snap, findings, seen, previous, self.baselines.get(name))
         with self._lock:
             self._entries[name] = entry
         return entry

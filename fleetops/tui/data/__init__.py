@@ -12,12 +12,15 @@ failure status and the transport finding, so the screen shows what the node look
 how long ago, with an unreachable mark.
 
 The modules: ``columns`` (formatters, ``Column``, ``Row``, cells), ``entry`` (``NodeEntry``,
-``summarize``, ``mark_failed``), ``state`` (``FleetState``, ``Filter``). Callers import this
+``summarize``, ``mark_failed``), ``state`` (``FleetState``, ``Filter``), ``fabric`` (the
+FABRIC cell and the Fabric tab's port rows). Callers import this
 package; the submodules import one another directly.
 """
 
+from fleetops.tui.data import fabric
 from fleetops.tui.data.columns import (
     COLUMNS,
+    DETAIL_FABRIC_COLUMNS,
     DETAIL_GPU_COLUMNS,
     DETAIL_XID_COLUMNS,
     FAULT_SEVERITIES,
@@ -78,6 +81,7 @@ from fleetops.tui.data.state import (
 __all__ = [
     "COLUMNS",
     "DEFAULT_SORT",
+    "DETAIL_FABRIC_COLUMNS",
     "DETAIL_GPU_COLUMNS",
     "DETAIL_XID_COLUMNS",
     "FAULT_SEVERITIES",
@@ -105,6 +109,7 @@ __all__ = [
     "bad_since_text",
     "column_index",
     "detail_gpu_rows",
+    "fabric",
     "finding_cells",
     "fmt_ecc",
     "fmt_finding",

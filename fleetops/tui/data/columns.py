@@ -259,6 +259,11 @@ _REPLAY_DOC = "PCIe replay counter (link-level retransmissions)"
 _NVL_DOC = "NVLinks up / links; 'mig' under MIG (NVML reports the links down there), 'none' without NVLink"
 _THROTTLE_DOC = "clock-event (throttle) reasons, abbreviated (see Abbreviations); idle or - when none"
 _MIG_DOC = "MIG mode: off, or on:<instances>; * a change waits for the next GPU reset"
+_FABRIC_DOC = (
+    "RDMA compute ports ACTIVE / expected (the ports present, or the count fabric.port_count expects): IB "
+    "InfiniBand, RoCE Ethernet, RDMA both; red when fewer are active, yellow for a fabric warning; none: no "
+    "RDMA device (or no compute port), - the agent sent no fabric section (older agent), n/a not readable"
+)
 _XID_DOC = "the XID code (S prefix: an NVSwitch SXid)"
 _XSEV_DOC = "the catalog's severity of that XID"
 _MEANING_DOC = "what the XID code means (the XID catalog)"
@@ -269,13 +274,15 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("node", "NODE", 16, "N", doc=_NODE_DOC),
         Column("health", "HEALTH", 8, "H", doc="the node's state (see States below)"),
         Column("gpus", "GPUS", 5, "G", doc="GPUs fit for work / GPUs the driver attached (a lost GPU counts in the second)"),
+        Column("fabric", "FABRIC", 8, "F", doc=_FABRIC_DOC),
         Column("driver", "DRIVER", 11, "D", doc="NVIDIA driver version"),
         Column("xids", "XID/1H", 6, "X", doc="XIDs in the last hour"),
         Column("seen", "SEEN", 7, "A", clock=True, doc="how long ago the node's last good snapshot arrived"),
         Column("bad", "BAD SINCE", 9, "B", clock=True,
                doc="since when the node is in its fault state, UTC, and for how long (03:12 14m; the date past a "
                "day); kept through STALE, empty when OK"),
-        Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=40,
+        # min 30: with FABRIC beside GPUS the whole row still fits 120 columns
+        Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=30,
                doc="check: message of its worst finding, or why the latest poll gave no snapshot"),
     ),
     "gpus": (
@@ -356,6 +363,31 @@ HISTORY_COLUMNS: tuple[Column, ...] = (
     Column("worst", "WORST", 7, doc="its worst finding's severity"),
     Column("faults", "FAULTS", 6, doc="warn and crit findings (escalations: reboots and resets it survived)"),
     Column("note", "NOTE", 80, grow=1, min_width=30, doc="the worst finding, the escalation, or why the node was not reached"),
+)
+# The node screen's Fabric tab: one row per RDMA port (``data.fabric``). The link's health comes
+# first and fits 120 columns in full; the inventory (PCI, NUMA, firmware) follows, read in full
+# from 150 columns (narrower, the table scrolls sideways as the GPU table does).
+_COUNTER_DOC = "counters/{name}: accumulated since the driver loaded (only growth is judged: fabric.{check})"
+DETAIL_FABRIC_COLUMNS: tuple[Column, ...] = (
+    Column("port", "PORT", 8, doc="the RDMA device and its port number (mlx5_3/1)"),
+    Column("role", "ROLE", 7, doc="compute: a port the checks judge as the node's (its faults can be crit); mgmt: "
+           "not a compute port (management, storage: the baseline's exclusions, else no GPU on its PCIe "
+           "switch), never drains the node"),
+    Column("state", "STATE", 13,
+           doc="the port's state (ACTIVE, DOWN, INIT, ARMED) and, where it is not LinkUp, its physical state"),
+    Column("rate", "RATE", 11, doc="rate in Gb/s, width (4X) and link layer (IB InfiniBand, Eth Ethernet: RoCE)"),
+    Column("gpus", "GPUS", 14, grow=1, min_width=14,
+           doc="the GPUs behind the same PCIe switch: index and bus id; - none, n/a not known"),
+    Column("downed", "DOWNED", 6, doc=_COUNTER_DOC.format(name="link_downed", check="link_downed")),
+    Column("symbol", "SYMERR", 6, doc=_COUNTER_DOC.format(name="symbol_error", check="link_errors")),
+    Column("recovery", "RECOV", 5, doc=_COUNTER_DOC.format(name="link_error_recovery", check="link_errors")),
+    Column("rcverr", "RCVERR", 6, doc="counters/port_rcv_errors: packets received with errors, since the driver loaded"),
+    Column("fatal", "FATAL", 7, doc="the counters whose every increase is fatal (NVSentinel; fabric.error_counters), "
+           "in order: excessive_buffer_overrun_errors / local_link_integrity_errors / rnr_nak_retry_err"),
+    Column("netdev", "NETDEV", 13, doc="the network interface of the port (ip link)"),
+    Column("pci", "PCI", 12, doc="the HCA's PCI address"),
+    Column("numa", "NUMA", 4, doc="the HCA's NUMA node"),
+    Column("fw", "FIRMWARE", 10, doc="the HCA's firmware version (fw_ver)"),
 )
 # Every word a HEALTH or SEV cell can show, for the legend: a state missing here fails its test.
 STATE_WORDS: tuple[tuple[str, str], ...] = (

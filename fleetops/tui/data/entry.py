@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from fleetops import model
+from fleetops.tui.data import fabric as fabric_data
 from fleetops.tui.data.columns import (
     COLUMNS,
     FAULT_SEVERITIES,
@@ -82,6 +83,8 @@ class NodeEntry:
     # seen turn from OK to a fault state, or earlier where the data says (an XID's own time, the
     # start of a throttle the daemon holds); None while it is OK. See ``bad``.
     bad_since: float | None = None
+    # The node's RDMA ports as the checks see them (compute or not, by its baseline).
+    fabric: fabric_data.FabricView = fabric_data.UNKNOWN
 
     @property
     def bad(self) -> bool | None:
@@ -147,21 +150,24 @@ class NodeEntry:
         else:
             worst_text, worst_style = "", ""
         ok, n = self.gpu_tally
+        fab_text, fab_style, fab_sort = fabric_data.node_cell(self.fabric, self.findings)
         cells = (
             self.name,
             self.mark or health_label(health),
             f"{ok}/{n}" if n else "-",
+            fab_text,
             (snap.driver_version or "n/a") if snap else "-",
             "",
             "",
             "",
             worst_text,
         )
-        styles = ("", health, "warn" if ok < n else "", "", "", "", health, worst_style)
+        styles = ("", health, "warn" if ok < n else "", fab_style, "", "", "", health, worst_style)
         sort = (
             natural_key(self.name),
             HEALTH_RANK.get(health, 0),
             (ok - n, ok),
+            fab_sort,
             natural_key(snap.driver_version or "") if snap else (),
             0,
             0.0,
@@ -242,9 +248,11 @@ def summarize(
     findings: Iterable[model.Finding],
     seen_at: float,
     previous: NodeEntry | None = None,
+    baseline: Any = None,
 ) -> NodeEntry:
     """The entry for a node that just answered. ``previous`` lets GPUs that vanished since
-    show as lost rather than silently drop out of the count."""
+    show as lost rather than silently drop out of the count; ``baseline`` (the node's, as its
+    findings were judged with) says which RDMA ports are compute ports."""
     share_links(snapshot)
     found = tuple(sorted(findings, key=_finding_sort))
     health = model.worst(f.severity for f in found)
@@ -317,6 +325,7 @@ def summarize(
         haystack=hay,
         version=(previous.version + 1) if previous else 1,
         bad_since=bad_since,
+        fabric=fabric_data.view(snapshot, baseline),
     )
     return replace(
         entry, gpu_rows=tuple(_gpu_row(entry, g) for g in entry.gpus), finding_rows=_finding_rows(entry)

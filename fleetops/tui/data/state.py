@@ -206,11 +206,11 @@ class FleetState:
         has_data = e.snapshot is not None
         aged = self.health_at(e, now) == "stale" and e.status == STATUS_OK  # old data its source kept as OK
         health_cell = health_label("stale") if aged else cells[1]
-        cells = (cells[0], health_cell, *cells[2:4], str(xids) if has_data else "-", seen, bad, cells[7])
-        styles = (styles[0], "stale" if aged else styles[1], *styles[2:4], "warn" if xids else "dim", seen_style,
-                  styles[6], styles[7])  # fmt: skip
-        sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:4], xids,
-                age if age is not None else float("inf"), sort[6], sort[7])  # fmt: skip
+        cells = (cells[0], health_cell, *cells[2:5], str(xids) if has_data else "-", seen, bad, cells[8])
+        styles = (styles[0], "stale" if aged else styles[1], *styles[2:5], "warn" if xids else "dim", seen_style,
+                  styles[7], styles[8])  # fmt: skip
+        sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:5], xids,
+                age if age is not None else float("inf"), sort[7], sort[8])  # fmt: skip
         placeholder = e.status == STATUS_PENDING and not has_data
         row = Row(e.name, cells, styles, sort, e.fault or aged, e.haystack, e.name, placeholder=placeholder)
         self._node_rows[e.name] = (e, xids, seen, seen_style, bad, row)

@@ -23,7 +23,7 @@ KEYS = (
     ("Esc", "clear the filter / close the prompt / back from a node"),
     ("f, ctrl+z", "faults only (unhealthy or unreachable nodes, faulty GPUs, warn/crit findings)"),
     ("Shift+letter", "sort by the column (again: reverse); clicking a header also sorts"),
-    ("Enter", "open the node of the row: GPUs, findings, XIDs, history, charts (1-5 pick the tab there)"),
+    ("Enter", "open the node of the row: GPUs, findings, XIDs, history, charts, fabric (1-6 pick the tab there)"),
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain (asks the reason Slurm keeps) / resume the node in Slurm (asks first)"),
@@ -60,6 +60,7 @@ def legend_tables() -> tuple[tuple[str, tuple[data.Column, ...]], ...]:
         *((f"{view} view", data.COLUMNS[view]) for view in data.VIEWS),
         ("node screen: GPUs", data.DETAIL_GPU_COLUMNS),
         ("node screen: XIDs", data.DETAIL_XID_COLUMNS),
+        ("node screen: Fabric", data.DETAIL_FABRIC_COLUMNS),
         ("node screen: History", data.HISTORY_COLUMNS),
     )
 

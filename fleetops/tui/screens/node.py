@@ -1,6 +1,7 @@
 """One node: its GPUs (every health field), its findings with the action each calls for, the
 selected GPU in full, charts of the selected GPU's last hour from the node's daemon, its recent
-XIDs and its audit history from the store. Esc goes back."""
+XIDs, its audit history from the store, and its RDMA fabric (a row per port, the fabric findings
+under it). Esc goes back."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rich.text import Text
 from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from fleetops import model
@@ -58,6 +59,10 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         t.append(
             f"GPUs ok {entry.gpus_ok}/{entry.gpus_total}  XIDs/1h {entry.xids_since(now - data.XID_WINDOW_S)}  "
         )
+        fab_text, fab_style, _ = data.fabric.node_cell(entry.fabric, entry.findings)
+        t.append("fabric ")
+        t.append(fab_text, style=STYLES.get(fab_style, STYLES[""]))
+        t.append("  ")
         services = "  ".join(
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
         )
@@ -127,6 +132,35 @@ def findings_text(entry: data.NodeEntry) -> Text:
         t.append("no findings" if entry.snapshot is not None else "no data yet", style="dim")
         return t
     _finding_lines(t, entry.all_findings, _taken_at(entry))
+    return t
+
+
+def fabric_text(entry: data.NodeEntry) -> Text:
+    """Under the ports: why there are none, each field the agent could not read with its reason,
+    and the node's fabric findings with their actions."""
+    fv = entry.fabric
+    t = Text()
+    if entry.snapshot is None:
+        t.append("no data yet", style="dim")
+        return t
+    if not fv.known or not fv.readable:
+        t.append(f"fabric {'not read' if not fv.readable else 'not reported'}: {fv.note}\n", style=STYLES["unknown"])
+    elif not fv.ports:
+        t.append(f"{fv.note or 'no RDMA port'}\n", style="dim")
+    else:
+        compute = fv.compute
+        t.append(f"compute ports {fv.active}/{len(compute)} active; {len(fv.ports) - len(compute)} other\n", style="bold")
+    missing = data.fabric.unavailable_lines(fv)
+    if missing:
+        t.append("unavailable (n/a in the table), with the reason\n", style="bold")
+        for line in missing:
+            t.append(f"  {line}\n", style=STYLES["unknown"])
+    found = data.fabric.fabric_findings(entry.findings)
+    if found:
+        t.append("\n")
+        _finding_lines(t, found, _taken_at(entry))
+    elif fv.known and fv.readable:
+        t.append("no fabric findings\n", style="dim")
     return t
 
 
@@ -245,6 +279,7 @@ class NodeScreen(GatedScreen):
         Binding("3", "tab('tab-xids')", "XIDs", show=False),
         Binding("4", "tab('tab-history')", "History", show=False),
         Binding("5", "tab('tab-charts')", "Charts", show=False),
+        Binding("6", "tab('tab-fabric')", "Fabric", show=False),
     ]
     CHARTS_REFRESH_S = 10.0
 
@@ -283,6 +318,10 @@ class NodeScreen(GatedScreen):
                 yield FleetTable(HISTORY_COLUMNS, id="node-history", highlight_s=0)
             with TabPane("Charts", id="tab-charts"), VerticalScroll():
                 yield GpuCharts(id="node-charts")
+            with TabPane("Fabric", id="tab-fabric"), Vertical():
+                yield FleetTable(data.DETAIL_FABRIC_COLUMNS, id="node-fabric", highlight_s=0)
+                with VerticalScroll(id="node-fabric-notes"):
+                    yield Static(id="node-fabric-text")
         yield note_widget()
         yield Footer()
 
@@ -317,6 +356,10 @@ class NodeScreen(GatedScreen):
         self.query_one("#node-gpus", FleetTable).apply(data.detail_gpu_rows(entry))
         self.query_one("#node-findings", Static).update(findings_text(entry))
         self.query_one("#node-xids", FleetTable).apply(self.state.detail_xid_rows(self.node, now))
+        self.query_one("#node-fabric", FleetTable).apply(
+            data.fabric.port_rows(entry.snapshot, entry.fabric, entry.findings)
+        )
+        self.query_one("#node-fabric-text", Static).update(fabric_text(entry))
         self._show_gpu()
 
     def _show_gpu(self) -> None:
