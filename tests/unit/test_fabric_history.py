@@ -141,3 +141,28 @@ def test_the_served_page_gives_each_port_the_role_the_daemons_baseline_judges(tm
     svc.baseline = None  # a reload without a baseline: the default rule (the HCAs beside a GPU)
     got = roles()
     assert got["mlx5_2"] == "compute" and got["mlx5_8"] == "excluded"
+
+
+def test_a_port_going_down_is_judged_at_the_next_tick_not_the_next_full_interval(tmp_path: Path) -> None:
+    """As a new DBE: a port that changes state takes the daemon's full snapshot at once, so its
+    finding reaches the watchers within a tick rather than up to a full interval later."""
+    state = tmp_path / "n1.json"
+    sim.init_state(str(state), "n1")
+    svc = NodeService(SimAccess(str(state)), str(tmp_path / "s.sock"), str(tmp_path / "lib"), str(tmp_path / "kmsg"),
+                      interval_s=2.0, full_interval_s=3600.0)
+    svc._tick()  # the first tick takes the first full snapshot; the next is an hour away
+    first = svc.node
+    assert first is not None and [f for f in svc.findings if f["check"].startswith("fabric.")] == []
+    svc._tick()
+    assert svc.node is first  # a steady tick takes none
+    sim.inject(str(state), "ib-port-down", 3)
+    svc._tick()
+    assert svc.node is not first
+    down = [(f["check"], f["severity"], f["observed"]["device"]) for f in svc.findings if f["check"] == "fabric.port_down"]
+    assert down == [("fabric.port_down", "crit", "mlx5_3")]
+    again = svc.node
+    svc._tick()
+    assert svc.node is again  # still down: no change, no new snapshot
+    sim.clear(str(state), "ib-port-down", 3)
+    svc._tick()
+    assert svc.node is not again and not [f for f in svc.findings if f["check"] == "fabric.port_down"]

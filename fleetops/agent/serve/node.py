@@ -244,7 +244,8 @@ class NodeService:
                     hold = self.holds[uuid] = ThrottleHold()
                 hold.observe(now, row.get("clocks_event_mask"), self.clear_after)
             self.lost.update(lost)
-            self._sample_ports(now)
+            if self._sample_ports(now):
+                self._next_full = 0.0  # a port went down or came back: judged now, as a new DBE is
             if self.degraded_reason and self.degraded_reason.startswith("sample"):
                 self.degraded_reason = None
         except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
@@ -255,21 +256,25 @@ class NodeService:
         self._hold_findings()
         self._publish()
 
-    def _sample_ports(self, now: float) -> None:
+    def _sample_ports(self, now: float) -> bool:
         """The RDMA ports' state and link_downed into their rings (a backend without the call,
-        a test's, samples none)."""
+        a test's, samples none). True when a port seen before changed state (ACTIVE or not)."""
         read = getattr(self.backend, "fabric_ports", None)
         if read is None:
-            return
+            return False
         start = now - HISTORY_S
+        changed = False
         for key, (active, downed) in self._call("fabric ports", read).items():
             ring = self.port_rings.get(key)
             if ring is None:
                 ring = self.port_rings[key] = deque(maxlen=int(HISTORY_S / self.interval_s) + 1)
+            if ring and ring[-1][1] != active:
+                changed = True
             if not ring or ring[-1][1] != active or ring[-1][2] != downed:
                 ring.append((now, active, downed))
             while len(ring) > 1 and ring[1][0] <= start:
                 ring.popleft()
+        return changed
 
     def _changed_state(self, values: dict[str, dict[str, Value]], lost: dict[str, str]) -> bool:
         """Whether this tick shows what a check judges on its value, not on a rate: a new
