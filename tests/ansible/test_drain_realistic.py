@@ -83,9 +83,17 @@ def _scontrol(c, *args: str) -> None:
 
 
 def _resume_all(c) -> None:
+    """Every node back in service, as the guard counts it: no drain, and its slurmd answering
+    (slurmctld may mark a node NOT_RESPONDING for a moment after a resume on a loaded machine;
+    the guard rightly counts such a node out of service)."""
     for node, state in _states(c).items():
         if "DRAIN" in state:
             _scontrol(c, "update", f"NodeName={node}", "State=RESUME")
+    deadline = time.monotonic() + 120
+    while not all(s == "IDLE" for s in _states(c).values()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the nodes did not all come back IDLE: {_states(c)}")
+        time.sleep(0.5)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def sim_fleet() -> Iterator[str]:
 
 def _app(directory: str, db: str) -> FleetApp:
     hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
-    source = SshSource(hosts, baselines, interval=0.5, connect_timeout=2.0, command_timeout=5.0, drain_db=db)
+    source = SshSource(hosts, baselines, interval=0.5, connect_timeout=10.0, command_timeout=10.0, drain_db=db)  # a loaded machine is slow, not down
     return FleetApp(source, interval=0.5)
 
 

@@ -63,7 +63,7 @@ def fleet_dir(sim_fleet: str) -> Iterator[str]:
 
 def live_app(directory: str, readonly: bool = False) -> FleetApp:
     hosts, baselines = resolve_hosts(os.path.join(directory, "inventory.yml"), None)
-    source = SshSource(hosts, baselines, interval=0.5, connect_timeout=2.0, command_timeout=5.0)
+    source = SshSource(hosts, baselines, interval=0.5, connect_timeout=10.0, command_timeout=10.0)  # a loaded machine is slow, not down
     return FleetApp(source, readonly=readonly, interval=0.5)
 
 
