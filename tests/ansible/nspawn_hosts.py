@@ -492,6 +492,42 @@ class Slurm:
         reason = out.split(" Reason=", 1)[1].rsplit(" [", 1)[0].strip() if " Reason=" in out else None
         return state, reason
 
+    def run(self, *args: str) -> None:
+        """``scontrol ARGS`` against this cluster; a refusal raises."""
+        subprocess.run([str(self.scontrol), *args], check=True, capture_output=True, text=True)
+
+    def states(self) -> dict[str, str]:
+        """Every node's State, from ``scontrol show nodes -o``."""
+        out = subprocess.run(
+            [str(self.scontrol), "show", "nodes", "-o"], capture_output=True, text=True, check=True
+        ).stdout
+        states = {}
+        for line in out.splitlines():
+            words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if "NodeName" in words:
+                states[words["NodeName"]] = words.get("State", "")
+        return states
+
+    def until_idle(self, timeout: float = 180.0) -> None:
+        """Every node IDLE and responding: each slurmd registered (slurmctld may mark a node
+        NOT_RESPONDING for a moment after a resume on a loaded machine, and the capacity guard
+        rightly counts such a node out of service)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.states()
+            if states and all(s == "IDLE" for s in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the nodes did not all come up IDLE within {timeout:g}s: {states}")
+            time.sleep(0.5)
+
+    def resume_all(self) -> None:
+        """Every node back in service, as the guard counts it: no drain, and its slurmd answering."""
+        for node, state in self.states().items():
+            if "DRAIN" in state:
+                self.run("update", f"NodeName={node}", "State=RESUME")
+        self.until_idle(120.0)
+
 
 def _slurm_conf(
     hosts: list[Host], ctld_port: int, node_ports: dict[str, int], auth_socket: str | None

@@ -18,8 +18,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import time
 
 import nspawn_hosts
 import pytest
@@ -47,60 +45,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     try:
         # no agent is installed: drain and resume never touch the node (an empty wheelhouse)
         nspawn_hosts.write_inventory(c, directory / "wheelhouse")
-        _until_idle(c)
+        c.slurm.until_idle()
         yield c
     finally:
         nspawn_hosts.down(c)
-
-
-def _states(c) -> dict[str, str]:
-    out = subprocess.run(
-        [str(c.slurm.scontrol), "show", "nodes", "-o"], capture_output=True, text=True, check=True
-    ).stdout
-    states = {}
-    for line in out.splitlines():
-        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
-        if "NodeName" in words:
-            states[words["NodeName"]] = words.get("State", "")
-    return states
-
-
-def _until_idle(c, timeout: float = 180.0) -> None:
-    """Every slurmd registered: each node IDLE and responding (an unresponsive node is out of
-    service, and the capacity guard would count it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = _states(c)
-        if states and all(s == "IDLE" for s in states.values()):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the nodes did not all come up IDLE within {timeout:g}s: {states}")
-        time.sleep(1.0)
-
-
-def _scontrol(c, *args: str) -> None:
-    subprocess.run([str(c.slurm.scontrol), *args], check=True, capture_output=True, text=True)
-
-
-def _resume_all(c) -> None:
-    """Every node back in service, as the guard counts it: no drain, and its slurmd answering
-    (slurmctld may mark a node NOT_RESPONDING for a moment after a resume on a loaded machine;
-    the guard rightly counts such a node out of service)."""
-    for node, state in _states(c).items():
-        if "DRAIN" in state:
-            _scontrol(c, "update", f"NodeName={node}", "State=RESUME")
-    deadline = time.monotonic() + 120
-    while not all(s == "IDLE" for s in _states(c).values()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the nodes did not all come back IDLE: {_states(c)}")
-        time.sleep(0.5)
 
 
 @pytest.fixture
 def fleetops(cluster, monkeypatch: pytest.MonkeyPatch):
     """``fleetops ARGS -i INVENTORY`` in this process, scontrol on the controller; (exit, out, err)."""
     monkeypatch.setenv("SLURM_CONF", str(cluster.slurm.conf))
-    _resume_all(cluster)
+    cluster.slurm.resume_all()
 
     def run(*argv: str) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
@@ -109,7 +64,7 @@ def fleetops(cluster, monkeypatch: pytest.MonkeyPatch):
         return code, out.getvalue(), err.getvalue()
 
     yield run
-    _resume_all(cluster)
+    cluster.slurm.resume_all()
 
 
 def test_an_operators_drain_names_the_owner_and_its_resume_lifts_it(cluster, fleetops) -> None:
@@ -131,7 +86,7 @@ def test_an_operators_drain_names_the_owner_and_its_resume_lifts_it(cluster, fle
 
 
 def test_another_owners_drain_is_refused_named_and_lifted_only_with_force(cluster, fleetops) -> None:
-    _scontrol(cluster, "update", "NodeName=node202", "State=DRAIN", f"Reason={HEALTH}")
+    cluster.slurm.run("update", "NodeName=node202", "State=DRAIN", f"Reason={HEALTH}")
     code, out, _err = fleetops("drain", "node202", "--reason", "mine now")
     assert code == 1, out
     assert "the health program (run 20261206T031207Z-7c1e-node202)" in out and "set by root at " in out
@@ -149,17 +104,17 @@ def test_another_owners_drain_is_refused_named_and_lifted_only_with_force(cluste
 
 def test_the_capacity_guard_refuses_a_drain_over_the_partitions_share(cluster, fleetops) -> None:
     """Three nodes at 10% may have one out; node201 is out (someone else's drain): no room."""
-    _scontrol(cluster, "update", "NodeName=node201", "State=DRAIN", "Reason=rack 12 PDU swap")
+    cluster.slurm.run("update", "NodeName=node201", "State=DRAIN", "Reason=rack 12 PDU swap")
     code, out, _err = fleetops("drain", "node203", "--reason", "ticket 4412")
     assert code == 1, out
     assert "partition gpu: 1 of 3 nodes are out of service already (node201)" in out, out
     assert "more than the allowed 1 (10%)" in out
     assert "DRAIN" not in cluster.slurm.show("node203")[0]
     # a set is refused whole, before anything is sent
-    _resume_all(cluster)
+    cluster.slurm.resume_all()
     code, out, _err = fleetops("drain", "node202", "node203", "--reason", "ticket 4412", "--yes")
     assert code == 1 and out.count("refused") == 2, out
-    assert all("DRAIN" not in s for s in _states(cluster).values())
+    assert all("DRAIN" not in s for s in cluster.slurm.states().values())
     # with a share that allows it, the same set goes through
     code, out, err = fleetops(
         "drain", "node202", "node203", "--reason", "ticket 4412", "--yes", "--max-drain-share", "70%"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,36 +32,6 @@ NODES = ["node301", "node302", "node303"]
 FIRST_ADDRESS = os.environ.get("FLEETOPS_NSPAWN_TUI_DRAIN_TEST_ADDRESS", "127.0.51.1")
 
 
-def _states(c) -> dict[str, str]:
-    out = subprocess.run(
-        [str(c.slurm.scontrol), "show", "nodes", "-o"], capture_output=True, text=True, check=True
-    ).stdout
-    states = {}
-    for line in out.splitlines():
-        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
-        if "NodeName" in words:
-            states[words["NodeName"]] = words.get("State", "")
-    return states
-
-
-def _scontrol(c, *args: str) -> None:
-    subprocess.run([str(c.slurm.scontrol), *args], check=True, capture_output=True, text=True)
-
-
-def _resume_all(c) -> None:
-    """Every node back in service, as the guard counts it: no drain, and its slurmd answering
-    (slurmctld may mark a node NOT_RESPONDING for a moment after a resume on a loaded machine;
-    the guard rightly counts such a node out of service)."""
-    for node, state in _states(c).items():
-        if "DRAIN" in state:
-            _scontrol(c, "update", f"NodeName={node}", "State=RESUME")
-    deadline = time.monotonic() + 120
-    while not all(s == "IDLE" for s in _states(c).values()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the nodes did not all come back IDLE: {_states(c)}")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     reason = nspawn_hosts.skip_reason() or nspawn_hosts.slurm_skip_reason()
@@ -75,11 +44,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(f"container test hosts cannot run here: {exc}")
     try:
         nspawn_hosts.write_inventory(c, directory / "wheelhouse")  # no agent: the drains never need it
-        deadline = time.monotonic() + 180
-        while not all(s == "IDLE" for s in _states(c).values()):  # every slurmd registered
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the nodes did not all come up IDLE: {_states(c)}")
-            time.sleep(1.0)
+        c.slurm.until_idle()  # every slurmd registered
         yield c
     finally:
         nspawn_hosts.down(c)
@@ -92,10 +57,10 @@ def app(cluster, monkeypatch: pytest.MonkeyPatch):
     from fleetops.tui.source import SshSource
 
     monkeypatch.setenv("SLURM_CONF", str(cluster.slurm.conf))
-    _resume_all(cluster)
+    cluster.slurm.resume_all()
     source = SshSource(inventory.load(str(cluster.inventory)), {}, interval=5.0, connect_timeout=3.0, command_timeout=3.0)
     yield FleetApp(source, interval=5.0)
-    _resume_all(cluster)
+    cluster.slurm.resume_all()
 
 
 def _drive(app: Any, body: Callable[[Any], Awaitable[None]]) -> None:
@@ -162,12 +127,12 @@ def test_the_tuis_filtered_drain_drains_what_the_guard_allows_and_refuses_the_re
         await _until(pilot, lambda: dialog.plan is not None, "the capacity guard's answer")
         assert dialog.plan.allowed == ("node301",)
         assert [n for n, _ in dialog.plan.refused] == ["node302", "node303"]
-        states = _states(cluster)
+        states = cluster.slurm.states()
         assert all(s == "IDLE" for s in states.values()), states  # nothing sent yet
         await _type_reason(pilot, "rack 7 PDU swap")
         await pilot.press("enter")
         await _until(pilot, lambda: len(app.action_log.rows) == 3, "every node's outcome")
-        states = _states(cluster)
+        states = cluster.slurm.states()
         assert "DRAIN" in states["node301"] and "DRAIN" not in states["node302"] and "DRAIN" not in states["node303"]
         assert cluster.slurm.show("node301")[1] == f"[fleetops] operator/{run}: rack 7 PDU swap"
         rows = {r.node: r for r in app.action_log.rows}
@@ -182,7 +147,7 @@ def test_the_tuis_filtered_drain_drains_what_the_guard_allows_and_refuses_the_re
 
 
 def test_the_tui_shows_resume_disabled_for_a_drain_someone_else_set(cluster, app) -> None:
-    _scontrol(cluster, "update", "NodeName=node302", "State=DRAIN", "Reason=maintenance by alice")
+    cluster.slurm.run("update", "NodeName=node302", "State=DRAIN", "Reason=maintenance by alice")
 
     async def body(pilot: Any) -> None:
         from textual.widgets import Static
