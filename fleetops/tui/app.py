@@ -645,12 +645,13 @@ class FleetApp(App[None]):
         self.last_action = result
         if what in ("drain", "resume"):
             self.from_worker(self.forget_slurm_state, name)
-            self.from_worker(self.slurm_changed, name)
-        if result.ok and what in ("drain", "resume") and logged is not None and hasattr(self.source, "slurm_node"):
-            # a drain's outcome is Slurm's State read after it, not the node's GPUs (a node with
-            # no agent, or one whose GPUs are sick, was drained all the same)
-            self._settle_slurm(name, what, logged)
-            logged = None
+            reading = None
+            if result.ok and logged is not None and hasattr(self.source, "slurm_node"):
+                # a drain's outcome is Slurm's State read after it, not the node's GPUs (a node
+                # with no agent, or one whose GPUs are sick, was drained all the same)
+                reading = self._settle_slurm(name, what, logged)
+                logged = None
+            self.from_worker(self.slurm_changed, name, reading)
         if result.ok and not self.exiting:
             # what the action left behind, from a snapshot taken after it (the daemon samples on
             # request, else a cold collect), now rather than at the next round
@@ -658,10 +659,11 @@ class FleetApp(App[None]):
             self.deliver(entry)
             self.from_worker(self._report_entry, entry, f"after {what}", logged)
 
-    def _settle_slurm(self, name: str, what: str, logged: Any) -> None:
+    def _settle_slurm(self, name: str, what: str, logged: Any) -> Any:
         """Settle a sent drain or resume with the node as Slurm shows it right after (worker
         thread): verified when the drain is there (or gone, after a resume), failed when not,
-        unknown when Slurm could not be read."""
+        unknown when Slurm could not be read. Returns the reading (None: not read), which the
+        node screens show rather than asking Slurm again."""
         try:
             reading = self.source.slurm_node(name)
         except Exception as exc:  # noqa: BLE001 - the log says it, the action stays sent
@@ -670,18 +672,24 @@ class FleetApp(App[None]):
             problem = reading.problem
         if reading is None or problem or reading.state is None:
             self.action_log.settle(logged, "unknown", f"{name} after {what}: Slurm not read ({problem})")
-            return
+            return None
         wanted = reading.drained if what == "drain" else not reading.drained
         shown = f"Slurm State {reading.state}" + (f", Reason {reading.reason}" if reading.reason else "")
         if wanted:
             self.action_log.settle(logged, "verified", f"{name} after {what}: {shown}")
         else:
             self.action_log.settle(logged, "failed", f"{name} after {what}: still {shown}")
+        return reading
 
-    def slurm_changed(self, name: str) -> None:
-        """A drain or resume from this TUI is done: node screens of ``name`` read Slurm again."""
+    def slurm_changed(self, name: str, reading: Any = None) -> None:
+        """A drain or resume from this TUI is done: node screens of ``name`` show ``reading``
+        (Slurm read after it), or read Slurm again where there is none."""
         for screen in self.screen_stack:
-            if getattr(screen, "node", None) == name and hasattr(screen, "load_slurm"):
+            if getattr(screen, "node", None) != name or not hasattr(screen, "load_slurm"):
+                continue
+            if reading is not None:
+                screen.show_slurm(reading)  # type: ignore[attr-defined]  # NodeScreen's
+            else:
                 screen.load_slurm()
 
     def copy_command(self, command: str, what: str) -> None:

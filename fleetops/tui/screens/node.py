@@ -429,6 +429,10 @@ class NodeScreen(GatedScreen):
             reading, note = None, f"not read: {type(exc).__name__}: {exc}"
         self.app.from_worker(self._slurm_show, reading, note)  # type: ignore[attr-defined]
 
+    def show_slurm(self, reading: Any) -> None:
+        """A reading made elsewhere (the app's, after a drain or resume from here)."""
+        self._slurm_show(reading, None)
+
     def _slurm_show(self, reading: Any, note: str | None) -> None:
         self.slurm, self.slurm_note = reading, note
         if self.ready and self.is_running:
