@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fleetops import model
+from fleetops import codec, model
 from fleetops.sim import gpu as sim
 
 
@@ -99,7 +99,7 @@ def _with(doc, path, new):
 
 def _slow(doc):
     """The path-keeping conversion alone (what words a refusal)."""
-    return model._converter(model.Node)(doc, "snapshot")
+    return codec.converter(model.Node)(doc, "snapshot")
 
 
 def test_the_fast_conversion_takes_exactly_what_the_path_keeping_one_takes():
@@ -108,7 +108,7 @@ def test_the_fast_conversion_takes_exactly_what_the_path_keeping_one_takes():
     same node; a refusal reaches the caller as the path-keeping one's SchemaError."""
     node = _node(["ecc-dbe@3", "nvlink-down@1", "stray-process@2", "xid:79@4"])
     doc = json.loads(model.node_to_json(node))
-    assert model._fast(model.Node)(doc) == _slow(doc) == node
+    assert codec.fast(model.Node)(doc) == _slow(doc) == node
     replacements = [None, True, 7, 7.5, "x", [], {}]
     seen = {"refused": 0, "taken": 0}
     for path, value in _leaves(doc):
@@ -121,19 +121,19 @@ def test_the_fast_conversion_takes_exactly_what_the_path_keeping_one_takes():
             try:
                 want = _slow(bad)
             except model.SchemaError as exc:
-                with pytest.raises(model._Refused):
-                    model._fast(model.Node)(bad)
+                with pytest.raises(codec.Refused):
+                    codec.fast(model.Node)(bad)
                 with pytest.raises(model.SchemaError) as got:
                     model.node_from_dict(bad)
                 assert str(got.value) == str(exc)
                 seen["refused"] += 1
             else:
-                assert model._fast(model.Node)(bad) == want, path
+                assert codec.fast(model.Node)(bad) == want, path
                 seen["taken"] += 1
     assert seen["refused"] > 500 and seen["taken"] > 100, seen
 
 
-@pytest.mark.parametrize("hook", ["_scalar_of", "_converter"])
+@pytest.mark.parametrize("hook", ["_scalar_of", "converter"])
 def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whole(
     monkeypatch: pytest.MonkeyPatch, hook: str
 ) -> None:
@@ -146,12 +146,12 @@ def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whol
 
     node = _node(["ecc-dbe@3"])
     doc = json.loads(model.node_to_json(node))
-    monkeypatch.setattr(model, "_FAST", {})  # this process has converted nothing yet
-    monkeypatch.setattr(model, "_CONVERTERS", {})
+    monkeypatch.setattr(codec, "_FAST", {})  # this process has converted nothing yet
+    monkeypatch.setattr(codec, "_CONVERTERS", {})
     gpus_type = typing.get_type_hints(model.Node)["gpus"]
     held, release = threading.Event(), threading.Event()
     first: list[threading.Thread] = []
-    real = getattr(model, hook)
+    real = getattr(codec, hook)
 
     def holding(tp, *args):  # type: ignore[no-untyped-def]
         if tp == gpus_type and threading.current_thread() in first and not held.is_set():
@@ -159,9 +159,9 @@ def test_a_snapshot_parsed_while_another_thread_is_making_the_converters_is_whol
             release.wait(30)
         return real(tp, *args)
 
-    monkeypatch.setattr(model, hook, holding)
-    if hook == "_converter":  # the path-keeping conversion alone, as when the fast one refuses
-        parse = lambda: model._converter(model.Node)(doc, "snapshot")  # noqa: E731
+    monkeypatch.setattr(codec, hook, holding)
+    if hook == "converter":  # the path-keeping conversion alone, as when the fast one refuses
+        parse = lambda: codec.converter(model.Node)(doc, "snapshot")  # noqa: E731
     else:
         parse = lambda: model.node_from_dict(doc)  # noqa: E731
     got: dict[str, object] = {}
