@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -93,6 +92,7 @@ class Validator:
                 schema_path = spec.path if spec else ""
                 if spec is None:
                     known = sorted(children)
+                    import difflib  # only on a bad key: the resident agent loads this module
                     close = difflib.get_close_matches(key, known, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     where = f" under {shown_parent}" if shown_parent else ""
@@ -212,6 +212,7 @@ def _gpu_model_problem(name: str) -> str | None:
     if _gpus.known(name) is not None:
         return None
     known = _gpus.names()
+    import difflib  # only on a bad key: the resident agent loads this module
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return (f"unknown GPU model {name!r}{hint}: it would match no GPU, and its firmware and power "
@@ -223,6 +224,7 @@ def _floor_model_problem(name: str) -> str | None:
     model fleetops has no floors for would silently judge nothing."""
     if name in _floors.SHIPPED or _floors.model_key(name) is not None:
         return None
+    import difflib  # only on a bad key: the resident agent loads this module
     close = difflib.get_close_matches(name, list(_floors.SHIPPED), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return (f"no shipped floors for GPU model {name!r}{hint}; models with floors: "
@@ -255,6 +257,7 @@ def _layout_problem(shown: str, items: list[str]) -> str | None:
             if table is not None:
                 return _mig_catalog.unknown_profile_message(name, table)
             known = sorted({n for t in tables for n in t.names()})
+            import difflib  # only on a bad key: the resident agent loads this module
             close = difflib.get_close_matches(_mig_catalog.normalize(name), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return f"unknown MIG profile {name!r}{hint}; known: {', '.join(known)}"

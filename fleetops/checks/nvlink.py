@@ -3,8 +3,6 @@ carries no traffic while its GPU's other links do."""
 
 from __future__ import annotations
 
-import statistics
-
 from fleetops import model
 from fleetops.baseline import Baseline
 from fleetops.checks.base import (
@@ -16,6 +14,7 @@ from fleetops.checks.base import (
     reset_action,
     reset_cmd,
 )
+from fleetops.common import stats
 
 FAMILY = "nvlink"
 COUNTERS = ("crc_errors", "replay_errors", "recovery_errors")
@@ -233,7 +232,7 @@ def _idle_link(ctx: Context, gpu: model.Gpu, links: list[model.NvLink]) -> None:
             others = [m for j, (_, m) in enumerate(members) if j != i]
             if not others:
                 continue
-            median = float(statistics.median(others))
+            median = stats.median(others)
             if median >= th.nvlink_idle_peer_min_kib:
                 idle.append((lk, moved, median, len(others)))
     if not idle:

@@ -4,11 +4,11 @@ results from any backend, and so tests can judge exact figures."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetops.common import stats
 from fleetops.validation.floors import PER_GPU_METRICS, ModelFloors, floors_for
 
 # A GPU is a straggler when it is below its model's fleet median by more than
@@ -62,8 +62,8 @@ def mad(values: Iterable[float]) -> float:
     vals = list(values)
     if not vals:
         return 0.0
-    med = statistics.median(vals)
-    return float(statistics.median(abs(v - med) for v in vals))
+    med = stats.median(vals)
+    return stats.median(abs(v - med) for v in vals)
 
 
 class Peers:
@@ -87,7 +87,7 @@ class Peers:
 
     def median_and_mad(self) -> tuple[float, float]:
         if self._stats is None:
-            self._stats = (float(statistics.median(self.values)), mad(self.values))
+            self._stats = (stats.median(self.values), mad(self.values))
         return self._stats
 
 
@@ -97,7 +97,7 @@ NO_PEERS = Peers()
 def summarize(samples: list[float]) -> dict[str, float]:
     """Median and spread of the kept repeats (warm-up already dropped by the caller)."""
     return {
-        "median": float(statistics.median(samples)),
+        "median": stats.median(samples),
         "min": float(min(samples)),
         "max": float(max(samples)),
         "mad": mad(samples),

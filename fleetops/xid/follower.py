@@ -13,11 +13,12 @@ import bisect
 import errno
 import json
 import os
-import statistics
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from fleetops.common import stats
 
 KEEP_EVENTS = 1000
 
@@ -79,10 +80,10 @@ class Pairing:
         """NVML's stamp minus the kernel's for one XID, as the recent pairs measured it."""
         if len(self.deltas) < MIN_PAIRS:
             return None
-        return float(statistics.median(self.deltas))
+        return stats.median(self.deltas)
 
     def _narrow(self, offset: float, nvml_time: float) -> float:
-        spread = statistics.median(abs(d - offset) for d in self.deltas)
+        spread = stats.median(abs(d - offset) for d in self.deltas)
         age = abs(nvml_time - self.measured_at) if self.measured_at is not None else RETAIN_S
         return float(min(WIDE_WINDOW_S, NARROW_WINDOW_S + 4.0 * spread + MAX_DRIFT_PER_S * age))
 
