@@ -197,6 +197,11 @@ class Port:
         extra = ", ".join(x for x in (self.port.netdev, self.hca.pci_address) if x)
         return f"{self.hca.name} port {self.port.port}" + (f" ({extra})" if extra else "")
 
+    @property
+    def id(self) -> str:
+        """The port's identity in a finding (``Finding.port``): ``<device>/<port>``."""
+        return f"{self.hca.name}/{self.port.port}"
+
     def ref(self) -> dict[str, object]:
         return {"device": self.hca.name, "port": self.port.port, "netdev": self.port.netdev,
                 "pci_address": self.hca.pci_address, "link_layer": self.port.link_layer}
@@ -260,7 +265,7 @@ def _down(ctx: Context, all_ports: list[Port]) -> None:
         ctx.add("fabric.port_down", severity,
                 f"{kind} {p.label} is {p.port.state} (phys_state {phys})",
                 observed={**p.ref(), "state": p.port.state, "phys_state": p.port.phys_state},
-                expected="4: ACTIVE", action=_down_action(phys))
+                expected="4: ACTIVE", action=_down_action(phys), port=p.id)
 
 
 def _down_action(phys: str) -> str:
@@ -322,7 +327,7 @@ def _degraded(ctx: Context, all_ports: list[Port]) -> None:
                 observed={**p.ref(), "rate": p.port.rate, "rate_gbps": rate, "width": width},
                 expected={k: v for k, v in (("rate_gbps", want_rate), ("width", want_width),
                                             ("link_layer", want_layer)) if v is not None},
-                action=DEGRADED_ACTION)
+                action=DEGRADED_ACTION, port=p.id)
 
 
 def _compute_hcas(all_ports: list[Port]) -> list[model.Hca]:
@@ -347,7 +352,7 @@ def _firmware(ctx: Context, all_ports: list[Port]) -> None:
                     f"{hca.fw_ver}, the baseline's is {want}",
                     observed={"device": hca.name, "pci_address": hca.pci_address, "board_id": hca.board_id,
                               "fw_ver": hca.fw_ver},
-                    expected=want, action=FIRMWARE_ACTION.format(want=want))
+                    expected=want, action=FIRMWARE_ACTION.format(want=want), port=hca.name)
 
 
 def _count(ctx: Context, all_ports: list[Port]) -> None:
@@ -421,12 +426,12 @@ def _counters(ctx: Context, all_ports: list[Port]) -> None:
             ctx.add("fabric.link_downed", bad,
                     f"{p.label}: the link went down {downs} time(s) in {dt:.0f} s and came back",
                     observed={**p.ref(), "link_downed_growth": downs}, expected=f"< {ctx.th.fabric_link_downed_crit}",
-                    action=COUNTER_ACTION)
+                    action=COUNTER_ACTION, port=p.id)
         grew = {name: g for group, name in FATAL_COUNTERS if (g := grown(group, name))}
         if grew:
             ctx.add("fabric.error_counters", bad,
                     f"{p.label}: " + ", ".join(f"{n} +{g}" for n, g in grew.items()) + f" in {dt:.0f} s",
-                    observed={**p.ref(), **grew}, expected=0, action=COUNTER_ACTION)
+                    observed={**p.ref(), **grew}, expected=0, action=COUNTER_ACTION, port=p.id)
         _link_errors(ctx, p, dt, grown("counters", "symbol_error"), grown("counters", "link_error_recovery"))
 
 
@@ -454,7 +459,7 @@ def _link_errors(ctx: Context, p: Port, dt: float, symbols: int | None, recoveri
             expected={"symbol_errors_per_s": f"<= {th.fabric_symbol_errors_per_s_warn:g}",
                       "symbol_errors_per_hour": f"<= {th.fabric_symbol_errors_per_hour_crit:g}",
                       "link_recoveries_per_min": f"<= {th.fabric_link_recoveries_per_min_warn:g}"},
-            action=COUNTER_ACTION)
+            action=COUNTER_ACTION, port=p.id)
 
 
 # --- across the fleet ------------------------------------------------------------------------
@@ -517,7 +522,7 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
                     f"({counts[majority]} of {len(items)})",
                     observed={"device": hca.name, "pci_address": hca.pci_address, "board_id": board,
                               "fw_ver": i.value},
-                    expected=majority, action=FIRMWARE_ACTION.format(want=majority)))
+                    expected=majority, action=FIRMWARE_ACTION.format(want=majority), port=hca.name))
     return out
 
 
@@ -581,7 +586,8 @@ def history_findings(
                 message=f"{where} went down for {th.fabric_flap_down_s:g} s or more and came back "
                 f"{len(flaps)} times since {_clock(flaps[0].since)}",
                 observed={**ref, "flaps": len(flaps), "first": flaps[0].since, "last_up": flaps[-1].up_at},
-                expected=f"< {th.fabric_flap_count} flaps", action=SPECS_BY_ID["fabric.flap"].action))
+                expected=f"< {th.fabric_flap_count} flaps", action=SPECS_BY_ID["fabric.flap"].action,
+                port=key))
         drops = [r for r in runs if not r.downed_changed
                  and ((r.up_at is None and now - r.since >= th.fabric_drop_down_s)
                       or (r.up_at is not None and r.up_at - r.since >= th.fabric_drop_down_s
@@ -594,7 +600,8 @@ def history_findings(
                 message=f"{where} went down at {_clock(drop.since)} and did not train again for "
                 f"{((drop.up_at or now) - drop.since):.0f} s ({state})",
                 observed={**ref, "down_since": drop.since, "up_at": drop.up_at},
-                expected=f"down less than {th.fabric_drop_down_s:g} s", action=SPECS_BY_ID["fabric.drop"].action))
+                expected=f"down less than {th.fabric_drop_down_s:g} s",
+                action=SPECS_BY_ID["fabric.drop"].action, port=key))
     return out
 
 
