@@ -99,7 +99,7 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         scope="node+fleet",
         requires="fabric.compute_ports for the node check; none for the fleet's majority",
         applies=lambda n, b: b is not None and b.fabric.compute_ports is not None,
-        fleet_applies=lambda b: b is None or b.fabric.compute_ports is None,
+        fleet_applies=lambda b: fleet_counts_ports(b),
     ),
     CheckSpec(
         "fabric.gpu_without_hca", FAMILY, "A GPU with no HCA on its PCIe switch",
@@ -465,6 +465,31 @@ def _link_errors(ctx: Context, p: Port, dt: float, symbols: int | None, recoveri
 # --- across the fleet ------------------------------------------------------------------------
 
 
+def port_count_findings(items: list[Item]) -> list[model.Finding]:
+    """``fabric.port_count`` without a number in the baseline: each node (``Item(node, its
+    compute ports)``, the nodes judged under one baseline) with fewer compute ports than a strict
+    majority of them have (at least SETTING_MIN_VOTERS nodes). The audit's fleet check and the
+    TUI's FABRIC column both ask this, so a node short of an HCA reads the same in both."""
+    found = setting_majority(items)
+    if found is None:
+        return []
+    majority, counts = found
+    return [
+        model.Finding(
+            check="fabric.port_count", severity="warn", node=i.node,
+            message=f"{i.value} compute ports on {i.node}, the fleet's majority has {majority} "
+            f"({counts[majority]} of {len(items)} nodes)",
+            observed={"compute_ports": i.value}, expected=majority, action=COUNT_ACTION)
+        for i in items if i.value is not None and i.value < majority
+    ]
+
+
+def fleet_counts_ports(baseline: Baseline | None) -> bool:
+    """Whether the fleet's majority, not the baseline, says how many compute ports a node of
+    ``baseline`` should have."""
+    return baseline is None or baseline.fabric.compute_ports is None
+
+
 def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.Finding]:
     """What the baseline does not pin, against the fleet's strict majority: each node's number of
     compute ports, its compute ports' usual rate, and each compute HCA's firmware per board_id."""
@@ -472,18 +497,9 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
     out: list[model.Finding] = []
     known = [n for n in nodes if n.fabric is not None and n.fabric.hcas is not None]
     per_node = {n.hostname: list(ports(n, baseline)) for n in known}
-    if fb is None or fb.compute_ports is None:
-        items = [Item(n.hostname, sum(1 for p in per_node[n.hostname] if p.compute)) for n in known]
-        found = setting_majority(items)
-        if found is not None:
-            majority, counts = found
-            for i in items:
-                if i.value < majority:
-                    out.append(model.Finding(
-                        check="fabric.port_count", severity="warn", node=i.node,
-                        message=f"{i.value} compute ports on {i.node}, the fleet's majority has {majority} "
-                        f"({counts[majority]} of {len(items)} nodes)",
-                        observed={"compute_ports": i.value}, expected=majority, action=COUNT_ACTION))
+    if fleet_counts_ports(baseline):
+        out += port_count_findings([Item(n.hostname, sum(1 for p in per_node[n.hostname] if p.compute))
+                                    for n in known])
     if fb is None or (fb.rate_gbps is None and fb.width is None):
         rates = [Item(n.hostname, _majority([p.port.rate_gbps for p in per_node[n.hostname]
                                              if p.compute and p.port.active])) for n in known]
