@@ -1,5 +1,7 @@
 """The network fabric: the InfiniBand / RoCE HCAs beside the GPUs (ports up, at their rate and width, on the firmware the fleet runs, one beside every GPU).
 
+The baseline's ``fabric`` key says what a node must have; a GPU model's ``gpu_models.*.fabric``
+overrides its keys for the nodes whose GPUs are of that model (``Baseline.fabric_for``).
 A port is a *compute* port unless the baseline excludes it (``fabric.exclude_devices``,
 ``fabric.exclude_link_layers``); without either list, a port is a compute port when its HCA
 shares a PCIe switch with a GPU (the rail layout of HGX nodes), or, on a node where no HCA does,
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
-from fleetops.baseline import Baseline, Thresholds
+from fleetops.baseline import Baseline, FabricBaseline, Thresholds
 from fleetops.checks.base import SETTING_MIN_VOTERS, CheckSpec, Context, Item, gpu_label, setting_majority
 
 FAMILY = "fabric"
@@ -73,7 +75,7 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn", "crit"),
         action=DEGRADED_ACTION,
         scope="node+fleet",
-        fleet_applies=lambda b: b is None or (b.fabric.rate_gbps is None and b.fabric.width is None),
+        fleet_applies=lambda b: _some_leave(b, "rate_gbps", "width"),
     ),
     CheckSpec(
         "fabric.firmware", FAMILY, "HCA firmware differs",
@@ -84,9 +86,10 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn",),
         action=FIRMWARE_ACTION.format(want="the baseline's (or the fleet's) version"),
         scope="node+fleet",
-        requires="fabric.firmware for the node check; none for the fleet's majority",
-        applies=lambda n, b: b is not None and b.fabric.firmware is not None,
-        fleet_applies=lambda b: b is None or b.fabric.firmware is None,
+        requires="fabric.firmware (or the node's GPU model's gpu_models.*.fabric.firmware) for the node check; "
+        "none for the fleet's majority",
+        applies=lambda n, b: b is not None and wanted(b, n).firmware is not None,
+        fleet_applies=lambda b: _some_leave(b, "firmware"),
     ),
     CheckSpec(
         "fabric.port_count", FAMILY, "Fewer compute ports than expected",
@@ -97,9 +100,10 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn", "crit"),
         action=COUNT_ACTION,
         scope="node+fleet",
-        requires="fabric.compute_ports for the node check; none for the fleet's majority",
-        applies=lambda n, b: b is not None and b.fabric.compute_ports is not None,
-        fleet_applies=lambda b: fleet_counts_ports(b),
+        requires="fabric.compute_ports (or the node's GPU model's gpu_models.*.fabric.compute_ports) for the "
+        "node check; none for the fleet's majority",
+        applies=lambda n, b: b is not None and wanted(b, n).compute_ports is not None,
+        fleet_applies=lambda b: _some_leave(b, "compute_ports"),
     ),
     CheckSpec(
         "fabric.gpu_without_hca", FAMILY, "A GPU with no HCA on its PCIe switch",
@@ -207,10 +211,33 @@ class Port:
                 "pci_address": self.hca.pci_address, "link_layer": self.port.link_layer}
 
 
-def _excluded_by(baseline: Baseline | None) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+def node_model(node: model.Node) -> str | None:
+    """The GPU model of the node (the name its GPUs share), whose ``gpu_models.*.fabric`` it
+    takes; None on a node with GPUs of several models, or none named."""
+    names = {g.name for g in node.gpus if g.name}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def wanted(baseline: Baseline, node: model.Node) -> FabricBaseline:
+    """What the baseline asks of this node's fabric: its GPU model's ``gpu_models.*.fabric``
+    keys over the group's ``fabric`` (``Baseline.fabric_for``)."""
+    return baseline.fabric_for(node_model(node))
+
+
+def _some_leave(baseline: Baseline | None, *keys: str) -> bool:
+    """Whether the fleet's majority judges some node under ``baseline``: the group's fabric, or
+    a model's, leaves every one of ``keys`` unset."""
+    if baseline is None:
+        return True
+    variants = [baseline.fabric, *(baseline.fabric_for(name) for name, m in baseline.gpu_models.items()
+                                   if m.fabric is not None)]
+    return any(all(getattr(fb, k) is None for k in keys) for fb in variants)
+
+
+def _excluded_by(baseline: Baseline | None, node: model.Node) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     if baseline is None:
         return None
-    fb = baseline.fabric
+    fb = wanted(baseline, node)
     if fb.exclude_devices is None and fb.exclude_link_layers is None:
         return None
     return fb.exclude_devices or (), fb.exclude_link_layers or ()
@@ -219,7 +246,7 @@ def _excluded_by(baseline: Baseline | None) -> tuple[tuple[str, ...], tuple[str,
 def ports(node: model.Node, baseline: Baseline | None) -> Iterator[Port]:
     """Every port of the node, with whether it is a compute port (see the module docstring)."""
     hcas = (node.fabric.hcas if node.fabric is not None else None) or []
-    rule = _excluded_by(baseline)
+    rule = _excluded_by(baseline, node)
     railed = any(h.gpus for h in hcas)
     for hca in hcas:
         for port in hca.ports:
@@ -294,7 +321,7 @@ def _width_n(width: str | None) -> int | None:
 
 
 def _degraded(ctx: Context, all_ports: list[Port]) -> None:
-    fb = ctx.baseline.fabric if ctx.baseline is not None else None
+    fb = wanted(ctx.baseline, ctx.node) if ctx.baseline is not None else None
     compute = [p for p in all_ports if p.compute and p.port.active]
     want_rate = fb.rate_gbps if fb is not None else None
     want_width = fb.width if fb is not None else None
@@ -339,7 +366,7 @@ def _compute_hcas(all_ports: list[Port]) -> list[model.Hca]:
 
 
 def _firmware(ctx: Context, all_ports: list[Port]) -> None:
-    want = ctx.baseline.fabric.firmware if ctx.baseline is not None else None
+    want = wanted(ctx.baseline, ctx.node).firmware if ctx.baseline is not None else None
     if want is None:
         return  # the fleet's majority judges (run_fleet)
     for hca in _compute_hcas(all_ports):
@@ -356,7 +383,7 @@ def _firmware(ctx: Context, all_ports: list[Port]) -> None:
 
 
 def _count(ctx: Context, all_ports: list[Port]) -> None:
-    want = ctx.baseline.fabric.compute_ports if ctx.baseline is not None else None
+    want = wanted(ctx.baseline, ctx.node).compute_ports if ctx.baseline is not None else None
     if want is None:
         return  # the fleet's majority judges (run_fleet)
     have = [p for p in all_ports if p.compute]
@@ -484,25 +511,35 @@ def port_count_findings(items: list[Item]) -> list[model.Finding]:
     ]
 
 
-def fleet_counts_ports(baseline: Baseline | None) -> bool:
-    """Whether the fleet's majority, not the baseline, says how many compute ports a node of
-    ``baseline`` should have."""
-    return baseline is None or baseline.fabric.compute_ports is None
+def fleet_counts_ports(baseline: Baseline | None, node: model.Node) -> bool:
+    """Whether the fleet's majority, not the baseline, says how many compute ports ``node``
+    should have (neither its model's fabric key nor the group's gives a number)."""
+    return baseline is None or wanted(baseline, node).compute_ports is None
+
+
+def _unpinned(baseline: Baseline | None, node: model.Node, *keys: str) -> bool:
+    if baseline is None:
+        return True
+    fb = wanted(baseline, node)
+    return all(getattr(fb, k) is None for k in keys)
 
 
 def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.Finding]:
     """What the baseline does not pin, against the fleet's strict majority: each node's number of
-    compute ports, its compute ports' usual rate, and each compute HCA's firmware per board_id."""
-    fb = baseline.fabric if baseline is not None else None
+    compute ports, its compute ports' usual rate, and each compute HCA's firmware per board_id.
+    A node whose baseline (its GPU model's fabric key, or the group's) pins a value is judged by
+    the node check for it and neither votes nor is judged here."""
     out: list[model.Finding] = []
     known = [n for n in nodes if n.fabric is not None and n.fabric.hcas is not None]
     per_node = {n.hostname: list(ports(n, baseline)) for n in known}
-    if fleet_counts_ports(baseline):
+    counted = [n for n in known if fleet_counts_ports(baseline, n)]
+    if counted:
         out += port_count_findings([Item(n.hostname, sum(1 for p in per_node[n.hostname] if p.compute))
-                                    for n in known])
-    if fb is None or (fb.rate_gbps is None and fb.width is None):
+                                    for n in counted])
+    rated = [n for n in known if _unpinned(baseline, n, "rate_gbps", "width")]
+    if rated:
         rates = [Item(n.hostname, _majority([p.port.rate_gbps for p in per_node[n.hostname]
-                                             if p.compute and p.port.active])) for n in known]
+                                             if p.compute and p.port.active])) for n in rated]
         found = setting_majority(rates)
         if found is not None:
             majority, counts = found
@@ -514,10 +551,11 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
                         f"at {majority:g} Gb/s ({counts[majority]} of {len(rates)} nodes)",
                         observed={"rate_gbps": i.value}, expected={"rate_gbps": majority},
                         action=DEGRADED_ACTION))
-    if fb is None or fb.firmware is None:
+    versioned = [n for n in known if _unpinned(baseline, n, "firmware")]
+    if versioned:
         by_board: dict[str | None, list[Item]] = collections.defaultdict(list)
         where: dict[int, model.Hca] = {}
-        for n in known:
+        for n in versioned:
             for hca in _compute_hcas(per_node[n.hostname]):
                 item = Item(n.hostname, hca.fw_ver)
                 where[id(item)] = hca

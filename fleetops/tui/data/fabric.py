@@ -87,7 +87,7 @@ def view(snapshot: model.Node | None, baseline: Any = None) -> FabricView:
         return FabricView(known=True, readable=False, note=fabric.unavailable.get("hcas", "not read"))
     ports = tuple(PortView(p.hca, p.port, p.compute) for p in fabric_checks.ports(snapshot, baseline))
     return FabricView(known=True, ports=ports, note=fabric.note, hcas=tuple(fabric.hcas), baseline=baseline,
-                      fleet_counts=fabric_checks.fleet_counts_ports(baseline))
+                      fleet_counts=fabric_checks.fleet_counts_ports(baseline, snapshot))
 
 
 def fleet_port_counts(entries: Iterable[tuple[str, FabricView]]) -> dict[str, tuple[model.Finding, ...]]:
