@@ -309,9 +309,12 @@ class Finding:
     observed: Any = None
     expected: Any = None
     action: str | None = None
+    # The HCA port a fabric finding is about ("mlx5_3/1"), or the HCA alone ("mlx5_3") for one
+    # about the whole card (its firmware): a node's ports have no GPU to tell them apart.
+    port: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "check": self.check,
             "severity": self.severity,
             "node": self.node,
@@ -321,6 +324,9 @@ class Finding:
             "message": self.message,
             "action": self.action,
         }
+        if self.port is not None:
+            out["port"] = self.port  # only where set: every other finding's JSON stays as it was
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
@@ -333,13 +339,28 @@ class Finding:
             observed=data.get("observed"),
             expected=data.get("expected"),
             action=data.get("action"),
+            port=data["port"] if "port" in data else cls._stored_port(data),
         )
 
     @property
     def key(self) -> str:
-        """Identity of a finding across audits (for new/resolved/persisting)."""
+        """Identity of a finding across audits (for new/resolved/persisting): node, check, GPU
+        UUID and, for a fabric finding, its port, so two ports of one node are two findings."""
         gpu = (self.gpu or {}).get("uuid") or ""
-        return f"{self.node}|{self.check}|{gpu}"
+        base = f"{self.node}|{self.check}|{gpu}"
+        return f"{base}|{self.port}" if self.port is not None else base
+
+    @staticmethod
+    def _stored_port(data: dict[str, Any]) -> str | None:
+        """The port of a fabric finding stored before findings carried one (its ``observed`` names
+        the device and port), so an audit of the new version does not see it as resolved and new."""
+        observed = data.get("observed")
+        if not str(data.get("check", "")).startswith("fabric.") or not isinstance(observed, dict):
+            return None
+        device, port = observed.get("device"), observed.get("port")
+        if not isinstance(device, str):
+            return None
+        return f"{device}/{port}" if isinstance(port, int) and not isinstance(port, bool) else device
 
 
 def gpu_ref(gpu: Gpu) -> dict[str, Any]:

@@ -122,7 +122,8 @@ def purpose(crit: list[dict[str, Any]]) -> str:
     first = crit[0]
     text = f"{first.get('check')} on GPU {_gpu_label(first.get('gpu'))}"
     if first.get("gpu") is None:
-        text = f"{first.get('check')} on the node"
+        # an HCA port's finding names the port, for the technician the drain sends
+        text = f"{first.get('check')} on {'port ' + str(first['port']) if first.get('port') else 'the node'}"
     if len(crit) > 1:
         text += f" (+{len(crit) - 1} more crit)"
     return text
@@ -417,7 +418,8 @@ def run(args: Any) -> tuple[dict[str, Any], int]:
         "age_s": look["age_s"],
         "why_cold": fallback_note,
         "degraded": look["degraded"],
-        "crit": [{"check": f.get("check"), "gpu": f.get("gpu"), "message": f.get("message")} for f in crit],
+        "crit": [{"check": f.get("check"), "gpu": f.get("gpu"), "port": f.get("port"), "message": f.get("message")}
+                 for f in crit],
         "slurm": {"state": state, "reason": reason},
         "decision": decision.action,
         "owner": _owner_doc(decision.owner),

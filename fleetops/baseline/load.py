@@ -78,9 +78,10 @@ def _build(
                 line,
             )
     models = {
-        name: GpuModelBaseline(**{k: v for k, v in (spec or {}).items() if k != "mig"},
+        name: GpuModelBaseline(**{k: v for k, v in (spec or {}).items() if k not in ("mig", "fabric")},
                                mig=_mig(spec.get("mig"), source, origins, f'gpu_models["{name}"].mig')
-                               if (spec or {}).get("mig") is not None else None)
+                               if (spec or {}).get("mig") is not None else None,
+                               fabric=_fabric(spec["fabric"]) if (spec or {}).get("fabric") is not None else None)
         for name, spec in (raw.get("gpu_models") or {}).items()
     }
     mig = _mig(raw.get("mig"), source, origins, "mig")

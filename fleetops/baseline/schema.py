@@ -3,6 +3,8 @@ which the validator is driven by and the docs generator reads; and the JSON Sche
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -102,6 +104,58 @@ _VALIDATION_FLOOR_KEYS = tuple(
 
 _VERSION_HINT = "Quote it so YAML keeps it as text."
 
+# The RDMA fabric beside the GPUs (checks' fabric family): the group's keys, and each GPU
+# model's under gpu_models.*.fabric, which override them for the nodes of that model.
+_FABRIC_KEYS: tuple[SchemaKey, ...] = (
+    SchemaKey("fabric", T_MAP, None,
+              "The InfiniBand / RoCE HCAs every node of the group must have: the compute ports "
+              "(every RDMA port not excluded), their link layer, rate and width, and the HCAs' "
+              "firmware. Absent keys are decided by the fleet majority in an audit. A GPU model's "
+              "gpu_models.*.fabric overrides these keys for the nodes of that model.",
+              {"compute_ports": 8, "link_layer": "InfiniBand", "rate_gbps": 400, "width": "4X",
+               "firmware": "28.39.1002", "exclude_devices": ["mlx5_8"]}),
+    SchemaKey("fabric.compute_ports", T_INT, None,
+              "Compute ports each node must have (one per GPU on HGX H100/H200: 8). 0: none expected.",
+              8, minimum=0, maximum=64, unit="ports"),
+    SchemaKey("fabric.link_layer", T_STR, None,
+              "Link layer of every compute port: InfiniBand, or Ethernet for RoCE.", "InfiniBand",
+              choices=("InfiniBand", "Ethernet")),
+    SchemaKey("fabric.rate_gbps", T_NUM, None,
+              "Lowest rate a compute port may run at (sysfs 'rate': 400 for NDR 4X, 200 for HDR 4X "
+              "or NDR 2X).", 400, minimum=1, maximum=3200, unit="Gb/s"),
+    SchemaKey("fabric.width", T_STR, None,
+              "Narrowest link width a compute port may train to (4X on NDR HCAs).", "4X",
+              choices=("1X", "2X", "4X", "8X", "12X")),
+    SchemaKey("fabric.firmware", T_STR, None,
+              "Firmware version (sysfs fw_ver) of every HCA with a compute port. " + _VERSION_HINT,
+              "28.39.1002", pattern=r"[0-9]+(\.[0-9]+)+"),
+    SchemaKey("fabric.exclude_devices", T_STR_LIST, None,
+              "RDMA devices whose ports are not compute ports (management, storage): device names "
+              "or shell-style patterns ('mlx5_8', 'mlx5_bond*'). Their ports are never expected and "
+              "never drain a node (at most warn). Absent, with exclude_link_layers absent too: a port "
+              "is a compute port when its HCA shares a PCIe switch with a GPU (or, where no HCA does, "
+              "when it is InfiniBand).", ["mlx5_8"]),
+    SchemaKey("fabric.exclude_link_layers", T_STR_LIST, None,
+              "Link layers whose ports are not compute ports (Ethernet: the management and storage "
+              "ports of an InfiniBand cluster).", ["Ethernet"]),
+)
+
+def _model_fabric_key(key: SchemaKey) -> SchemaKey:
+    """``fabric.X`` as ``gpu_models.*.fabric.X``: the same type, range and choices."""
+    if key.path == "fabric":
+        return dataclasses.replace(
+            key, path="gpu_models.*.fabric",
+            description="The RDMA ports a node whose GPUs are of this model must have: the keys of "
+            "fabric, each overriding the group's fabric key for these nodes (a key left out is the "
+            "group's). A node with GPUs of several models takes the group's fabric alone.",
+            example={"compute_ports": 8, "rate_gbps": 400, "firmware": "28.39.1002"})
+    return dataclasses.replace(
+        key, path="gpu_models.*." + key.path, example=copy.deepcopy(key.example),  # no YAML anchors
+        description=key.description + " For the nodes of this model; overrides " + key.path + ".")
+
+
+_MODEL_FABRIC_KEYS = tuple(_model_fabric_key(k) for k in _FABRIC_KEYS)
+
 SCHEMA: tuple[SchemaKey, ...] = (
     SchemaKey("driver_version", T_STR, None,
               "NVIDIA driver version every node must run (as NVML reports it). " + _VERSION_HINT,
@@ -115,8 +169,9 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "running driver): Fabric Manager refuses to start against a different driver.",
               "580.159.04"),
     SchemaKey("gpu_models", T_MAP_OF, None,
-              "Per GPU model (the name NVML reports, e.g. 'NVIDIA H200'): firmware versions and "
-              "power limit. GPUs of a model not listed here are not checked for these.",
+              "Per GPU model (the name NVML reports, e.g. 'NVIDIA H200'): firmware versions, "
+              "power limit, MIG state and the RDMA fabric of its nodes. GPUs of a model not listed "
+              "here are not checked for these (the group's keys apply to them).",
               {"NVIDIA H200": {"vbios_version": "96.00.A5.00.1A", "inforom_image": "G520.0282.02.02",
                                "power_limit_w": 700}}),
     SchemaKey("gpu_models.*", T_MAP, None,
@@ -138,6 +193,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "GPU instances of this model's GPUs (profile names of this model's table; did-you-mean "
               "on a typo). fleetops-agent mig apply creates them; config.mig_layout reports a GPU "
               "whose instances differ.", ["3g.71gb", "3g.71gb"]),
+    *_MODEL_FABRIC_KEYS,
     SchemaKey("power_limit_w", T_NUM, None,
               "Power limit (W) for every GPU whose model has no power_limit_w of its own.", 700,
               unit="W", minimum=_gpus.POWER_LIMIT_MIN_W, maximum=_gpus.POWER_LIMIT_MAX_W),
@@ -257,36 +313,7 @@ SCHEMA: tuple[SchemaKey, ...] = (
               "One GPU model's floors, keyed by metric name.", {"hbm_triad_gbps": 3500}),
     *_VALIDATION_FLOOR_KEYS,
     # --- the RDMA fabric beside the GPUs (checks' fabric family) ---
-    SchemaKey("fabric", T_MAP, None,
-              "The InfiniBand / RoCE HCAs every node of the group must have: the compute ports "
-              "(every RDMA port not excluded), their link layer, rate and width, and the HCAs' "
-              "firmware. Absent keys are decided by the fleet majority in an audit.",
-              {"compute_ports": 8, "link_layer": "InfiniBand", "rate_gbps": 400, "width": "4X",
-               "firmware": "28.39.1002", "exclude_devices": ["mlx5_8"]}),
-    SchemaKey("fabric.compute_ports", T_INT, None,
-              "Compute ports each node must have (one per GPU on HGX H100/H200: 8). 0: none expected.",
-              8, minimum=0, maximum=64, unit="ports"),
-    SchemaKey("fabric.link_layer", T_STR, None,
-              "Link layer of every compute port: InfiniBand, or Ethernet for RoCE.", "InfiniBand",
-              choices=("InfiniBand", "Ethernet")),
-    SchemaKey("fabric.rate_gbps", T_NUM, None,
-              "Lowest rate a compute port may run at (sysfs 'rate': 400 for NDR 4X, 200 for HDR 4X "
-              "or NDR 2X).", 400, minimum=1, maximum=3200, unit="Gb/s"),
-    SchemaKey("fabric.width", T_STR, None,
-              "Narrowest link width a compute port may train to (4X on NDR HCAs).", "4X",
-              choices=("1X", "2X", "4X", "8X", "12X")),
-    SchemaKey("fabric.firmware", T_STR, None,
-              "Firmware version (sysfs fw_ver) of every HCA with a compute port. " + _VERSION_HINT,
-              "28.39.1002", pattern=r"[0-9]+(\.[0-9]+)+"),
-    SchemaKey("fabric.exclude_devices", T_STR_LIST, None,
-              "RDMA devices whose ports are not compute ports (management, storage): device names "
-              "or shell-style patterns ('mlx5_8', 'mlx5_bond*'). Their ports are never expected and "
-              "never drain a node (at most warn). Absent, with exclude_link_layers absent too: a port "
-              "is a compute port when its HCA shares a PCIe switch with a GPU (or, where no HCA does, "
-              "when it is InfiniBand).", ["mlx5_8"]),
-    SchemaKey("fabric.exclude_link_layers", T_STR_LIST, None,
-              "Link layers whose ports are not compute ports (Ethernet: the management and storage "
-              "ports of an InfiniBand cluster).", ["Ethernet"]),
+    *_FABRIC_KEYS,
     SchemaKey("thresholds", T_MAP, None, "Check thresholds; every one has a default.",
               {"pcie_replays_per_min": 31}, nullable=False),
     _threshold("ecc_dbe_volatile_crit", T_INT, 1,

@@ -153,7 +153,7 @@ class Validator:
                 if not isinstance(item, str) or not item.strip():
                     self.fail(f"{shown}[{i}]", f"expected a non-empty string, got {type_name(item)}", line)
                 items.append(str(item))
-            if schema_path == "fabric.exclude_link_layers":
+            if schema_path in ("fabric.exclude_link_layers", "gpu_models.*.fabric.exclude_link_layers"):
                 for i, item in enumerate(items):
                     if item not in LINK_LAYERS:
                         self.fail(f"{shown}[{i}]", f"must be one of {', '.join(LINK_LAYERS)}; got {item!r}", line)

@@ -86,6 +86,8 @@ class GpuModelBaseline:
     inforom_image: str | None = None
     power_limit_w: float | None = None
     mig: MigBaseline | None = None
+    # gpu_models.*.fabric: the RDMA ports of a node of this model; its keys over the group's fabric
+    fabric: FabricBaseline | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,19 @@ class Baseline:
         if name is None:
             return None
         return self.gpu_models.get(name)
+
+    def fabric_for(self, model_name: str | None) -> FabricBaseline:
+        """The RDMA ports a node whose GPUs are of this model must have: each key its
+        ``gpu_models.*.fabric`` sets, else the group's ``fabric`` key (as ``power_limit_for``
+        takes the model's power limit over the group's)."""
+        m = self.model(model_name)
+        own = m.fabric if m is not None else None
+        if own is None:
+            return self.fabric
+        return FabricBaseline(**{
+            f.name: getattr(own, f.name) if getattr(own, f.name) is not None else getattr(self.fabric, f.name)
+            for f in dataclasses.fields(FabricBaseline)
+        })
 
     def power_limit_for(self, model_name: str | None) -> float | None:
         """Desired power limit for a GPU of this model: the model's own, else the group's."""

@@ -216,12 +216,13 @@ class Context:
         observed: Any = None,
         expected: Any = None,
         action: str | None = None,
+        port: str | None = None,
     ) -> None:
         ref = model.gpu_ref(gpu) if isinstance(gpu, model.Gpu) else gpu
         self.findings.append(
             model.Finding(
                 check=check, severity=severity, node=self.host, message=message, gpu=ref,
-                observed=observed, expected=expected, action=action,
+                observed=observed, expected=expected, action=action, port=port,
             )
         )
 

@@ -1,5 +1,7 @@
 """The network fabric: the InfiniBand / RoCE HCAs beside the GPUs (ports up, at their rate and width, on the firmware the fleet runs, one beside every GPU).
 
+The baseline's ``fabric`` key says what a node must have; a GPU model's ``gpu_models.*.fabric``
+overrides its keys for the nodes whose GPUs are of that model (``Baseline.fabric_for``).
 A port is a *compute* port unless the baseline excludes it (``fabric.exclude_devices``,
 ``fabric.exclude_link_layers``); without either list, a port is a compute port when its HCA
 shares a PCIe switch with a GPU (the rail layout of HGX nodes), or, on a node where no HCA does,
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetops import model
-from fleetops.baseline import Baseline, Thresholds
+from fleetops.baseline import Baseline, FabricBaseline, Thresholds
 from fleetops.checks.base import SETTING_MIN_VOTERS, CheckSpec, Context, Item, gpu_label, setting_majority
 
 FAMILY = "fabric"
@@ -73,7 +75,7 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn", "crit"),
         action=DEGRADED_ACTION,
         scope="node+fleet",
-        fleet_applies=lambda b: b is None or (b.fabric.rate_gbps is None and b.fabric.width is None),
+        fleet_applies=lambda b: _some_leave(b, "rate_gbps", "width"),
     ),
     CheckSpec(
         "fabric.firmware", FAMILY, "HCA firmware differs",
@@ -84,9 +86,10 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn",),
         action=FIRMWARE_ACTION.format(want="the baseline's (or the fleet's) version"),
         scope="node+fleet",
-        requires="fabric.firmware for the node check; none for the fleet's majority",
-        applies=lambda n, b: b is not None and b.fabric.firmware is not None,
-        fleet_applies=lambda b: b is None or b.fabric.firmware is None,
+        requires="fabric.firmware (or the node's GPU model's gpu_models.*.fabric.firmware) for the node check; "
+        "none for the fleet's majority",
+        applies=lambda n, b: b is not None and wanted(b, n).firmware is not None,
+        fleet_applies=lambda b: _some_leave(b, "firmware"),
     ),
     CheckSpec(
         "fabric.port_count", FAMILY, "Fewer compute ports than expected",
@@ -97,9 +100,10 @@ _STATE_SPECS: tuple[CheckSpec, ...] = (
         severities=("warn", "crit"),
         action=COUNT_ACTION,
         scope="node+fleet",
-        requires="fabric.compute_ports for the node check; none for the fleet's majority",
-        applies=lambda n, b: b is not None and b.fabric.compute_ports is not None,
-        fleet_applies=lambda b: b is None or b.fabric.compute_ports is None,
+        requires="fabric.compute_ports (or the node's GPU model's gpu_models.*.fabric.compute_ports) for the "
+        "node check; none for the fleet's majority",
+        applies=lambda n, b: b is not None and wanted(b, n).compute_ports is not None,
+        fleet_applies=lambda b: _some_leave(b, "compute_ports"),
     ),
     CheckSpec(
         "fabric.gpu_without_hca", FAMILY, "A GPU with no HCA on its PCIe switch",
@@ -197,15 +201,43 @@ class Port:
         extra = ", ".join(x for x in (self.port.netdev, self.hca.pci_address) if x)
         return f"{self.hca.name} port {self.port.port}" + (f" ({extra})" if extra else "")
 
+    @property
+    def id(self) -> str:
+        """The port's identity in a finding (``Finding.port``): ``<device>/<port>``."""
+        return f"{self.hca.name}/{self.port.port}"
+
     def ref(self) -> dict[str, object]:
         return {"device": self.hca.name, "port": self.port.port, "netdev": self.port.netdev,
                 "pci_address": self.hca.pci_address, "link_layer": self.port.link_layer}
 
 
-def _excluded_by(baseline: Baseline | None) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+def node_model(node: model.Node) -> str | None:
+    """The GPU model of the node (the name its GPUs share), whose ``gpu_models.*.fabric`` it
+    takes; None on a node with GPUs of several models, or none named."""
+    names = {g.name for g in node.gpus if g.name}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def wanted(baseline: Baseline, node: model.Node) -> FabricBaseline:
+    """What the baseline asks of this node's fabric: its GPU model's ``gpu_models.*.fabric``
+    keys over the group's ``fabric`` (``Baseline.fabric_for``)."""
+    return baseline.fabric_for(node_model(node))
+
+
+def _some_leave(baseline: Baseline | None, *keys: str) -> bool:
+    """Whether the fleet's majority judges some node under ``baseline``: the group's fabric, or
+    a model's, leaves every one of ``keys`` unset."""
+    if baseline is None:
+        return True
+    variants = [baseline.fabric, *(baseline.fabric_for(name) for name, m in baseline.gpu_models.items()
+                                   if m.fabric is not None)]
+    return any(all(getattr(fb, k) is None for k in keys) for fb in variants)
+
+
+def _excluded_by(baseline: Baseline | None, node: model.Node) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     if baseline is None:
         return None
-    fb = baseline.fabric
+    fb = wanted(baseline, node)
     if fb.exclude_devices is None and fb.exclude_link_layers is None:
         return None
     return fb.exclude_devices or (), fb.exclude_link_layers or ()
@@ -214,7 +246,7 @@ def _excluded_by(baseline: Baseline | None) -> tuple[tuple[str, ...], tuple[str,
 def ports(node: model.Node, baseline: Baseline | None) -> Iterator[Port]:
     """Every port of the node, with whether it is a compute port (see the module docstring)."""
     hcas = (node.fabric.hcas if node.fabric is not None else None) or []
-    rule = _excluded_by(baseline)
+    rule = _excluded_by(baseline, node)
     railed = any(h.gpus for h in hcas)
     for hca in hcas:
         for port in hca.ports:
@@ -260,7 +292,7 @@ def _down(ctx: Context, all_ports: list[Port]) -> None:
         ctx.add("fabric.port_down", severity,
                 f"{kind} {p.label} is {p.port.state} (phys_state {phys})",
                 observed={**p.ref(), "state": p.port.state, "phys_state": p.port.phys_state},
-                expected="4: ACTIVE", action=_down_action(phys))
+                expected="4: ACTIVE", action=_down_action(phys), port=p.id)
 
 
 def _down_action(phys: str) -> str:
@@ -289,7 +321,7 @@ def _width_n(width: str | None) -> int | None:
 
 
 def _degraded(ctx: Context, all_ports: list[Port]) -> None:
-    fb = ctx.baseline.fabric if ctx.baseline is not None else None
+    fb = wanted(ctx.baseline, ctx.node) if ctx.baseline is not None else None
     compute = [p for p in all_ports if p.compute and p.port.active]
     want_rate = fb.rate_gbps if fb is not None else None
     want_width = fb.width if fb is not None else None
@@ -322,7 +354,7 @@ def _degraded(ctx: Context, all_ports: list[Port]) -> None:
                 observed={**p.ref(), "rate": p.port.rate, "rate_gbps": rate, "width": width},
                 expected={k: v for k, v in (("rate_gbps", want_rate), ("width", want_width),
                                             ("link_layer", want_layer)) if v is not None},
-                action=DEGRADED_ACTION)
+                action=DEGRADED_ACTION, port=p.id)
 
 
 def _compute_hcas(all_ports: list[Port]) -> list[model.Hca]:
@@ -334,7 +366,7 @@ def _compute_hcas(all_ports: list[Port]) -> list[model.Hca]:
 
 
 def _firmware(ctx: Context, all_ports: list[Port]) -> None:
-    want = ctx.baseline.fabric.firmware if ctx.baseline is not None else None
+    want = wanted(ctx.baseline, ctx.node).firmware if ctx.baseline is not None else None
     if want is None:
         return  # the fleet's majority judges (run_fleet)
     for hca in _compute_hcas(all_ports):
@@ -347,11 +379,11 @@ def _firmware(ctx: Context, all_ports: list[Port]) -> None:
                     f"{hca.fw_ver}, the baseline's is {want}",
                     observed={"device": hca.name, "pci_address": hca.pci_address, "board_id": hca.board_id,
                               "fw_ver": hca.fw_ver},
-                    expected=want, action=FIRMWARE_ACTION.format(want=want))
+                    expected=want, action=FIRMWARE_ACTION.format(want=want), port=hca.name)
 
 
 def _count(ctx: Context, all_ports: list[Port]) -> None:
-    want = ctx.baseline.fabric.compute_ports if ctx.baseline is not None else None
+    want = wanted(ctx.baseline, ctx.node).compute_ports if ctx.baseline is not None else None
     if want is None:
         return  # the fleet's majority judges (run_fleet)
     have = [p for p in all_ports if p.compute]
@@ -421,12 +453,12 @@ def _counters(ctx: Context, all_ports: list[Port]) -> None:
             ctx.add("fabric.link_downed", bad,
                     f"{p.label}: the link went down {downs} time(s) in {dt:.0f} s and came back",
                     observed={**p.ref(), "link_downed_growth": downs}, expected=f"< {ctx.th.fabric_link_downed_crit}",
-                    action=COUNTER_ACTION)
+                    action=COUNTER_ACTION, port=p.id)
         grew = {name: g for group, name in FATAL_COUNTERS if (g := grown(group, name))}
         if grew:
             ctx.add("fabric.error_counters", bad,
                     f"{p.label}: " + ", ".join(f"{n} +{g}" for n, g in grew.items()) + f" in {dt:.0f} s",
-                    observed={**p.ref(), **grew}, expected=0, action=COUNTER_ACTION)
+                    observed={**p.ref(), **grew}, expected=0, action=COUNTER_ACTION, port=p.id)
         _link_errors(ctx, p, dt, grown("counters", "symbol_error"), grown("counters", "link_error_recovery"))
 
 
@@ -454,34 +486,60 @@ def _link_errors(ctx: Context, p: Port, dt: float, symbols: int | None, recoveri
             expected={"symbol_errors_per_s": f"<= {th.fabric_symbol_errors_per_s_warn:g}",
                       "symbol_errors_per_hour": f"<= {th.fabric_symbol_errors_per_hour_crit:g}",
                       "link_recoveries_per_min": f"<= {th.fabric_link_recoveries_per_min_warn:g}"},
-            action=COUNTER_ACTION)
+            action=COUNTER_ACTION, port=p.id)
 
 
 # --- across the fleet ------------------------------------------------------------------------
 
 
+def port_count_findings(items: list[Item]) -> list[model.Finding]:
+    """``fabric.port_count`` without a number in the baseline: each node (``Item(node, its
+    compute ports)``, the nodes judged under one baseline) with fewer compute ports than a strict
+    majority of them have (at least SETTING_MIN_VOTERS nodes). The audit's fleet check and the
+    TUI's FABRIC column both ask this, so a node short of an HCA reads the same in both."""
+    found = setting_majority(items)
+    if found is None:
+        return []
+    majority, counts = found
+    return [
+        model.Finding(
+            check="fabric.port_count", severity="warn", node=i.node,
+            message=f"{i.value} compute ports on {i.node}, the fleet's majority has {majority} "
+            f"({counts[majority]} of {len(items)} nodes)",
+            observed={"compute_ports": i.value}, expected=majority, action=COUNT_ACTION)
+        for i in items if i.value is not None and i.value < majority
+    ]
+
+
+def fleet_counts_ports(baseline: Baseline | None, node: model.Node) -> bool:
+    """Whether the fleet's majority, not the baseline, says how many compute ports ``node``
+    should have (neither its model's fabric key nor the group's gives a number)."""
+    return baseline is None or wanted(baseline, node).compute_ports is None
+
+
+def _unpinned(baseline: Baseline | None, node: model.Node, *keys: str) -> bool:
+    if baseline is None:
+        return True
+    fb = wanted(baseline, node)
+    return all(getattr(fb, k) is None for k in keys)
+
+
 def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.Finding]:
     """What the baseline does not pin, against the fleet's strict majority: each node's number of
-    compute ports, its compute ports' usual rate, and each compute HCA's firmware per board_id."""
-    fb = baseline.fabric if baseline is not None else None
+    compute ports, its compute ports' usual rate, and each compute HCA's firmware per board_id.
+    A node whose baseline (its GPU model's fabric key, or the group's) pins a value is judged by
+    the node check for it and neither votes nor is judged here."""
     out: list[model.Finding] = []
     known = [n for n in nodes if n.fabric is not None and n.fabric.hcas is not None]
     per_node = {n.hostname: list(ports(n, baseline)) for n in known}
-    if fb is None or fb.compute_ports is None:
-        items = [Item(n.hostname, sum(1 for p in per_node[n.hostname] if p.compute)) for n in known]
-        found = setting_majority(items)
-        if found is not None:
-            majority, counts = found
-            for i in items:
-                if i.value < majority:
-                    out.append(model.Finding(
-                        check="fabric.port_count", severity="warn", node=i.node,
-                        message=f"{i.value} compute ports on {i.node}, the fleet's majority has {majority} "
-                        f"({counts[majority]} of {len(items)} nodes)",
-                        observed={"compute_ports": i.value}, expected=majority, action=COUNT_ACTION))
-    if fb is None or (fb.rate_gbps is None and fb.width is None):
+    counted = [n for n in known if fleet_counts_ports(baseline, n)]
+    if counted:
+        out += port_count_findings([Item(n.hostname, sum(1 for p in per_node[n.hostname] if p.compute))
+                                    for n in counted])
+    rated = [n for n in known if _unpinned(baseline, n, "rate_gbps", "width")]
+    if rated:
         rates = [Item(n.hostname, _majority([p.port.rate_gbps for p in per_node[n.hostname]
-                                             if p.compute and p.port.active])) for n in known]
+                                             if p.compute and p.port.active])) for n in rated]
         found = setting_majority(rates)
         if found is not None:
             majority, counts = found
@@ -493,10 +551,11 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
                         f"at {majority:g} Gb/s ({counts[majority]} of {len(rates)} nodes)",
                         observed={"rate_gbps": i.value}, expected={"rate_gbps": majority},
                         action=DEGRADED_ACTION))
-    if fb is None or fb.firmware is None:
+    versioned = [n for n in known if _unpinned(baseline, n, "firmware")]
+    if versioned:
         by_board: dict[str | None, list[Item]] = collections.defaultdict(list)
         where: dict[int, model.Hca] = {}
-        for n in known:
+        for n in versioned:
             for hca in _compute_hcas(per_node[n.hostname]):
                 item = Item(n.hostname, hca.fw_ver)
                 where[id(item)] = hca
@@ -517,7 +576,7 @@ def run_fleet(nodes: list[model.Node], baseline: Baseline | None) -> list[model.
                     f"({counts[majority]} of {len(items)})",
                     observed={"device": hca.name, "pci_address": hca.pci_address, "board_id": board,
                               "fw_ver": i.value},
-                    expected=majority, action=FIRMWARE_ACTION.format(want=majority)))
+                    expected=majority, action=FIRMWARE_ACTION.format(want=majority), port=hca.name))
     return out
 
 
@@ -581,7 +640,8 @@ def history_findings(
                 message=f"{where} went down for {th.fabric_flap_down_s:g} s or more and came back "
                 f"{len(flaps)} times since {_clock(flaps[0].since)}",
                 observed={**ref, "flaps": len(flaps), "first": flaps[0].since, "last_up": flaps[-1].up_at},
-                expected=f"< {th.fabric_flap_count} flaps", action=SPECS_BY_ID["fabric.flap"].action))
+                expected=f"< {th.fabric_flap_count} flaps", action=SPECS_BY_ID["fabric.flap"].action,
+                port=key))
         drops = [r for r in runs if not r.downed_changed
                  and ((r.up_at is None and now - r.since >= th.fabric_drop_down_s)
                       or (r.up_at is not None and r.up_at - r.since >= th.fabric_drop_down_s
@@ -594,7 +654,8 @@ def history_findings(
                 message=f"{where} went down at {_clock(drop.since)} and did not train again for "
                 f"{((drop.up_at or now) - drop.since):.0f} s ({state})",
                 observed={**ref, "down_since": drop.since, "up_at": drop.up_at},
-                expected=f"down less than {th.fabric_drop_down_s:g} s", action=SPECS_BY_ID["fabric.drop"].action))
+                expected=f"down less than {th.fabric_drop_down_s:g} s",
+                action=SPECS_BY_ID["fabric.drop"].action, port=key))
     return out
 
 

@@ -115,13 +115,14 @@ HELD_CHECKS = frozenset({"thermal_power.throttle", "fabric.flap", "fabric.drop"}
 
 
 def _held(daemon: dict[str, Any], found: list[model.Finding], name: str) -> list[model.Finding]:
-    have = {(f.check, (f.gpu or {}).get("uuid")) for f in found}
+    have = {f.key for f in found}  # by GPU, and by HCA port for the fabric's
     out = []
     for doc in daemon.get("findings") or []:
         if not isinstance(doc, dict) or doc.get("check") not in HELD_CHECKS or doc.get("severity") not in model.SEVERITIES:
             continue
-        if (doc["check"], (doc.get("gpu") or {}).get("uuid")) not in have:
-            out.append(model.Finding.from_dict({**doc, "node": name}))
+        held = model.Finding.from_dict({**doc, "node": name})
+        if held.key not in have:
+            out.append(held)
     return out
 
 

@@ -125,6 +125,84 @@ def test_a_missing_hca_counts_against_the_baselines_compute_ports() -> None:
     assert [f.check for f in alone.findings if f.severity == "warn"] == ["fabric.gpu_without_hca"]
 
 
+SHORT = "7 compute ports on node004, the fleet's majority has 8 (11 of 12 nodes)"
+
+
+def test_without_a_baseline_a_node_missing_an_hca_reads_7_of_its_peers_8_and_is_flagged() -> None:
+    """The audit's fleet check of the port count, in the TUI: node004 lost mlx5_2, its peers have
+    8 compute ports; alone it would read IB 7/7 (test above)."""
+    app = fed_app()
+    entries = fed_entries({"node004": ["ib-missing-hca@2"]})
+
+    async def body(pilot: Any) -> None:
+        table = app.screen.table()
+        row, style = cells(table, "node004"), styles(table, "node004")
+        assert (row["fabric"], style["fabric"]) == ("IB 7/8", "crit")
+        assert (row["health"], style["health"]) == ("WARN", "warn")
+        assert row["worst"].startswith(f"fabric.port_count: {SHORT}")
+        assert [(n, cells(table, n)["fabric"], styles(table, n)["fabric"]) for n in ("node001", "node012")] == [
+            ("node001", "IB 8/8", ""), ("node012", "IB 8/8", "")]
+        e = app.state.entries["node004"]
+        assert [(f.check, f.severity, f.observed, f.expected) for f in e.fleet_findings] == [
+            ("fabric.port_count", "warn", {"compute_ports": 7}, 8)]
+        assert sorted(f.check for f in e.findings if f.severity == "warn") == [
+            "fabric.gpu_without_hca", "fabric.port_count"]
+        table.select_key("node004")
+        await pilot.press("enter", "6")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, NodeScreen)
+        assert "fabric IB 7/8  " in str(screen.query_one("#node-header", Static).render())
+        text = str(screen.query_one("#node-fabric-text", Static).render())
+        assert "compute ports 7/8 active; 1 other" in text
+        assert f"fabric.port_count  {SHORT}" in text
+        # mlx5_2 comes back: the node reads 8/8 again, its fleet finding gone
+        app.feed([simfeed.entry("node004", (), simfeed.T0 + 2, previous=e)])
+        await pilot.pause()
+        back = app.state.entries["node004"]
+        assert (back.fleet_findings, back.health) == ((), "ok")
+        assert "compute ports 8/8 active; 1 other" in str(screen.query_one("#node-fabric-text", Static).render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert (cells(app.screen.table(), "node004")["fabric"], cells(app.screen.table(), "node004")["health"]) == (
+            "IB 8/8", "OK")
+
+    drive(app, body, entries, size=(200, 60))
+
+
+def _under(name: str, base: Any) -> data.NodeEntry:
+    snap = simfeed.snapshot(simfeed.sim_state(name))
+    return data.summarize(name, snap, simfeed.findings(snap, base), simfeed.T0, baseline=base)
+
+
+def test_the_port_count_is_compared_within_the_nodes_of_one_baseline_as_the_audit_groups_them() -> None:
+    """Nine nodes without a baseline (8 compute ports), three under one that excludes mlx5_0 (7
+    each: none short among their own), one whose baseline pins 8 (judged by its own check)."""
+    storage = baseline_load.from_mapping({"fabric": {"exclude_devices": ["mlx5_0", "mlx5_8"]}}, "storage")
+    pinned = baseline_load.from_mapping({"fabric": {"compute_ports": 8, "exclude_devices": ["mlx5_8"]}}, "pinned")
+    state = data.FleetState()
+    names = [f"node{i:03d}" for i in range(1, 14)]
+    entries = [_under(n, None) for n in names[:9]] + [_under(n, storage) for n in names[9:12]]
+    entries.append(_under(names[12], pinned))
+    state.update(entries)
+    assert [n for n, e in state.entries.items() if e.fleet_findings] == []
+    assert {n: e.node_row_parts[0][3] for n, e in state.entries.items() if n in ("node001", "node010", "node013")} == {
+        "node001": "IB 8/8", "node010": "IB 7/7", "node013": "IB 8/8"}
+    # one of the nine loses an HCA: it alone is short, against 8 of 9; the other groups stay silent
+    changed = state.update([_under_faults("node002", ["ib-missing-hca@4"])])
+    assert changed == ["node002"]
+    short = state.entries["node002"]
+    assert [(f.check, f.severity, f.message) for f in short.fleet_findings] == [
+        ("fabric.port_count", "warn", "7 compute ports on node002, the fleet's majority has 8 (8 of 9 nodes)")]
+    assert (short.node_row_parts[0][3], short.node_row_parts[1][3]) == ("IB 7/8", "crit")
+    assert [n for n, e in state.entries.items() if e.fleet_findings] == ["node002"]
+
+
+def _under_faults(name: str, faults: list[str]) -> data.NodeEntry:
+    snap = simfeed.snapshot(simfeed.sim_state(name, faults))
+    return data.summarize(name, snap, simfeed.findings(snap), simfeed.T0 + 1)
+
+
 def test_the_role_of_a_port_is_the_checks_rule_with_the_nodes_baseline() -> None:
     """The baseline's exclusions decide, as for the checks: mlx5_0 excluded by name, the
     Ethernet port then a compute port (no layer excluded)."""

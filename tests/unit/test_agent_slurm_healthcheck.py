@@ -7,6 +7,7 @@ resume of a node that is not drained are refused, as slurmctld refuses them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -595,3 +596,71 @@ def test_no_lock_file_and_a_clean_node_read_no_lock_at_all(fake: FakeSlurm, serv
     code, doc, err = _run(fake, served)
     assert code == 0 and doc is not None and doc["action"] == "none" and doc["lock"] is None, (err, doc)
     assert fake.calls() == [["show", "node", "-o", "node7"]]
+
+
+# --- the fabric: a compute port drains, the management port never does -------------------------
+
+PORT3_DOWN = "compute port mlx5_3 port 1 (ibp94s0, 0000:5e:00.0) is 1: DOWN (phys_state 2: Polling)"
+
+
+@contextlib.contextmanager
+def _served_with(state: Path, finding: tuple[str, str]) -> Iterator[None]:
+    """A daemon of its own on ``state`` (the fault injected before it starts: the module's
+    daemon stays clean), until its answer carries ``finding`` (check, severity)."""
+    proc = subprocess.Popen(
+        [AGENT, "serve", "--backend", "sim", "--states", str(state), "--interval", "0.2", "--full-interval", "0.4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while finding not in _daemon_findings(state):
+            assert time.monotonic() < deadline, f"the daemon never reported {finding}: {_daemon_findings(state)}"
+            time.sleep(0.2)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _with_fault(tmp_path: Path, fault: str, index: int) -> Path:
+    state = _state(tmp_path / "node7.json")
+    sim.inject(str(state), fault, index)
+    return state
+
+
+@pytest.mark.parametrize("source", ["daemon", "cold"])
+def test_a_compute_port_down_drains_the_node_naming_the_port(fake: FakeSlurm, tmp_path: Path, source: str) -> None:
+    state = _with_fault(tmp_path, "ib-port-down", 3)  # mlx5_3, GPU 3's rail
+    with _served_with(state, ("fabric.port_down", "crit")) if source == "daemon" else contextlib.nullcontext():
+        code, doc, err = _run(fake, state)
+    assert code == 0, err
+    assert doc is not None and doc["source"] == source
+    assert doc["crit"] == [{"check": "fabric.port_down", "gpu": None, "port": "mlx5_3/1", "message": PORT3_DOWN}]
+    assert (doc["action"], doc["outcome"], doc["breaker"]["open"]) == ("drain", "done", False)
+    assert fake.updates() == [
+        ["update", "NodeName=node7", "State=DRAIN", f"Reason=[fleetops] health/{doc['run']}: fabric.port_down on port mlx5_3/1"]
+    ]
+    assert fake.drained() == ["node7"]
+
+
+@pytest.mark.parametrize("source", ["daemon", "cold"])
+def test_the_management_port_down_never_drains_the_node(fake: FakeSlurm, tmp_path: Path, source: str) -> None:
+    state = _with_fault(tmp_path, "ib-port-down", 8)  # mlx5_8: the Ethernet management port
+    with _served_with(state, ("fabric.port_down", "warn")) if source == "daemon" else contextlib.nullcontext():
+        code, doc, err = _run(fake, state)
+    assert code == 0, err
+    assert doc is not None and doc["source"] == source
+    assert (doc["crit"], doc["action"], doc["decision"], doc["breaker"]) == ([], "none", "not_drained", None)
+    assert fake.calls() == [["show", "node", "-o", "node7"]]  # no breaker look, no update
+    assert fake.node()["state"] == "IDLE"
+
+
+def test_a_fabric_drain_stops_at_the_circuit_breaker_like_any_other(fake: FakeSlurm, tmp_path: Path) -> None:
+    state = _with_fault(tmp_path, "ib-port-down", 3)
+    fake.cluster(_ten({"node2": ("IDLE+DRAIN", health_reason("node2", 120)),
+                       "node3": ("IDLE+DRAIN", health_reason("node3", 30))}))  # fmt: skip
+    code, doc, err = _run(fake, state)
+    assert code == 0, err
+    assert doc is not None and [c["check"] for c in doc["crit"]] == ["fabric.port_down"]
+    assert (doc["action"], doc["breaker"]["open"]) == ("held-by-breaker", True)
+    assert fake.updates() == [] and fake.drained() == ["node2", "node3"]

@@ -85,6 +85,9 @@ class NodeEntry:
     bad_since: float | None = None
     # The node's RDMA ports as the checks see them (compute or not, by its baseline).
     fabric: fabric_data.FabricView = fabric_data.UNKNOWN
+    # Findings that come from comparing the node with the others on screen, not from its own
+    # snapshot (the fleet's compute port count: ``FleetState``); they are in ``findings`` too.
+    fleet_findings: tuple[model.Finding, ...] = ()
 
     @property
     def bad(self) -> bool | None:
@@ -393,6 +396,26 @@ def _escalations(findings: Iterable[model.Finding]) -> dict[tuple[str, int], str
 def _haystack(name: str, findings: Iterable[model.Finding]) -> str:
     """What the ``/`` filter searches for a node: its name and every finding's check and message."""
     return " ".join([name, *(f"{f.check} {f.message}" for f in findings)]).lower()
+
+
+def with_fleet_findings(entry: NodeEntry, fleet: tuple[model.Finding, ...]) -> NodeEntry:
+    """``entry`` with ``fleet`` in place of the fleet findings it had: its health, worst finding,
+    search text and finding rows judged again with them, as ``summarize`` would have."""
+    own = [f for f in entry.findings if not any(f is g for g in entry.fleet_findings)]
+    found = tuple(sorted((*own, *fleet), key=_finding_sort))
+    health = model.worst(f.severity for f in found)
+    hay = _haystack(entry.name, (*found, *((entry.problem,) if entry.problem else ())))
+    if entry.status != STATUS_OK:
+        since = entry.bad_since  # bad for its missing answer, whatever its findings say
+    elif health in FAULT_SEVERITIES:
+        since = entry.bad_since if entry.bad_since is not None else entry.seen_at
+    else:
+        since = None
+    changed = replace(
+        entry, findings=found, fleet_findings=fleet, health=health, haystack=hay, version=entry.version + 1,
+        worst=next((f for f in found if f.severity not in ("ok", "info")), None), bad_since=since,
+    )
+    return replace(changed, finding_rows=_finding_rows(changed))
 
 
 def mark_failed(name: str, status: str, problem: model.Finding, previous: NodeEntry | None) -> NodeEntry:

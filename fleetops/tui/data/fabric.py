@@ -6,11 +6,13 @@ read with their reasons). Which port is a compute port is the checks' rule
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from fleetops import model
 from fleetops.checks import fabric as fabric_checks
+from fleetops.checks.base import Item
 from fleetops.tui.data.columns import DETAIL_FABRIC_COLUMNS, FAULT_SEVERITIES, Row, make_row
 
 # The counters the tab shows on their own, and the fatal ones (the checks' list) in one cell.
@@ -59,9 +61,14 @@ class FabricView:
     ports: tuple[PortView, ...] = ()
     note: str | None = None
     hcas: tuple[model.Hca, ...] = ()
+    # The baseline the node is judged under (the audit compares each node's port count with the
+    # nodes of the same baseline) and whether it leaves the count to the fleet's majority.
+    baseline: Any = field(default=None, compare=False, repr=False)
+    fleet_counts: bool = True
 
-    @property
+    @cached_property
     def compute(self) -> tuple[PortView, ...]:
+        # once per snapshot: the fleet's port count asks every node's after each change
         return tuple(p for p in self.ports if p.compute)
 
     @property
@@ -79,7 +86,24 @@ def view(snapshot: model.Node | None, baseline: Any = None) -> FabricView:
     if fabric.hcas is None:
         return FabricView(known=True, readable=False, note=fabric.unavailable.get("hcas", "not read"))
     ports = tuple(PortView(p.hca, p.port, p.compute) for p in fabric_checks.ports(snapshot, baseline))
-    return FabricView(known=True, ports=ports, note=fabric.note, hcas=tuple(fabric.hcas))
+    return FabricView(known=True, ports=ports, note=fabric.note, hcas=tuple(fabric.hcas), baseline=baseline,
+                      fleet_counts=fabric_checks.fleet_counts_ports(baseline, snapshot))
+
+
+def fleet_port_counts(entries: Iterable[tuple[str, FabricView]]) -> dict[str, tuple[model.Finding, ...]]:
+    """The audit's fleet check of the compute port count (``checks.fabric.port_count_findings``)
+    over the nodes on screen, ``(name, fabric)`` each, grouped by baseline as the audit groups
+    them: the ``fabric.port_count`` findings by node. Without it a node missing an HCA read
+    ``IB 7/7`` (its ports there) where the audit says 7 of the fleet's 8."""
+    groups: dict[int, list[Item]] = {}
+    for name, fv in entries:
+        if fv.known and fv.readable and fv.fleet_counts:
+            groups.setdefault(id(fv.baseline), []).append(Item(name, len(fv.compute)))
+    out: dict[str, tuple[model.Finding, ...]] = {}
+    for items in groups.values():
+        for f in fabric_checks.port_count_findings(items):
+            out[f.node] = (*out.get(f.node, ()), f)
+    return out
 
 
 def fabric_findings(findings: Iterable[model.Finding]) -> tuple[model.Finding, ...]:

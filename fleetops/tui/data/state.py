@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from fleetops.tui.data import fabric
 from fleetops.tui.data.columns import (
     COLUMNS,
     DETAIL_GPU_COLUMNS,
@@ -29,7 +30,7 @@ from fleetops.tui.data.columns import (
     natural_key,
     xid_cells,
 )
-from fleetops.tui.data.entry import NodeEntry, bad_since_shown, pending_entry
+from fleetops.tui.data.entry import NodeEntry, bad_since_shown, pending_entry, with_fleet_findings
 
 # --- filter ------------------------------------------------------------------------------
 
@@ -138,6 +139,23 @@ class FleetState:
                     e = replace(e, bad_since=since)
                 self.entries[e.name] = e
                 changed.append(e.name)
+        if changed:
+            changed += [n for n in self._judge_fleet() if n not in changed]
+        return changed
+
+    def _judge_fleet(self) -> list[str]:
+        """The fleet findings of every entry after a change (a node's port count against its
+        peers', as the audit's fleet check judges it); returns the names whose entry changed.
+        One pass over the entries, only when some entry changed."""
+        found = fabric.fleet_port_counts(
+            (e.name, e.fabric) for e in self.entries.values() if e.snapshot is not None
+        )
+        changed = []
+        for name, e in list(self.entries.items()):
+            want = found.get(name, ())
+            if e.fleet_findings != want:
+                self.entries[name] = with_fleet_findings(e, want)
+                changed.append(name)
         return changed
 
     def sort_by(self, view: str, column: str) -> None:

@@ -148,8 +148,9 @@ def fabric_text(entry: data.NodeEntry) -> Text:
     elif not fv.ports:
         t.append(f"{fv.note or 'no RDMA port'}\n", style="dim")
     else:
-        compute = fv.compute
-        t.append(f"compute ports {fv.active}/{len(compute)} active; {len(fv.ports) - len(compute)} other\n", style="bold")
+        # of those expected, as the FABRIC column counts them (the baseline's or the fleet's number)
+        want = data.fabric.expected_ports(fv, entry.findings)
+        t.append(f"compute ports {fv.active}/{want} active; {len(fv.ports) - len(fv.compute)} other\n", style="bold")
     missing = data.fabric.unavailable_lines(fv)
     if missing:
         t.append("unavailable (n/a in the table), with the reason\n", style="bold")
