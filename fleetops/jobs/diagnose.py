@@ -237,15 +237,19 @@ class Diagnosis:
 # --- arithmetic -------------------------------------------------------------------------
 
 
-def _number(value: Value) -> float | None:
+def _number(value: Value) -> float | int | None:
+    """A sampled value, or None where it was not read (None, NaN). An int stays an int: a counter
+    past 2**53 keeps every digit."""
     if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        return value
     f = float(value)
     return None if math.isnan(f) else f
 
 
-def _window(samples: Iterable[Sample], start: float, end: float) -> list[tuple[float, float]]:
-    out = []
+def _window(samples: Iterable[Sample], start: float, end: float) -> list[tuple[float, float | int]]:
+    out: list[tuple[float, float | int]] = []
     for t, v in samples:
         f = _number(v)
         if f is not None and start <= t <= end:
@@ -267,7 +271,7 @@ def _stat(values: list[float]) -> Stat:
     return Stat(round(sum(values) / len(values), 2), _percentile(ordered, 5), _percentile(ordered, 95), len(values))
 
 
-def _growth(points: list[tuple[float, float]]) -> int | None:
+def _growth(points: list[tuple[float, float | int]]) -> int | None:
     """What a cumulative counter gained over the points, exactly: a value below the one before
     is a reset (a GPU reset, a driver reload, a new cgroup), counted from zero."""
     if len(points) < 2:
@@ -281,7 +285,7 @@ def _growth(points: list[tuple[float, float]]) -> int | None:
     return total
 
 
-def _span(points: list[tuple[float, float]]) -> float:
+def _span(points: list[tuple[float, float | int]]) -> float:
     return points[-1][0] - points[0][0] if len(points) >= 2 else 0.0
 
 
@@ -323,7 +327,7 @@ def summarize(gpu: JobGpu, start: float, end: float) -> GpuSummary:
     """One GPU's figures over [start, end]."""
     s = gpu.series
 
-    def points(name: str) -> list[tuple[float, float]]:
+    def points(name: str) -> list[tuple[float, float | int]]:
         return _window(s.get(name, ()), start, end)
 
     util = points("utilization_gpu_pct")
@@ -348,7 +352,7 @@ def summarize(gpu: JobGpu, start: float, end: float) -> GpuSummary:
     def share(stat: Stat, whole: float | None) -> float | None:
         return round(stat.mean / whole, 3) if stat.mean is not None and whole else None
 
-    links: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    links: dict[int, dict[str, list[tuple[float, float | int]]]] = {}
     for name in s:
         found = _LINK_FIELD.match(name)
         if found:
