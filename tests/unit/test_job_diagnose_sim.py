@@ -131,3 +131,12 @@ def test_a_workload_is_refused_where_the_gpu_cannot_run_one(tmp_path: Path) -> N
         sim.inject_into(st, "gpu-missing", 7)
         with pytest.raises(sim.SimError, match="GPU is lost"):
             sim.set_workload(st, uuid, "steady", "1", 0.0)
+
+
+def test_a_reboot_ends_every_workload(tmp_path: Path) -> None:
+    path, _ = _state(tmp_path)
+    with sim.locked_state(str(path)) as st:
+        sim.set_job_workload(st, [g["uuid"] for g in st["gpus"][:4]], "steady", "10", time.time())
+        sim.inject_into(st, "reboot", None)
+        assert all(g.get(sim.WORKLOAD_KEY) is None for g in st["gpus"]) and sim.JOBS_KEY not in st
+        assert sim.steady(st)
