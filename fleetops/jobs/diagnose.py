@@ -18,12 +18,12 @@ Verdicts (``THRESHOLDS`` holds every number, each with its reason):
   any of them moved: their traffic went over PCIe (NCCL without P2P) or nowhere.
 - ``cpu_starved``: the job's cgroup on a node used nearly all its allocated CPUs while its GPUs
   there were underfed (low or swinging utilisation).
-- ``xid_end``: a GPU of the job logged an XID in the last XID_END_S seconds before the job ended:
-  the job likely ended because of it.
+- ``xid_end``: a GPU of the job logged an XID in the last ``xid_end_s`` seconds before the job
+  ended (or within ``xid_end_grace_s`` after): the job likely ended because of it.
 
-False-positive guards: a job shorter than MIN_JOB_S gets no performance verdict (start-up and data
-loading dominate it; the reason is in ``notes``), nor does a GPU with fewer than MIN_SAMPLES
-samples (nor a node's CPU with fewer); a field NVML did not give (None, NaN) is not a zero; a
+False-positive guards: a job shorter than ``min_job_s`` gets no performance verdict (start-up and
+data loading dominate it; the reason is in ``notes``), nor does a GPU with fewer than
+``min_samples`` samples (nor a node's CPU with fewer); a field NVML did not give (None, NaN) is not a zero; a
 single-GPU job (and a node holding one GPU of the job) gets no ``nvlink_unused`` verdict, a GPU
 without NVLink counters (PCIe cards, passthrough VMs) none either; the straggler's slowdown share is
 compared with the median of the job's other GPUs, so a whole node running hot is not a straggler
@@ -33,10 +33,11 @@ GPUs stay at 95 % gets nothing. ``xid_end`` is a fact, not a statistic: it holds
 
 Confidence (0.25 to 1.0): ``(0.5 + 0.5 * margin) * (0.5 + 0.5 * support)``. ``margin`` is how far
 the observed value is past its threshold, as a share of the threshold's ``clear`` distance (0 at
-the threshold, 1 at or past threshold + clear; the smallest over a verdict's conditions);
+the threshold, 1 at or past threshold + clear; the smallest over a verdict's conditions, the
+largest over alternatives such as cpu_starved's low-or-swinging utilisation);
 ``support`` is the samples behind it over FULL_SUPPORT_SAMPLES (five minutes at the daemon's 2 s),
 at most 1. A verdict at its thresholds on one minute of samples has 0.30; a clear one over five
-minutes 1.0. ``xid_end``: margin is 1 for an XID at the job's end, falling to 0 at XID_END_S
+minutes 1.0. ``xid_end``: margin is 1 for an XID at the job's end, falling to 0 at ``xid_end_s``
 before it; support 1.
 """
 
@@ -182,7 +183,8 @@ class GpuSummary:
     utilization_pct: Stat
     clock_sm_mhz: Stat
     clock_sm_share: float | None  # mean SM clock / maximum
-    throttle_share: dict[str, float]  # reason -> share of the job's samples
+    # reason -> share of the job's samples (evenly spaced by the daemon: a share of its time)
+    throttle_share: dict[str, float]
     slowdown_share: float  # share of samples with any SLOWDOWN_REASONS bit
     slowdown_reason: str | None  # the one seen most
     power_w: Stat
@@ -577,9 +579,10 @@ def _xid_end(job: Job, summaries: list[GpuSummary]) -> list[Verdict]:
 
 
 def diagnose(job: Job) -> Diagnosis:
-    """The job's per-GPU summaries, its nodes' CPU, its verdicts (worst subject first: in the
-    order straggler, input_bound, nvlink_unused, cpu_starved, xid_end) and why anything was not
-    judged."""
+    """The job's per-GPU summaries, its nodes' CPU, its verdicts (by code, in the order
+    straggler, input_bound, nvlink_unused, cpu_starved, xid_end) and why anything was not judged.
+    Samples outside [started_at, ended_at] are left out; a running job (ended_at None) is judged up
+    to its newest sample."""
     last = max((t for g in job.gpus for series in g.series.values() for t, _ in series), default=job.started_at)
     end = job.ended_at if job.ended_at is not None else last
     summaries = [summarize(g, job.started_at, end) for g in job.gpus]

@@ -201,6 +201,12 @@ def test_a_short_job_gets_no_performance_verdict_and_says_why() -> None:
                        "no performance verdict"]
 
 
+def test_an_xid_at_the_end_of_a_short_job_still_counts() -> None:
+    end = T0 + 40
+    d = dg.diagnose(job([gpu(0, n=20), gpu(1, n=20, xids=((end - 2, 79),))], seconds=40.0))
+    assert keys(d) == {("xid_end", NODE, (1,))} and d.notes  # a fact, not a statistic
+
+
 def test_a_gpu_with_too_few_samples_is_not_judged() -> None:
     sparse = gpu(1, n=20, step=15.0, util=lambda k: 30, rx_share=lambda k: 0.93)  # 300 s, 20 samples
     d = dg.diagnose(job([gpu(0), sparse]))
