@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobsim import cpu_stat_usage, run_job, verdict_keys
+from jobsim import cpu_stat_usage, run_job, run_nodes, verdict_keys
 
 from fleetops.catalog import pcie
 from fleetops.jobs import diagnose as dg
@@ -35,6 +35,21 @@ def test_a_straggler_on_two_gpus_is_the_one_the_seed_chose(tmp_path: Path) -> No
     [(code, _, (index,))] = expected
     assert code == "straggler" and index in (6, 7)
     assert verdict_keys(dg.diagnose(job)) == expected
+
+
+def test_a_job_on_two_nodes_names_the_straggler_and_the_starved_node_only(tmp_path: Path) -> None:
+    # the slow GPU is node017's GPU 2; node018's GPUs wait for it in the same windows
+    job, slow = run_nodes(tmp_path, {"node017": ("straggler", (0, 1, 2, 3), "2"),
+                                     "node018": ("straggler", (4, 5, 6, 7), "elsewhere")}, 23)
+    assert slow == {"node017": (2,), "node018": ()}
+    d = dg.diagnose(job)
+    assert verdict_keys(d) == {("straggler", "node017", (2,))}
+    waiting = [g for g in d.gpus if g.node == "node018"]
+    assert all((g.utilization_pct.p5 or 100) < 60 for g in waiting)  # they dip while GPU 2 is slow
+    (tmp_path / "b").mkdir()
+    job, _ = run_nodes(tmp_path / "b", {"node017": ("steady", (0, 1), None),
+                                        "node018": ("cpu-starved", (0, 1), None)}, 23)
+    assert verdict_keys(dg.diagnose(job)) == {("cpu_starved", "node018", (0, 1))}
 
 
 def _state(tmp_path: Path) -> tuple[Path, dict[str, Any]]:

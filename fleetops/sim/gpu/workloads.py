@@ -126,12 +126,15 @@ def set_workload(
     seed: int | None = None,
     cpus: int | None = None,
     cgroup: str | None = None,
+    straggler: str | None = None,
 ) -> None:
     """Run ``profile`` on the GPU (UUID or bus id) for job ``job_id`` from ``now``; ``profile``
     None ends the GPU's workload (an idle GPU again). ``seed`` (default: fixed by the job id),
     ``cpus`` (the job's allocated CPUs on this node, default DEFAULT_JOB_CPUS) and ``cgroup`` (its
     cgroup folder, default ``cgroup_dir``) are the job's: the first GPU of a job sets them, a
-    later one may change them. The NVLink counters so far are folded first, so they keep growing
+    later one may change them. ``straggler`` names the slow GPU of a ``straggler`` job (its UUID),
+    or ``"elsewhere"``: the slow GPU is on another node, and every GPU of the job here waits for
+    it (the seed's choice otherwise: see ``straggler_uuid``). The NVLink counters so far are folded first, so they keep growing
     from where they are at the new rate."""
     position = _position(state, gpu)
     raw = state["gpus"][position]
@@ -168,6 +171,8 @@ def set_workload(
             "started": now,
             "base_usec": 0,
         }
+        if straggler is not None:
+            jobs[job_id]["straggler"] = straggler
         return
     changed: dict[str, Any] = {"profile": profile}
     if seed is not None:
@@ -179,6 +184,8 @@ def set_workload(
         job.update(changed)
     if cgroup is not None:
         job["cgroup"] = cgroup
+    if straggler is not None:
+        job["straggler"] = straggler
 
 
 def set_job_workload(
@@ -191,10 +198,13 @@ def set_job_workload(
     seed: int | None = None,
     cpus: int | None = None,
     cgroup: str | None = None,
+    straggler: str | None = None,
 ) -> None:
-    """``set_workload`` on each of the job's GPUs on this node, with one seed and allocation."""
+    """``set_workload`` on each of the job's GPUs on this node, with one seed and allocation. A job
+    on several nodes takes the same seed and start on each (its slow windows line up), and
+    ``straggler="elsewhere"`` on all nodes but the slow GPU's."""
     for gpu in gpus:
-        set_workload(state, gpu, profile, job_id, now, seed=seed, cpus=cpus, cgroup=cgroup)
+        set_workload(state, gpu, profile, job_id, now, seed=seed, cpus=cpus, cgroup=cgroup, straggler=straggler)
 
 
 def job_gpus(state: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
@@ -204,12 +214,16 @@ def job_gpus(state: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
 
 
 def straggler_uuid(state: dict[str, Any], job_id: str) -> str | None:
-    """The GPU that straggles in a ``straggler`` job: one of its GPUs on this node with that
+    """The GPU that straggles in a ``straggler`` job: the one the job names (``set_workload``'s
+    ``straggler``; None when that is ``"elsewhere"``), else one of its GPUs on this node with that
     profile, chosen by the job's seed; None when it has none."""
     job = (state.get(JOBS_KEY) or {}).get(job_id)
     candidates = [g for g in job_gpus(state, job_id) if g[WORKLOAD_KEY]["profile"] == "straggler"]
     if job is None or not candidates:
         return None
+    if "straggler" in job:
+        named = str(job["straggler"])
+        return named if any(g["uuid"] == named for g in candidates) else None
     return str(candidates[int(job["seed"]) % len(candidates)]["uuid"])
 
 
