@@ -98,7 +98,8 @@ def _position(state: dict[str, Any], selector: str) -> int:
 
 def cpu_usage_usec(job: dict[str, Any], now: float) -> int:
     """The job cgroup's ``usage_usec`` at ``now``: what it had when its profile last changed, plus
-    the integral of its CPU rate since (closed form, exact to the microsecond, never decreasing)."""
+    the integral of its CPU rate since (a closed form of the time: the same whenever it is read,
+    and never decreasing, the rate's mean being above its swing)."""
     base = int(job.get("base_usec", 0))
     profile = job.get("profile")
     if profile not in CPU_SHARE:
@@ -134,8 +135,8 @@ def set_workload(
     cgroup folder, default ``cgroup_dir``) are the job's: the first GPU of a job sets them, a
     later one may change them. ``straggler`` names the slow GPU of a ``straggler`` job (its UUID),
     or ``"elsewhere"``: the slow GPU is on another node, and every GPU of the job here waits for
-    it (the seed's choice otherwise: see ``straggler_uuid``). The NVLink counters so far are folded first, so they keep growing
-    from where they are at the new rate."""
+    it (the seed's choice otherwise: see ``straggler_uuid``). The NVLink counters so far are
+    folded first, so they keep growing from where they are at the new rate."""
     position = _position(state, gpu)
     raw = state["gpus"][position]
     jobs: dict[str, Any] = state.setdefault(JOBS_KEY, {})
