@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fleetops import model
+from fleetops.catalog.pcie import LANE_GTS  # transfer rate per lane, GT/s, by generation
 from fleetops.checks.base import (
     DEMAND_BASELINE,
     DEMAND_EXPECTED,
@@ -16,8 +17,6 @@ from fleetops.checks.base import (
 
 FAMILY = "pcie"
 
-# Transfer rate per lane, GT/s, by generation.
-LANE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 REFERENCE_GEN, REFERENCE_WIDTH = 5, 16  # thresholds.pcie_replays_per_min is stated for Gen5 x16
 
 RESEAT_ACTION = (

@@ -39,7 +39,7 @@ GPU_FIELDS = (  # model.Gpu's names, so a sample reads like the snapshot it came
     "ecc_corrected_volatile",
     "ecc_uncorrected_volatile",
     "pcie_replay_counter",
-    "pcie_tx_kbps",  # NVML throughput counters; the simulator has none (NaN)
+    "pcie_tx_kbps",  # NVML throughput counters, KB/s; the simulator gives them only for a GPU running a workload
     "pcie_rx_kbps",
 )
 # Cumulative counters, as model.NvLink names them (tx_kib / rx_kib: KiB since the driver loaded).

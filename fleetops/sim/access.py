@@ -51,8 +51,11 @@ class SimAccess:
     name = "sim"
     xid_events = False  # the simulated kernel log is the only XID source
 
-    def __init__(self, state_path: str) -> None:
+    def __init__(self, state_path: str, clock: Callable[[], float] | None = None) -> None:
         self.state_path = state_path
+        # the simulated time of a read (a test or a benchmark drives a workload through minutes
+        # of it without sleeping); None: the wall clock, ``time.time`` looked up at each read
+        self._clock = clock
         base = state_path[:-5] if state_path.endswith(".json") else state_path
         self.run_dir = base + ".agent"
         self.kmsg_path = base + ".kmsg"
@@ -73,6 +76,9 @@ class SimAccess:
         self._device: int | None = None
 
     # --- the daemon's sampling ----------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else time.time()
 
     def _hold(self) -> None:
         if self._device is None:
@@ -120,7 +126,10 @@ class SimAccess:
         state = self._current()
         if self._light is not None:
             return self._light
-        data = sim.snapshot(state)
+        now = self.now()
+        data = sim.snapshot(state, now)
+        if state.get(sim.JOBS_KEY):  # the running jobs' cgroups: cpu.stat as of this read
+            sim.advance_cgroups(self.state_path, state, now)
         self.mig = instances.table(data["gpus"])
         values: dict[str, dict[str, Value]] = {}
         lost: dict[str, str] = {}
@@ -129,6 +138,9 @@ class SimAccess:
                 lost[g["uuid"]] = sim.GPU_IS_LOST  # at its index, sampled no more: as the NVML access
                 continue
             row: dict[str, Value] = {n: _num(g.get(n)) for n in GPU_FIELDS}
+            extra = g.get(sim.SAMPLE_KEY)  # what a workload adds: PCIe throughput (KB/s)
+            if extra:
+                row.update({n: _num(v) for n, v in extra.items() if n in GPU_FIELDS})
             for link in g.get("nvlinks") or []:
                 for n in LINK_FIELDS:
                     row[f"nvlink{link['link']}_{n}"] = _num(link.get(n))
@@ -179,7 +191,7 @@ class SimAccess:
         from fleetops import model
 
         start = time.perf_counter()
-        node = model.node_from_dict(snapshot_dict(self.state_path, time.time()))
+        node = model.node_from_dict(snapshot_dict(self.state_path, self.now()))
         node.collect_ms = round((time.perf_counter() - start) * 1000.0, 2)
         return node
 
@@ -396,6 +408,8 @@ def snapshot_dict(path: str, now: float) -> dict[str, Any]:
         os.close(device)
     data: dict[str, Any] = sim.snapshot(state, now=now)
     lines = data.pop("_kernel_log")
+    for g in data["gpus"]:
+        g.pop(sim.SAMPLE_KEY, None)  # light-sample values: the snapshot has no field for them
     data["fabric"] = _fabric(path, state, now, [g["bus_id"] for g in data["gpus"]])
     data["collected_at"] = now
     gpus = {g["bus_id"]: (g["uuid"], g["index"]) for g in data["gpus"]}

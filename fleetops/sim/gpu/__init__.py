@@ -32,6 +32,12 @@ integers. ``nvlink-idle`` is a job whose traffic misses one link: the GPU runs a
 ``IDLE_FAULT_LOAD_PCT`` while link 5 moves nothing; a link that is down (``nvlink-down``)
 moves nothing either.
 
+Workloads (``workloads``): a simulated job's GPUs and cgroup as its profile makes them
+(``steady``, ``input-bound``, ``straggler``, ``nvlink-unused``, ``cpu-starved``), overlaid on each
+snapshot as the condition faults are, deterministic from the job's seed and the time since it
+began; ``set_workload`` records one, ``advance_cgroups`` writes each job's ``cpu.stat``. A GPU
+without a workload looks as it always did.
+
 The default scenario is an 8x H200 HGX node modelled on the real H200 captured in
 ``tests/fixtures/h200``: same driver, VBIOS, InfoROM, limits, thresholds and the counts a healthy
 GPU shows (lifetime corrected ECC, two remapped rows), with 18 NVLinks per GPU through NVSwitch
@@ -39,7 +45,7 @@ where that passthrough VM reported NVLink as Not Supported.
 
 The package (``from fleetops.sim import gpu as sim``; every name below is ``sim.X``): ``base``
 (defaults, fault names, shared rules), ``statefile``, ``traffic`` (NVLink counters), ``mig``,
-``validation``, ``fabric`` (the HCAs' sysfs tree), ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
+``validation``, ``fabric`` (the HCAs' sysfs tree), ``workloads``, ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
 (inject and clear) and ``state`` (a node from a scenario), each importing only those before it.
 """
 
@@ -86,6 +92,8 @@ from fleetops.sim.gpu.base import (
     STRAY_PID,
     STRAY_USER,
     VALIDATION_FAULTS,
+    WORKLOAD_KEY,
+    WORKLOAD_NVLINK_PCT,
     XID_TEXT,
     SimError,
     check_fault_name,
@@ -174,6 +182,19 @@ from fleetops.sim.gpu.validation import (
     set_validation_noise,
     validation_faults,
 )
+from fleetops.sim.gpu.workloads import (
+    JOBS_KEY,
+    PROFILES,
+    SAMPLE_KEY,
+    advance_cgroup,
+    advance_cgroups,
+    cgroup_dir,
+    cpu_usage_usec,
+    job_gpus,
+    set_job_workload,
+    set_workload,
+    straggler_uuid,
+)
 
 __all__ = [
     "CLOCK_FIELDS",
@@ -188,6 +209,7 @@ __all__ = [
     "GPU_IS_LOST",
     "HGX_BUSES",
     "IDLE_FAULT_LOAD_PCT",
+    "JOBS_KEY",
     "LINK_FAULT_LINK",
     "LOST_FAULTS",
     "LOST_GPU_KNOWN",
@@ -202,12 +224,14 @@ __all__ = [
     "NVLINK_START_STEP_KIB",
     "NVML_BUILD_BRANCHES",
     "PRIVATE_GPU_KEYS",
+    "PROFILES",
     "REPLAY_STORM_BASE",
     "REPLAY_STORM_PER_MIN",
     "RESETTING_FIELD",
     "RESET_CLEARS",
     "RESET_DURATION_FIELD",
     "RESET_KEEPS",
+    "SAMPLE_KEY",
     "SBE_STORM_BASE",
     "SBE_STORM_PER_MIN",
     "SETTING_FAULTS",
@@ -218,14 +242,20 @@ __all__ = [
     "STRAY_USER",
     "SimError",
     "VALIDATION_FAULTS",
+    "WORKLOAD_KEY",
+    "WORKLOAD_NVLINK_PCT",
     "XID_TEXT",
     "add_process",
+    "advance_cgroup",
+    "advance_cgroups",
     "append_kmsg",
     "build_state",
+    "cgroup_dir",
     "check_fault_name",
     "clear",
     "clear_from",
     "clear_validation",
+    "cpu_usage_usec",
     "create_compute_instance",
     "create_gpu_instance",
     "destroy_gpu_instance",
@@ -244,6 +274,7 @@ __all__ = [
     "inject",
     "inject_into",
     "inject_validation_fault",
+    "job_gpus",
     "kmsg_path",
     "link_start_kib",
     "load_scenario",
@@ -267,14 +298,17 @@ __all__ = [
     "reset_duration_s",
     "reset_gpu",
     "retire_setting_fault",
+    "set_job_workload",
     "set_load",
     "set_mig_instances",
     "set_mig_mode",
     "set_reset_duration",
     "set_service",
     "set_validation_noise",
+    "set_workload",
     "snapshot",
     "steady",
+    "straggler_uuid",
     "sync_fabric_tree",
     "thaw_link",
     "traffic_kib",

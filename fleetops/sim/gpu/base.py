@@ -281,7 +281,17 @@ CLOCK_FIELDS = ("clock_sm_mhz", "clock_mem_mhz", "clocks_event_mask")
 
 
 # Stored per GPU for the simulator's own bookkeeping; never part of a snapshot.
-PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib", "nvlink_start_kib")
+PRIVATE_GPU_KEYS = ("nvlink_count", "nvlink_traffic", "nvlink_missed_kib", "nvlink_start_kib", "workload")
+
+
+# A simulated job's workload on a GPU (``sim/gpu/workloads.py``): the GPU's record of it.
+WORKLOAD_KEY = "workload"
+
+
+# The NVLink load (percentage of NVLINK_KIB_PER_S_FULL per link and direction) each workload
+# profile drives while it runs, in place of the GPU's stored utilisation: constant per profile, so
+# the counters stay a closed form of time (``traffic.traffic_kib``). nvlink-unused moves nothing.
+WORKLOAD_NVLINK_PCT = {"steady": 55.0, "input-bound": 8.0, "straggler": 45.0, "nvlink-unused": 0.0, "cpu-starved": 25.0}
 
 
 def lost_reason(state: dict[str, Any], position: int) -> str | None:

@@ -17,10 +17,14 @@ from fleetops.sim.gpu.base import (
     SBE_STORM_PER_MIN,
     SETTING_FAULTS,
     STRAY_PID,
+    WORKLOAD_KEY,
     SimError,
     logs_code,
     lost_reason,
     stray_process,
+)
+from fleetops.sim.gpu.workloads import (
+    JOBS_KEY,
 )
 
 
@@ -130,12 +134,15 @@ def set_service(state: dict[str, Any], unit: str, status: str) -> str | None:
 
 def reboot(state: dict[str, Any], now: float | None = None) -> None:
     """Reboot the node (``fleetops sim inject NODE reboot``): a new boot time (so a new uptime),
-    every process ended, a lost GPU back on the bus, each GPU reset as ``reset_gpu`` resets it
+    every process ended (and every simulated job's workload), a lost GPU back on the bus, each GPU reset as ``reset_gpu`` resets it
     (XIDs and what a reset clears are gone; broken hardware, ``RESET_KEEPS``, stays) and an empty
     kernel log. The agent's reset journal keeps its records: a reboot is not a recorded reset."""
     now = time.time() if now is None else now
     state["faults"] = [f for f in state["faults"] if f["name"] not in LOST_FAULTS]
     state["processes"] = {}
+    for gpu in state["gpus"]:  # every job ended with its processes: no workload runs any more
+        gpu.pop(WORKLOAD_KEY, None)
+    state.pop(JOBS_KEY, None)
     journal = list(state.get("resets", []))
     for position in range(len(state["gpus"])):
         reset_gpu(state, position, now)

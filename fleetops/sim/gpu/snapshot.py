@@ -34,6 +34,12 @@ from fleetops.sim.gpu.traffic import (
     nvlink_rows,
     uptime_s,
 )
+from fleetops.sim.gpu.workloads import (
+    JOBS_KEY,
+)
+from fleetops.sim.gpu.workloads import (
+    overlay as workload_overlay,
+)
 
 
 def _apply_condition(gpu: dict[str, Any], name: str, elapsed_min: float, links: list[dict[str, Any]]) -> None:
@@ -94,6 +100,7 @@ def snapshot(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         gpu = {k: v for k, v in raw.items() if k not in PRIVATE_GPU_KEYS}
         gpu["last_reset_at"] = reset_at.get(index)
         links = nvlink_rows(state, raw, now)
+        workload_overlay(state, raw, gpu, now)  # a job's workload first: a fault overrides it
         if any(f["name"] == "nvlink-idle" for f in by_gpu.get(index, [])):
             gpu["utilization_gpu_pct"] = max(int(gpu.get("utilization_gpu_pct") or 0), IDLE_FAULT_LOAD_PCT)
         for fault in by_gpu.get(index, []):
@@ -219,6 +226,8 @@ def steady(state: dict[str, Any], now: float | None = None) -> bool:
     thousand simulated nodes cheaply. Decided by taking the snapshot an hour apart rather than
     by a list of the time-dependent faults, so a new one cannot be missed."""
     now = time.time() if now is None else now
+    if state.get(JOBS_KEY):  # a running workload moves with time (and its cgroup's CPU with it)
+        return False
     first, later = snapshot(state, now), snapshot(state, now + STEADY_PROBE_S)
     if first["_kernel_log"]:  # XIDs: their times are derived from the (rounded) uptime
         return False

@@ -13,6 +13,8 @@ from fleetops.sim.gpu.base import (
     NVLINK_START_KIB_MAX,
     NVLINK_START_KIB_MIN,
     NVLINK_START_STEP_KIB,
+    WORKLOAD_KEY,
+    WORKLOAD_NVLINK_PCT,
     SimError,
     digest,
     require_present,
@@ -24,8 +26,12 @@ def _position(state: dict[str, Any], gpu: dict[str, Any]) -> int:
 
 
 def _load_pct(state: dict[str, Any], position: int) -> float:
-    """The load that drives the GPU's NVLink traffic: its stored utilisation, raised to
-    IDLE_FAULT_LOAD_PCT while nvlink-idle runs a job on it."""
+    """The load that drives the GPU's NVLink traffic: its workload's (``workloads``) while one
+    runs, else its stored utilisation, raised to IDLE_FAULT_LOAD_PCT while nvlink-idle runs a job
+    on it."""
+    work = state["gpus"][position].get(WORKLOAD_KEY)
+    if work:
+        return WORKLOAD_NVLINK_PCT[work["profile"]]
     load = float(state["gpus"][position].get("utilization_gpu_pct") or 0)
     if any(f["name"] == "nvlink-idle" and f.get("gpu") == position for f in state["faults"]):
         load = max(load, float(IDLE_FAULT_LOAD_PCT))
