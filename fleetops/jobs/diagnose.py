@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetops.catalog import pcie, throttle
+from fleetops.common import stats
 
 Value = float | int | None
 Sample = tuple[float, Value]
@@ -422,12 +423,6 @@ def _cpu_summary(cpu: NodeCpu, start: float, end: float) -> CpuSummary:
 # --- the verdicts -----------------------------------------------------------------------
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _stragglers(judged: list[GpuSummary], everyone: list[GpuSummary]) -> list[Verdict]:
     if len(everyone) < 2:
         return []
@@ -437,7 +432,7 @@ def _stragglers(judged: list[GpuSummary], everyone: list[GpuSummary]) -> list[Ve
     for g in judged:
         share, reason = slow[g.uuid]
         peers = [slow[p.uuid][0] for p in everyone if p.uuid != g.uuid]
-        base = _median(peers)
+        base = stats.median(peers)
         if reason is None or share < t_share.value or share - base < t_margin.value:
             continue
         peer_clock = [p.clock_sm_mhz.mean for p in everyone if p.uuid != g.uuid and p.clock_sm_mhz.mean is not None]
