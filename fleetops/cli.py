@@ -40,7 +40,7 @@ def _stderr_console() -> Any:
 def cmd_audit(args: argparse.Namespace) -> int:
     from fleetops.checks import verdict
     from fleetops.fleet import audit, inventory
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
     from fleetops.ops.baseline import resolve_baselines
 
     args.inventory = frontend.inventory_path(args.inventory)
@@ -108,7 +108,8 @@ def _validations_for(hosts: list[Any], baselines: dict[str, Any], store: Any, db
     """The latest stored validations of the hosts whose baseline requires one. With
     --no-history the database is still read (only this audit goes unrecorded); where there is
     none, nothing was ever validated, which the checks report as missing."""
-    from fleetops.fleet.store import Store, default_path
+    from fleetops.fleet.store.database import Store
+    from fleetops.fleet.store.layout import default_path
 
     names = [h.name for h in hosts if getattr(getattr(baselines.get(h.name), "validation", None), "require", None)]
     if not names:
@@ -148,7 +149,7 @@ def _write_report(result: Any, code: int, fmt: str, output: str | None) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from fleetops.fleet.store import Store, parse_since
+    from fleetops.fleet.store.database import Store, parse_since
 
     since = parse_since(args.since) if args.since else None
     import time as _t
@@ -218,7 +219,7 @@ def _escalation_history(args: argparse.Namespace, show_empty: bool = True) -> in
     import time as _t
 
     from fleetops.fleet import escalation
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     policy = escalation.policy_from_args(args)
     since = None if policy.lookback_s is None else _t.time() - policy.lookback_s
@@ -260,7 +261,7 @@ def _drain_history(args: argparse.Namespace, since: float | None) -> int:
     first, with its owner (kind/run), outcome and purpose, and the drain it met."""
     import time as _t
 
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     with Store(args.db) as store:
         rows = store.drains(args.node, since, args.last)
@@ -292,7 +293,7 @@ def _action_history(args: argparse.Namespace, since: float | None) -> int:
     node, GPU, action, outcome (sent, refused, failed, unknown, verified, cancelled) and why."""
     import time as _t
 
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     with Store(args.db) as store:
         rows = store.actions(args.node, since, args.last)
@@ -315,7 +316,7 @@ def _validate_history(args: argparse.Namespace, since: float | None) -> int:
     when it was measured and when the result expires."""
     import time as _t
 
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     def stamp(t: float | None) -> str:
         return _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(t)) if t else "-"
@@ -664,7 +665,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     for mod, attr in (
         ("fleetops.fleet.inventory", "InventoryError"),
         ("fleetops.baseline", "BaselineError"),
-        ("fleetops.fleet.store", "StoreError"),
+        ("fleetops.fleet.store.layout", "StoreError"),
         ("fleetops.sim.gpu", "SimError"),
         ("fleetops.sim.fleet", "SimFleetError"),
     ):
