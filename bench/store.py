@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fleetops import checks, model
 from fleetops.checks.verdict import NodeResult
 from fleetops.fleet.audit import AuditResult
-from fleetops.fleet.store import DEFAULT_KEEP_S, Store
+from fleetops.fleet.store.database import DEFAULT_KEEP_S, Store
 from fleetops.sim import gpu as sim
 
 # The first release's layout (no user_version, snapshots as JSON text): the "before" figure.

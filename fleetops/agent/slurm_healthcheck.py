@@ -86,7 +86,7 @@ DEFAULT_MAX_AGE_S = 60.0
 DEFAULT_BREAKER_SHARE = 0.20
 DEFAULT_REPORT = "/run/fleetops/slurm-healthcheck.json"
 REPORT_ENV = "FLEETOPS_SLURM_HEALTHCHECK_REPORT"
-LOCK_ENV = "FLEETOPS_LOCK"  # the reset's and MIG's override of the lock's path (agent.reset.backends)
+LOCK_ENV = "FLEETOPS_LOCK"  # the reset's and MIG's override of the lock's path (agent.reset.host)
 # What the report's ``action`` can be; the daemon exports it as a label, so the set is closed.
 ACTIONS = ("none", "drain", "resume", "held-by-lock", "held-by-breaker", "failed")
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:@-]")

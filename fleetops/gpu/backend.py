@@ -11,7 +11,8 @@ reset flow and ``mig reset`` read; ``full``, the daemon's, on what the object ho
 host facts around the GPUs (``gpu/hostinfo.py``), the kernel log's XIDs and the reset journal's
 ``last_reset_at`` (``gpu/node.py``) are read in this layer. What is not GPU access stays with
 the command: the systemd units, signals to processes, the node lock, writing the reset journal
-and the daemon's socket are the reset flow's (``agent/reset/backends.py``).
+and the daemon's socket are the reset flow's host services (``agent/reset/host.py``), which its
+``Backend`` (``agent/reset/backends.py``) composes with the GPU access.
 
 Also here: the light sample's vocabulary (the field names a light read fills, which the
 daemon's ring stores). The changing operations do not guard a dry run themselves: their

@@ -2,7 +2,7 @@
 the history store (``actions`` table), read back by the TUI's action log at start and listed by
 ``fleetops history --kind actions``.
 
-Outcomes (``fleetops.fleet.store.ACTION_OUTCOMES``): ``sent`` (the command went out and did what
+Outcomes (``fleetops.fleet.store.rows.ACTION_OUTCOMES``): ``sent`` (the command went out and did what
 was asked; nothing seen after it yet), ``refused`` (nothing was done: the refusal is the why),
 ``failed``, ``unknown`` (sent, no answer: check the node), ``verified`` (a snapshot taken after it
 was read: the verdict is the why), ``cancelled`` (the operator said no at the action's own dialog,
@@ -19,7 +19,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from fleetops.fleet.store import ActionRow, Store, StoreError
+from fleetops.fleet.store.database import Store
+from fleetops.fleet.store.layout import StoreError
+from fleetops.fleet.store.rows import ActionRow
 from fleetops.ops import results
 
 SENT, VERIFIED, CANCELLED = "sent", "verified", "cancelled"

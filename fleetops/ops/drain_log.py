@@ -34,7 +34,7 @@ def row_of(
     now: float | None = None,
 ) -> Any:
     """The ``DrainRow`` for one drain or resume result, or None where nothing is recorded."""
-    from fleetops.fleet.store import DrainRow
+    from fleetops.fleet.store.rows import DrainRow
 
     detail = result.detail or {}
     if result.outcome == DRY_RUN or detail.get("slurm_managed") is False:
@@ -94,7 +94,8 @@ def record_all(
     """``record`` for each result of one command, through one open store; the ids written."""
     import sqlite3
 
-    from fleetops.fleet.store import Store, StoreError
+    from fleetops.fleet.store.database import Store
+    from fleetops.fleet.store.layout import StoreError
 
     rows = [row_of(r, kind=kind, run=run, purpose=purpose, source=source) for r in done]
     rows = [row for row in rows if row is not None]

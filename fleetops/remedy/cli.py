@@ -53,9 +53,9 @@ _WORKING_KINDS = ("rollout", "mig", "firmware", "power", "reset")
 
 def _escalations(args: argparse.Namespace, findings: list[model.Finding]) -> escalation.Escalations:
     """What the history in ``--db`` says of ``findings``, under the escalation flags' policy."""
-    from fleetops.fleet import store as store_mod
+    from fleetops.fleet.store import database as store_db
 
-    return store_mod.escalations(getattr(args, "db", None), findings, escalation.policy_from_args(args))
+    return store_db.escalations(getattr(args, "db", None), findings, escalation.policy_from_args(args))
 
 
 def _results(
@@ -64,7 +64,7 @@ def _results(
     """Each host's newest recorded result, merged across audits, sorted by age against the limit,
     and the findings of those within it. A fresh audit (recorded) with ``--fresh`` or when no
     host was ever audited."""
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     names = [h.name for h in hosts]
     fresh = False

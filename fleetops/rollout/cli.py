@@ -376,7 +376,9 @@ def record_drains(db: str | None, events: list[dict[str, Any]], *, source: str, 
     import sqlite3
 
     from fleetops.catalog import slurm as rule
-    from fleetops.fleet.store import DrainRow, Store, StoreError
+    from fleetops.fleet.store.database import Store
+    from fleetops.fleet.store.layout import StoreError
+    from fleetops.fleet.store.rows import DrainRow
 
     rows = []
     for e in events:

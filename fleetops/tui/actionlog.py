@@ -9,7 +9,7 @@ import io
 import threading
 import time
 
-from fleetops.fleet.store import ActionRow
+from fleetops.fleet.store.rows import ActionRow
 from fleetops.ops import action_log
 
 KEEP = 500  # rows held on screen (the store keeps every one, with the audits' retention)

@@ -101,7 +101,8 @@ def start_sim(nodes: int, directory: str, scenario: str | None) -> dict[str, Any
 
 
 def open_store(path: str | None) -> Any:
-    from fleetops.fleet.store import Store, default_path
+    from fleetops.fleet.store.database import Store
+    from fleetops.fleet.store.layout import default_path
 
     if path:
         return Store(path)
@@ -157,7 +158,7 @@ def _exit_on_hangup() -> Any:
 
 
 def _run_app(args: argparse.Namespace, inventory: str, where: str, store: Any) -> int:
-    from fleetops.fleet.store import default_path
+    from fleetops.fleet.store.layout import default_path
     from fleetops.tui.app import FleetApp
     from fleetops.tui.source import previous_snapshots, resolve_hosts
     from fleetops.tui.stream import StreamSource

@@ -101,7 +101,7 @@ def _record(args: argparse.Namespace, started: float, status: str, code: int, gp
     import os
     import time
 
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
     summary = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),

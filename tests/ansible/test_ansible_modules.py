@@ -804,7 +804,7 @@ def test_mig_play_never_has_more_than_its_batch_drained(tmp_path: Path) -> None:
         # what the run did in Slurm, as the history store keeps it (fleetops history --kind drains)
         import io
 
-        from fleetops.fleet.store import Store
+        from fleetops.fleet.store.database import Store
         from fleetops.rollout.cli import record_drains
 
         history = tmp_path / "history.db"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from expected_faults import EXPECTED, NEEDS_PREVIOUS, NODE_LEVEL
 
-from fleetops.fleet.store import LAYOUT_VERSION
+from fleetops.fleet.store.layout import LAYOUT_VERSION
 from fleetops.sim import gpu as sim
 
 pytestmark = [pytest.mark.root]

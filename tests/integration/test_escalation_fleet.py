@@ -15,8 +15,8 @@ import time
 import pytest
 
 from fleetops.fleet import escalation
-from fleetops.fleet import store as store_mod
-from fleetops.fleet.store import Store
+from fleetops.fleet.store import database as store_db
+from fleetops.fleet.store.database import Store
 from fleetops.remedy import plan as plan_mod
 
 pytestmark = [pytest.mark.root]
@@ -88,7 +88,7 @@ def test_escalation_after_2_reboots_is_shown_on_the_simulator_through_the_real_h
     with Store(db) as store:
         latest = store.audits(limit=1)[0].id
         findings = store.findings(latest)
-    plan = plan_mod.build(findings, escalations=store_mod.escalations(db, findings, escalation.Policy()))
+    plan = plan_mod.build(findings, escalations=store_db.escalations(db, findings, escalation.Policy()))
     node = next(n for n in plan.nodes if n.node == "node001")
     [item] = [i for i in node.items if i.gpu and i.gpu["index"] == 1]
     assert (node.action, item.action) == ("drain_and_inspect", "drain_and_inspect")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
 from fleetops.tui import data

@@ -111,7 +111,7 @@ def test_an_unmanaged_host_is_refused_before_the_dialog(live) -> None:
 
 
 def test_the_sources_drains_and_resumes_are_recorded_in_the_history(live, tmp_path) -> None:
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     source, _fs = live
     source.drain_db = str(tmp_path / "history.db")

@@ -19,7 +19,8 @@ import pytest
 from fleetops.agent.serve import client
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
-from fleetops.tui.app import FleetApp, snapshot_time
+from fleetops.tui.actions import snapshot_time
+from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.confirm import ConfirmScreen
 from fleetops.tui.source import SshSource, resolve_hosts
 from fleetops.tui.widgets.fleet_table import FleetTable

@@ -79,7 +79,7 @@ def test_resume_of_another_owners_drain_is_refused_before_the_dialog_naming_the_
 def test_the_history_tab_reads_a_store_written_after_the_tui_started(tmp_path: Any) -> None:
     from fleetops.checks.verdict import NodeResult
     from fleetops.fleet.audit import AuditResult
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     db = tmp_path / "later" / "history.db"  # does not exist when the TUI starts
     source = FakeSource(NAMES)

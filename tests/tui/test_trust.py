@@ -15,7 +15,8 @@ import pytest
 from textual import events
 
 from fleetops.tui import data, liveness, simfeed
-from fleetops.tui.app import FleetApp, snapshot_time
+from fleetops.tui.actions import snapshot_time
+from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.drain import DrainScreen
 from fleetops.tui.screens.node import NodeScreen
 from fleetops.tui.widgets.summary import summary_text

@@ -12,7 +12,7 @@ import pytest
 
 from fleetops import baseline, checks, model
 from fleetops.checks import REGISTRY, checks_run
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 
 DAY = 86400.0
 

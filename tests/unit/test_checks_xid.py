@@ -248,10 +248,10 @@ def test_simulated_reset_is_recorded_as_the_gpus_last_reset(tmp_path):
 
 
 def test_reset_journal_gives_each_gpus_last_successful_reset(tmp_path):
-    from fleetops.agent.reset import backends, journal
+    from fleetops.agent.reset import host, journal
     from fleetops.gpu import node as gpu_node
 
-    assert (gpu_node.RESET_JOURNAL, gpu_node.RESET_JOURNAL_ENV) == (backends.DEFAULT_LOG, backends.LOG_ENV)
+    assert (gpu_node.RESET_JOURNAL, gpu_node.RESET_JOURNAL_ENV) == (host.DEFAULT_LOG, host.LOG_ENV)
     log = str(tmp_path / "reset.jsonl")
 
     def attempt(uuid, result, started, dry_run=False):

@@ -15,7 +15,7 @@ import pytest
 
 from fleetops import cli
 from fleetops.common.errors import EXIT_OK, EXIT_WARN
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 from fleetops.ops import drain_log, slurm
 from fleetops.ops.results import ActionResult
 

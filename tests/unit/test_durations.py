@@ -161,7 +161,8 @@ def test_remediate_max_audit_age_takes_2w_as_the_operator_wrote_it() -> None:
 
 
 def test_history_since_takes_a_duration_ago_or_an_iso_date() -> None:
-    from fleetops.fleet.store import StoreError, parse_since
+    from fleetops.fleet.store.database import parse_since
+    from fleetops.fleet.store.layout import StoreError
 
     assert abs(parse_since("2w") - (time.time() - 2 * WEEK)) < 5
     assert abs(parse_since("1h30m") - (time.time() - 5400)) < 5

@@ -8,7 +8,7 @@ import time
 from fleetops import cli
 from fleetops.common.errors import EXIT_USAGE
 from fleetops.fleet import audit
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 
 
 def _audit(db: str, node: str, started_at: float) -> None:

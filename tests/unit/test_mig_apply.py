@@ -20,9 +20,11 @@ import pytest
 from fleetops import baseline, checks, model
 from fleetops.agent import mig_apply
 from fleetops.agent.collect import collect
-from fleetops.agent.reset.backends import SimBackend
+from fleetops.agent.reset.backends import Backend, sim_backend
+from fleetops.agent.reset.host import SimHost
 from fleetops.catalog import mig as catalog
 from fleetops.sim import gpu as sim
+from fleetops.sim.access import SimAccess
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
 REPO = Path(__file__).resolve().parents[2]
@@ -315,7 +317,7 @@ def test_no_reset_leaves_the_mode_pending_and_a_rerun_resets_without_asking_for_
             self.sent += 1
             return super().set_mode(uuid, enabled)
 
-    ops = CountsModeCalls(SimBackend(str(state), dry_run=False))
+    ops = CountsModeCalls(sim_backend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid, False, "sim", str(state), None, ops=ops)
     assert code == 0, doc["message"]
@@ -388,7 +390,7 @@ def test_a_job_that_starts_before_the_reset_refuses_it_and_no_instance_is_made(s
                 sim.add_process(st, 2, 4242, "python3", 2048)
             return now
 
-    ops = JobStartsAfterTheModeIsSet(SimBackend(str(state), dry_run=False))
+    ops = JobStartsAfterTheModeIsSet(sim_backend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 2), False, "sim", str(state), str(tmp_path / "lock"), ops=ops)
     assert code == 1 and doc["result"] == "mode-pending"
@@ -404,13 +406,13 @@ def test_a_signal_during_the_reset_ends_it_cleanly_and_interrupts_mig_apply(stat
 
     needs_reset(state)
 
-    class TermDuringTheReset(SimBackend):
+    class TermDuringTheReset(Backend):
         def reset(self, gpu: Any, timeout: float) -> Any:
             os.kill(os.getpid(), signal.SIGTERM)  # held until the reset returns
             return super().reset(gpu, timeout)
 
     handler_before = signal.getsignal(signal.SIGTERM)
-    ops = mig_apply.MigOps(TermDuringTheReset(str(state), dry_run=False))
+    ops = mig_apply.MigOps(TermDuringTheReset(SimAccess(str(state)), SimHost(str(state)), dry_run=False))
     lock = tmp_path / "lock"
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
@@ -443,7 +445,7 @@ def test_a_gpu_that_changes_between_the_plan_and_the_lock_is_refused(state: Path
             return super().read()
 
     before = sim.read_state(str(state))["gpus"]
-    ops = JobStartsUnderTheLock(SimBackend(str(state), dry_run=False))
+    ops = JobStartsUnderTheLock(sim_backend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout("7g.141gb"))
     doc, code = mig_apply.run(source, "all", False, "sim", str(state), str(tmp_path / "lock"), ops=ops)
     assert code == 1 and doc["result"] == "refused"
@@ -466,7 +468,7 @@ def test_a_signal_lets_the_change_in_hand_finish_then_stops_and_releases_the_loc
 
     lock = tmp_path / "lock"
     handler_before = signal.getsignal(signal.SIGTERM)  # another test of this process may have set one
-    ops = TermDuringTheFirstCreate(SimBackend(str(state), dry_run=False))
+    ops = TermDuringTheFirstCreate(sim_backend(str(state), dry_run=False))
     source = mig_apply.Source(layout=mig_apply.parse_layout(LAYOUT))
     doc, code = mig_apply.run(source, uuid_of(state, 0), False, "sim", str(state), str(lock), ops=ops)
     assert code == 128 + signal.SIGTERM and doc["result"] == "interrupted" and doc["interrupted_by"] == "SIGTERM"

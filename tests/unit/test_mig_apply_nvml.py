@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fleetops.agent import mig_apply
-from fleetops.agent.reset.backends import NvmlBackend
+from fleetops.agent.reset.backends import nvml_backend
 from fleetops.catalog import mig as catalog
 from fleetops.gpu import nvml
 from fleetops.gpu.nvml.access import NvmlAccess
@@ -37,7 +37,7 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def nvml_ops(dry_run: bool, kind: type[mig_apply.MigOps] = mig_apply.MigOps) -> mig_apply.MigOps:
     """``mig apply``'s ops on the reset flow's NVML backend, its access on the fake pynvml."""
-    return kind(NvmlBackend(dry_run, NvmlAccess(fake_nvml)))
+    return kind(nvml_backend(dry_run, NvmlAccess(fake_nvml)))
 
 
 def run(tmp_path: Path, layout: str, dry_run: bool = False, selector: str = "all") -> tuple[dict[str, Any], int]:
@@ -126,7 +126,7 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     ``nvidia-smi -r`` applying the pending mode as the driver does; the snapshots are the real
     NVML reader's, on the fake."""
     from fleetops import model
-    from fleetops.agent.reset import backends
+    from fleetops.agent.reset import host
     from fleetops.gpu import hostinfo
     from fleetops.gpu.nvml import access as nvml_access
 
@@ -157,8 +157,8 @@ def reset_node(control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # the flow's second look-up and its snapshots
     monkeypatch.setattr(nvml_access.NvmlAccess, "snapshot", lambda self, release=False: snapshot())
     monkeypatch.setattr(nvml_access, "nvidia_smi_reset", smi_reset)
-    monkeypatch.setattr(backends, "systemctl", systemctl)
-    monkeypatch.setattr(backends, "send_signal", lambda *a: pytest.fail(f"a signal was sent: {a}"))
+    monkeypatch.setattr(host, "systemctl", systemctl)
+    monkeypatch.setattr(host, "send_signal", lambda *a: pytest.fail(f"a signal was sent: {a}"))
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
     monkeypatch.setenv("FLEETOPS_RESET_LOG", str(tmp_path / "reset.jsonl"))
     monkeypatch.setenv("FLEETOPS_RESET_CLIENTS", "nvidia-dcgm")

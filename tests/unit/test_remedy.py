@@ -17,7 +17,7 @@ from fleetops import checks, cli, model
 from fleetops.agent.collect import collect
 from fleetops.checks import verdict
 from fleetops.fleet import audit
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 from fleetops.fleet.transport import Result
 from fleetops.ops import frontend
 from fleetops.remedy import cli as remedy_cli
@@ -329,7 +329,7 @@ def test_remediate_yes_with_expect_pids_drains_ends_exactly_those_resets_and_res
     assert sim.read_state(str(states["node001"]))["faults"] == []
     assert {f["name"] for f in sim.read_state(str(states["node002"]))["faults"]} == {"xid:79", "row-remap-pending"}
     # both recorded in the history as this run's (fleetops history --kind drains)
-    from fleetops.fleet.store import Store
+    from fleetops.fleet.store.database import Store
 
     with Store(str(db)) as store:
         rows = store.drains("node001")

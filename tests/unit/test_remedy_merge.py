@@ -14,7 +14,7 @@ from fleetops import checks, cli, model
 from fleetops.agent.collect import collect
 from fleetops.checks import verdict
 from fleetops.fleet import audit
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 from fleetops.ops import frontend, remediate
 from fleetops.sim import gpu as sim
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops import cli
+from fleetops.cli import audit as audit_cli
 from fleetops.docgen import generate
 
 
@@ -28,7 +28,7 @@ def test_output_file_is_replaced_whole_by_a_rename_from_its_own_folder(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    cli._write_report(result, code, fmt, str(out))
+    audit_cli._write_report(result, code, fmt, str(out))
     assert len(seen) == 1
     src, dst, before = seen[0]
     assert dst == str(out) and os.path.dirname(src) == str(tmp_path) and before == "old report\n"
@@ -49,6 +49,6 @@ def test_a_failed_write_leaves_the_old_report_and_no_temporary_file(
 
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError, match="No space"):
-        cli._write_report(result, code, "json", str(out))
+        audit_cli._write_report(result, code, "json", str(out))
     assert out.read_text() == "old report\n"
     assert sorted(os.listdir(tmp_path)) == [out.name]

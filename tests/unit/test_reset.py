@@ -18,7 +18,7 @@ from fleetops import checks, model
 from fleetops.agent import lock as node_lock
 from fleetops.agent import reset
 from fleetops.agent.collect import collect
-from fleetops.agent.reset import backends, journal
+from fleetops.agent.reset import host, journal
 from fleetops.sim import gpu as sim
 
 AGENT = [sys.executable, "-m", "fleetops.agent.main"]
@@ -331,7 +331,7 @@ def test_every_real_attempt_goes_to_the_audit_log_and_a_dry_run_does_not(state):
 def test_syslog_gets_one_line_per_attempt(state, monkeypatch):
     sent = []
     monkeypatch.setattr(journal, "send_syslog", lambda message, failed: sent.append((message, failed)) or "sent")
-    backend = reset.SimBackend(str(state), dry_run=False)
+    backend = reset.sim_backend(str(state), dry_run=False)
     doc, code = reset.run(reset.Options(selector=uuid_of(state, 0)), backend)
     assert code == 0 and doc["log"]["syslog"] == "sent"
     assert sent == [(f"gpu reset reset: {uuid_of(state, 0)} (0000:18:00.0) on node007", False)]
@@ -380,15 +380,15 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
                     nvlinks=None, unavailable={"nvlinks": "NotSupported"},
                     processes=[model.GpuProcess(pid=4242, name="python3", used_memory_mib=100)])
     node = model.Node(hostname="h200", backend="nvml", gpus=[gpu], services={})
-    monkeypatch.setattr(reset.NvmlBackend, "snapshot", lambda self: node)
-    monkeypatch.setattr(reset.NvmlBackend, "cross_check", lambda self, g: ("ok", "fake"))
+    monkeypatch.setattr(reset.Backend, "snapshot", lambda self: node)
+    monkeypatch.setattr(reset.Backend, "cross_check", lambda self, g: ("ok", "fake"))
     from fleetops.gpu import hostinfo
 
     monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
     from fleetops.gpu.nvml import access as nvml_access
 
     for name in ("systemctl", "send_signal"):
-        monkeypatch.setattr(backends, name, _forbid(name))
+        monkeypatch.setattr(host, name, _forbid(name))
     for name in ("nvidia_smi_reset", "nvidia_smi_mig"):  # the NVML access runs them
         monkeypatch.setattr(nvml_access, name, _forbid(name))
     monkeypatch.setattr(journal, "send_syslog", _forbid("send_syslog"))
@@ -398,14 +398,14 @@ def test_dry_run_never_reaches_reset_systemctl_signals_or_the_lock(monkeypatch, 
     lock_file = tmp_path / "maintenance.lock"
     opts = reset.Options(selector=gpu.uuid, dry_run=True, kill_processes=True, expect_pids=[4242],
                          lock_path=str(lock_file), log_path=str(tmp_path / "reset.jsonl"))
-    doc, code = reset.run(opts, reset.NvmlBackend(dry_run=True))
+    doc, code = reset.run(opts, reset.nvml_backend(dry_run=True))
     assert code == 0 and doc["result"] == "would-reset"
     assert pre(doc, "gpu_clients")["stop"] == list(reset.DEFAULT_CLIENTS)
     assert "log" not in doc and not lock_file.exists() and not (tmp_path / "reset.jsonl").exists()
 
 
 def test_a_backend_built_for_a_dry_run_refuses_every_change(state):
-    backend = reset.SimBackend(str(state), dry_run=True)
+    backend = reset.sim_backend(str(state), dry_run=True)
     gpu = collect("sim", str(state)).gpus[0]
     before = state.read_bytes()
     for call in (
@@ -413,8 +413,8 @@ def test_a_backend_built_for_a_dry_run_refuses_every_change(state):
         lambda: backend.stop_service("nvidia-persistenced"),
         lambda: backend.start_service("nvidia-persistenced"),
         lambda: backend.end_processes(gpu, [{"pid": 1}], 0.1),
-        lambda: reset.NvmlBackend(dry_run=True).reset(gpu, 1.0),
-        lambda: reset.NvmlBackend(dry_run=True).stop_service("nvidia-dcgm"),
+        lambda: reset.nvml_backend(dry_run=True).reset(gpu, 1.0),
+        lambda: reset.nvml_backend(dry_run=True).stop_service("nvidia-dcgm"),
     ):
         with pytest.raises(reset.DryRunViolation):
             call()
@@ -654,7 +654,7 @@ def test_mig_reset_dry_run_and_profiles(state):
 
 
 class _FakeNvml:
-    """Just what NvmlBackend.cross_check calls, over a table of (uuid, bus id)."""
+    """Just what nvml_backend's cross_check calls, over a table of (uuid, bus id)."""
 
     class NVMLError(Exception):
         pass
@@ -687,10 +687,10 @@ def test_nvml_cross_check_looks_up_by_uuid_and_by_bus_id(monkeypatch):
     gpu = model.Gpu(index=0, uuid="GPU-a", bus_id="0000:18:00.0")
     fake = _FakeNvml([("GPU-a", "00000000:18:00.0"), ("GPU-b", "00000000:2A:00.0")])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    status, detail = reset.NvmlBackend(dry_run=True).cross_check(gpu)
+    status, detail = reset.nvml_backend(dry_run=True).cross_check(gpu)
     assert status == "ok" and "NVML by UUID -> 0000:18:00.0, by bus id -> GPU-a" in detail
     assert fake.calls == ["init", "shutdown"]
     swapped = _FakeNvml([("GPU-a", "00000000:2a:00.0"), ("GPU-b", "00000000:18:00.0")])
     monkeypatch.setitem(sys.modules, "pynvml", swapped)
-    status, detail = reset.NvmlBackend(dry_run=True).cross_check(gpu)
+    status, detail = reset.nvml_backend(dry_run=True).cross_check(gpu)
     assert status == "failed" and "disagree" in detail

@@ -19,7 +19,7 @@ import pytest
 from fleetops import model
 from fleetops.agent import lock as node_lock
 from fleetops.agent import reset
-from fleetops.agent.reset import backends
+from fleetops.agent.reset import host
 from fleetops.gpu import hostinfo
 from fleetops.gpu.nvml import access as nvml_access
 from fleetops.sim import gpu as sim
@@ -114,9 +114,9 @@ class FakeNode:
 def fake_node(monkeypatch: pytest.MonkeyPatch):
     def install(node: FakeNode) -> FakeNode:
         monkeypatch.setattr(nvml_access.NvmlAccess, "snapshot", lambda self, release=False: node.snapshot())
-        monkeypatch.setattr(backends, "send_signal", node.signal)
-        monkeypatch.setattr(backends, "process_alive", lambda pid: pid in node.alive)
-        monkeypatch.setattr(backends, "systemctl", node.systemctl)
+        monkeypatch.setattr(host, "send_signal", node.signal)
+        monkeypatch.setattr(host, "process_alive", lambda pid: pid in node.alive)
+        monkeypatch.setattr(host, "systemctl", node.systemctl)
         monkeypatch.setattr(nvml_access, "nvidia_smi_reset", node.nvidia_smi_reset)
         monkeypatch.setattr(hostinfo, "service_states", lambda units: ({u: "active" for u in units}, None))
         monkeypatch.setattr(os, "kill", lambda *a: pytest.fail(f"os.kill{a} reached past the fake"))
@@ -129,7 +129,7 @@ def nvml_run(tmp_path: Path, expect: list[int] | None, grace_s: float = 0.2) -> 
     opts = reset.Options(selector=UUID, kill_processes=expect is not None, expect_pids=expect, grace_s=grace_s,
                          clients=list(CLIENTS), lock_path=str(tmp_path / "m.lock"),
                          log_path=str(tmp_path / "reset.jsonl"), use_syslog=False)
-    backend = reset.NvmlBackend(dry_run=False)
+    backend = reset.nvml_backend(dry_run=False)
     backend.cross_check = lambda gpu: ("ok", "fake second look-up")  # type: ignore[method-assign]
     return reset.run(opts, backend)
 
@@ -371,7 +371,7 @@ def test_a_signal_during_the_reset_restarts_the_clients_frees_the_lock_and_is_jo
 def test_a_signal_while_stopping_clients_starts_again_what_was_stopped(state, monkeypatch, tmp_path):
     """In-process, on the simulator: SIGTERM right after the first client stops. The handlers are
     the flow's only while it runs."""
-    backend = reset.SimBackend(str(state), dry_run=False)
+    backend = reset.sim_backend(str(state), dry_run=False)
     real_stop = backend.stop_service
 
     def stop_then_signal(unit: str) -> tuple[bool, str]:
@@ -401,13 +401,13 @@ def test_mig_reset_holds_the_lock_with_its_own_budget_and_a_phase_per_gpu(state,
             st["gpus"][pos]["mig_mode_current"] = st["gpus"][pos]["mig_mode_pending"] = True
             sim.set_mig_instances(st, pos, ["3g.71gb", "3g.71gb"])
     seen: list[dict[str, Any]] = []
-    real = reset.SimBackend.recreate_mig
+    real = reset.Backend.recreate_mig
 
-    def recreate(self: reset.SimBackend, uuid: str, profiles: list[str]) -> tuple[bool, str]:
+    def recreate(self: reset.Backend, uuid: str, profiles: list[str]) -> tuple[bool, str]:
         seen.append(json.loads(lock_of(state).read_text()))
         return real(self, uuid, profiles)
 
-    monkeypatch.setattr(reset.SimBackend, "recreate_mig", recreate)
+    monkeypatch.setattr(reset.Backend, "recreate_mig", recreate)
     doc, code = mig.run("all", None, False, "sim", str(state), None)
     assert code == 0 and doc["kind"] == "fleetops.mig/v1" and doc["result"] == "recreated"
     uuids = [uuid_of(state, 0), uuid_of(state, 1)]
@@ -430,7 +430,7 @@ def test_a_reset_under_a_lock_this_process_holds_runs_and_leaves_the_lock_held(s
     lock = tmp_path / "m.lock"
     held = node_lock.acquire(str(lock), "mig apply", uuid_of(state, 0), 600)
     try:
-        doc, code = reset.run(sim_opts(state, lock, held), reset.SimBackend(str(state), False))
+        doc, code = reset.run(sim_opts(state, lock, held), reset.sim_backend(str(state), False))
         assert code == 0, doc["message"]
         assert doc["result"] == "reset" and doc["lock"] == str(lock)
         assert pre(doc, "maintenance_lock")["detail"] == f"held by this process (mig apply, {lock})"
@@ -448,7 +448,7 @@ def test_without_the_hand_over_the_flow_refuses_the_lock_its_own_process_holds(s
     lock = tmp_path / "m.lock"
     held = node_lock.acquire(str(lock), "mig apply", None, 600)
     try:
-        doc, code = reset.run(sim_opts(state, lock), reset.SimBackend(str(state), False))
+        doc, code = reset.run(sim_opts(state, lock), reset.sim_backend(str(state), False))
         assert code == 1 and doc["result"] == "refused"
         assert pre(doc, "maintenance_lock")["status"] == "failed"
         assert pre(doc, "maintenance_lock")["holder"]["pid"] == os.getpid()
@@ -462,7 +462,7 @@ def test_a_released_lock_handed_in_is_refused_and_nothing_is_done(state: Path, t
     held = node_lock.acquire(str(lock), "mig apply", None, 600)
     held.release()
     services = sim.read_state(str(state))["node"]["services"]
-    doc, code = reset.run(sim_opts(state, lock, held), reset.SimBackend(str(state), False))
+    doc, code = reset.run(sim_opts(state, lock, held), reset.sim_backend(str(state), False))
     assert code == 1 and doc["result"] == "refused"
     check = pre(doc, "maintenance_lock")
     assert check["status"] == "failed" and "already released" in check["detail"]

@@ -16,7 +16,8 @@ from fleetops import checks, model
 from fleetops.catalog.durations import DurationError, parse_retention
 from fleetops.checks.verdict import NodeResult
 from fleetops.fleet.audit import AuditResult
-from fleetops.fleet.store import LAYOUT_VERSION, Store, StoreError
+from fleetops.fleet.store.database import Store
+from fleetops.fleet.store.layout import LAYOUT_VERSION, StoreError
 from fleetops.sim import gpu as sim
 
 # The first release's layout, as that release created it.

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from fleetops import cli
-from fleetops.fleet import store as store_mod
-from fleetops.fleet.store import LAYOUT_VERSION, ActionRow, Store
+from fleetops.fleet.store import layout as store_layout
+from fleetops.fleet.store.database import Store
+from fleetops.fleet.store.layout import LAYOUT_VERSION
+from fleetops.fleet.store.rows import ActionRow
 from fleetops.ops import action_log
 from fleetops.ops.results import ActionResult
 
@@ -23,7 +25,7 @@ def _layout_4(path: str) -> None:
     """A database exactly as layout 4 created it (its tables, user_version 4), with one row in
     each of the audits, snapshots, findings, validate_runs, validations and drains tables."""
     db = sqlite3.connect(path, isolation_level=None)
-    db.executescript(store_mod._AUDIT_TABLES + store_mod.VALIDATION_TABLES + store_mod.DRAIN_TABLES)
+    db.executescript(store_layout._AUDIT_TABLES + store_layout.VALIDATION_TABLES + store_layout.DRAIN_TABLES)
     db.execute("INSERT INTO audits VALUES (1, ?, 2.5, 'inv.yml', 'crit', 2, '{\"nodes\": 1}')", (T0,))
     db.execute("INSERT INTO snapshots VALUES (1, 'gpu01', 0, 'timeout', NULL, NULL, NULL)")
     db.execute("INSERT INTO findings VALUES (1, 'gpu01', 'gpu01/node.reachable', 'crit', '{}')")

@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 from fleetops.fleet.audit import AuditResult
-from fleetops.fleet.store import LAYOUT_VERSION, DrainRow, Store
+from fleetops.fleet.store.database import Store
+from fleetops.fleet.store.layout import LAYOUT_VERSION
+from fleetops.fleet.store.rows import DrainRow
 
 DAY = 86400.0
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetops.fleet.store import LAYOUT_VERSION, Store
+from fleetops.fleet.store.database import Store
+from fleetops.fleet.store.layout import LAYOUT_VERSION
 
 DAY = 86400.0
 

@@ -1,24 +1,22 @@
 """``fleetops-agent reset``: reset one GPU safely, or say exactly why not.
 
-The package's parts: ``backends`` (where the flow reads and changes a node: the simulator or
-NVML, with the few node-changing functions replaceable), ``preconditions`` (pure checks of a
-snapshot), ``flow`` (options, the run, act and verify) and ``journal`` (the audit-log line and
-syslog). The names other modules use are re-exported here; nothing heavy is imported.
+The package's parts: ``backends`` (where the flow reads and changes a node: one ``Backend``, the
+node's GPU access and its host services, for the simulator or NVML), ``host`` (the host
+services: systemd units or the simulator's records, processes, the node's lock, journal and
+daemon socket, with the few node-changing functions replaceable), ``preconditions`` (pure
+checks of a snapshot), ``flow`` (options, the run, act and verify) and ``journal`` (the
+audit-log line and syslog). The names other modules use are re-exported here; nothing heavy is imported.
 """
 
 from __future__ import annotations
 
 from fleetops.agent.reset.backends import (
-    DEFAULT_LOG,
-    LOCK_ENV,
-    LOG_ENV,
     Backend,
     DryRunViolation,
-    NvmlBackend,
     ResetError,
-    SimBackend,
-    end_pids,
     make_backend,
+    nvml_backend,
+    sim_backend,
 )
 from fleetops.agent.reset.flow import (
     CLIENTS_ENV,
@@ -32,6 +30,15 @@ from fleetops.agent.reset.flow import (
     parse_pids,
     parse_selector,
     run,
+)
+from fleetops.agent.reset.host import (
+    DEFAULT_LOG,
+    LOCK_ENV,
+    LOG_ENV,
+    HostServices,
+    SimHost,
+    SystemdHost,
+    end_pids,
 )
 from fleetops.agent.reset.preconditions import (
     FABRIC_MANAGER,
@@ -69,12 +76,13 @@ __all__ = [
     "Backend",
     "Check",
     "DryRunViolation",
+    "HostServices",
     "Interrupted",
-    "NvmlBackend",
     "Options",
     "ResetError",
     "SignalGuard",
-    "SimBackend",
+    "SimHost",
+    "SystemdHost",
     "check_clients",
     "check_fabric_manager",
     "check_identity",
@@ -87,8 +95,10 @@ __all__ = [
     "is_nvswitch_system",
     "main_args",
     "make_backend",
+    "nvml_backend",
     "parse_clients",
     "parse_pids",
     "parse_selector",
     "run",
+    "sim_backend",
 ]

@@ -1,42 +1,36 @@
-"""Where the reset flow reads and changes a node: the backend interface and its two backends.
+"""Where the reset flow reads and changes a node: one ``Backend``, the node's GPU access and its
+host services together.
 
 The flow (``flow.py``) only talks to a ``Backend``; every way the simulator differs from a real
 node lives behind the same methods, so the flow has no ``if sim`` branch and the NVML path runs
 the same steps in unit tests as on a node.
 
-A backend holds the node's GPU access (``self.gpu``: ``gpu.nvml.access.NvmlAccess`` or
-``sim.access.SimAccess``, the classes the daemon samples through), which takes the cold snapshot
-(``snapshot``, released afterwards) and looks up, resets and changes GPUs; what is not GPU access
-is here: systemd units, signals to processes, the node lock, the reset journal and the daemon's
-socket.
+A backend is composed of two parts, one of each kind: the node's GPU access (``self.gpu``:
+``gpu.nvml.access.NvmlAccess`` or ``sim.access.SimAccess``, the classes the daemon samples
+through), which takes the cold snapshot (``snapshot``, released afterwards) and looks up, resets
+and changes GPUs; and its host services (``self.host``: ``host.SystemdHost`` or
+``host.SimHost``): systemd units or the simulator's records of them, ending processes, and where
+the node keeps its lock, reset journal and daemon socket. ``nvml_backend`` and ``sim_backend``
+put each kind together; ``make_backend`` picks the kind as every agent command does.
 
-The functions that change a real node from here (``send_signal``, ``systemctl``) and the one
-that reads it for the flow (``process_alive``) are module-level functions, looked up at call
-time: tests replace them (and ``gpu.nvml.access.nvidia_smi_reset``, and ``NvmlAccess.snapshot``)
-with fakes that record each call, and so run the NVML backend's whole changing path without a GPU. A
-backend built for a dry run refuses every changing method (``DryRunViolation``) before it does
-anything, the GPU access's included.
+A backend built for a dry run refuses every changing method (``DryRunViolation``) before it does
+anything, the GPU access's and the host's included. Tests replace the functions that change a
+real node (``host.send_signal``, ``host.systemctl``, ``gpu.nvml.access.nvidia_smi_reset``) and
+``NvmlAccess.snapshot`` with fakes that record each call, and so run the NVML kind's whole
+changing path without a GPU.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 from typing import TYPE_CHECKING, Any
 
 from fleetops import model
-from fleetops.agent import lock as node_lock
-from fleetops.catalog.actions import KILL_WAIT_S, RESET_JOURNAL, RESET_JOURNAL_ENV, SERVICE_TIMEOUT_S
+from fleetops.agent.reset.host import HostServices, SimHost, SystemdHost
 
 if TYPE_CHECKING:
     from fleetops.gpu.backend import GpuAccess
     from fleetops.gpu.nvml.access import NvmlAccess
-
-DEFAULT_LOG = RESET_JOURNAL
-LOG_ENV = RESET_JOURNAL_ENV
-LOCK_ENV = "FLEETOPS_LOCK"
 
 
 class ResetError(Exception):
@@ -52,89 +46,7 @@ class DryRunViolation(RuntimeError):
     """A changing operation was reached in a dry run: a bug, stopped before it did anything."""
 
 
-# --- the functions that touch a real node (tests replace them) ------------------------------
-
-
-def send_signal(pid: int, sig: int) -> None:
-    os.kill(pid, sig)
-
-
-def process_alive(pid: int) -> bool:
-    return node_lock.pid_alive(pid)
-
-
-def systemctl(verb: str, unit: str, timeout: float = SERVICE_TIMEOUT_S) -> tuple[int, str]:
-    """``systemctl VERB UNIT`` (argument list, no shell); (exit status, output)."""
-    try:
-        proc = subprocess.run(["systemctl", verb, unit], capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        return 127, "systemctl not found"
-    except subprocess.TimeoutExpired:
-        return 124, f"systemctl {verb} {unit} timed out after {timeout:.0f}s"
-    return proc.returncode, (proc.stderr or proc.stdout).strip()
-
-
-CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def unit_pids(unit: str, root: str = CGROUP_ROOT) -> list[int]:
-    """Every process of a running systemd unit, from its cgroup (read, no subprocess: a dry run
-    reads it too): ``system.slice/UNIT/cgroup.procs`` under the unified hierarchy, or under
-    the legacy ``systemd`` one. [] when the unit runs no process (or the cgroup is elsewhere)."""
-    name = unit if "." in unit else unit + ".service"
-    for base in (root, os.path.join(root, "systemd")):
-        try:
-            with open(os.path.join(base, "system.slice", name, "cgroup.procs"), encoding="ascii") as fh:
-                return [int(line) for line in fh if line.strip().isdigit()]
-        except OSError:
-            continue
-    return []
-
-
-# --- ending processes (both backends end real processes the same way) -----------------------
-
-
-def end_pids(procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
-    """SIGTERM each process, wait up to ``grace_s`` for all, SIGKILL the rest; one report each."""
-    reports: list[dict[str, Any]] = []
-    for proc in procs:
-        pid = int(proc["pid"])
-        rep: dict[str, Any] = {"pid": pid, "name": proc.get("name"), "signals": [], "ended": False}
-        try:
-            send_signal(pid, signal.SIGTERM)
-            rep["signals"].append("SIGTERM")
-        except ProcessLookupError:
-            rep["ended"] = True
-            rep["detail"] = "already gone"
-        except PermissionError:
-            rep["detail"] = "no permission to signal it"
-        reports.append(rep)
-    _wait_gone([r for r in reports if not r["ended"]], grace_s)
-    for rep in [r for r in reports if not r["ended"] and r["signals"]]:
-        try:
-            send_signal(rep["pid"], signal.SIGKILL)
-            rep["signals"].append("SIGKILL")
-        except ProcessLookupError:
-            rep["ended"] = True
-    _wait_gone([r for r in reports if not r["ended"]], KILL_WAIT_S)
-    for rep in reports:
-        if not rep["ended"] and "detail" not in rep:
-            rep["detail"] = "still running after SIGKILL (uninterruptible sleep? a hung GPU call)"
-    return reports
-
-
-def _wait_gone(reports: list[dict[str, Any]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        for rep in reports:
-            if not rep["ended"] and not process_alive(rep["pid"]):
-                rep["ended"] = True
-        if all(r["ended"] for r in reports) or time.monotonic() >= deadline:
-            return
-        time.sleep(0.05)
-
-
-# --- the interface ------------------------------------------------------------------------------
+# --- the backend -----------------------------------------------------------------------------
 
 
 class DryRunGuard:
@@ -151,13 +63,14 @@ class DryRunGuard:
 
 class Backend(DryRunGuard):
     """What the reset flow (and ``mig reset``, the setters) may do to a node: the GPU operations
-    through ``self.gpu`` (guarded in a dry run here), the rest in this class and its two kinds."""
+    through ``self.gpu``, the units, processes and the node's places through ``self.host``; every
+    changing one guarded in a dry run here. ``name``: the GPU access kind ("nvml" or "sim")."""
 
-    name = "unknown"
-
-    def __init__(self, gpu: GpuAccess, dry_run: bool) -> None:
+    def __init__(self, gpu: GpuAccess, host: HostServices, dry_run: bool) -> None:
         super().__init__(dry_run)
         self.gpu = gpu
+        self.host = host
+        self.name = gpu.name
 
     # reading
     def snapshot(self) -> model.Node:
@@ -175,7 +88,7 @@ class Backend(DryRunGuard):
         return self.gpu.cross_check(gpu)
 
     def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
-        raise NotImplementedError
+        return self.host.services(units)
 
     def listed_pids(self, gpu: model.Gpu) -> list[int] | None:
         """The compute processes a fresh look lists on ``gpu`` (None: it is gone)."""
@@ -189,10 +102,10 @@ class Backend(DryRunGuard):
         return self.gpu.xids_since_reset(node, reset_at)
 
     def default_lock(self) -> str:
-        return os.environ.get(LOCK_ENV) or node_lock.DEFAULT_PATH
+        return self.host.default_lock()
 
     def default_log(self) -> str:
-        return os.environ.get(LOG_ENV) or DEFAULT_LOG
+        return self.host.default_log()
 
     def device_prefix(self) -> str:
         """Where the node's device files start (``gpu.holders``)."""
@@ -204,13 +117,11 @@ class Backend(DryRunGuard):
 
     def daemon_socket(self) -> str:
         """The resident agent's socket on this node (it is paused for the reset)."""
-        from fleetops.agent.serve import client
-
-        return client.action_socket(self.name, None)
+        return self.host.daemon_socket()
 
     def service_pids(self, units: list[str]) -> dict[int, str]:
         """pid -> unit for the running client units (their processes hold the device files)."""
-        return {}
+        return self.host.service_pids(units)
 
     def release_own(self) -> int:
         """Let go of whatever this process holds of the GPUs (NVML's device files) right before
@@ -219,13 +130,16 @@ class Backend(DryRunGuard):
 
     # changing
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
-        raise NotImplementedError
+        self._changing("end processes")
+        return self.host.end_processes(gpu, procs, grace_s)
 
     def stop_service(self, unit: str) -> tuple[bool, str]:
-        raise NotImplementedError
+        self._changing(f"stop {unit}")
+        return self.host.stop_service(unit)
 
     def start_service(self, unit: str) -> tuple[bool, str]:
-        raise NotImplementedError
+        self._changing(f"start {unit}")
+        return self.host.start_service(unit)
 
     def reset(self, gpu: model.Gpu, timeout: float) -> tuple[bool, str, dict[str, Any]]:
         self._changing("reset the GPU")
@@ -242,118 +156,21 @@ class Backend(DryRunGuard):
         self.gpu.apply_setting(setting, field_name, value, uuids)
 
 
-class SimBackend(Backend):
-    """The node's simulator state file: processes and services are records in it, the GPUs are
-    ``SimAccess``'s.
+def nvml_backend(dry_run: bool, gpu: NvmlAccess | None = None) -> Backend:
+    """A real node: ``NvmlAccess`` for the GPUs (``gpu``: one already built, tests pass one over
+    a fake NVML), systemd and signals for units and processes."""
+    from fleetops.gpu.nvml.access import NvmlAccess
 
-    A process record marked ``real`` stands for a process of this machine (tests start one) and
-    is signalled like on a node; the others are ended by removing their record. The simulated
-    reset takes ``node.reset_duration_s`` seconds of the state (default 0), the time a real GPU
-    is away during ``nvidia-smi -r``.
-    """
-
-    name = "sim"
-
-    def __init__(self, path: str, dry_run: bool) -> None:
-        from fleetops.sim.access import SimAccess
-
-        super().__init__(SimAccess(path), dry_run)
-        self.path = path
-
-    def _state(self) -> dict[str, Any]:
-        from fleetops.sim import gpu as sim
-
-        return sim.read_state(self.path)
-
-    def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
-        known = self._state()["node"].get("services", {})
-        return {u: known.get(u, "inactive") for u in units}, None
-
-    def default_lock(self) -> str:
-        return os.path.abspath(self.path) + ".maintenance.lock"
-
-    def daemon_socket(self) -> str:
-        from fleetops.agent.serve import client
-
-        return client.socket_for("sim", os.path.abspath(self.path), None)
-
-    def default_log(self) -> str:
-        stem = os.path.splitext(os.path.abspath(self.path))[0]
-        return stem + ".reset.jsonl"
-
-    def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
-        from fleetops.sim import gpu as sim
-
-        self._changing("end processes")
-        state = self._state()
-        pos, _ = sim.find_gpu(state, gpu.uuid)
-        if pos is None:
-            raise sim.SimError(f"{gpu.uuid} is no longer on this node")
-        listed = {int(p["pid"]): p for p in sim.gpu_processes(state, pos)}
-        real = [p for p in procs if listed.get(int(p["pid"]), {}).get("real")]
-        reports = end_pids(real, grace_s) if real else []
-        signalled = {r["pid"] for r in reports}
-        for proc in procs:
-            if int(proc["pid"]) not in signalled:
-                # a record only: no process of this machine to signal
-                reports.append(
-                    {"pid": int(proc["pid"]), "name": proc.get("name"), "signals": ["SIGTERM"], "ended": True, "simulated": True}
-                )
-        with sim.locked_state(self.path) as st:
-            for rep in reports:
-                if rep["ended"]:
-                    sim.end_process(st, pos, rep["pid"])
-        order = [int(p["pid"]) for p in procs]
-        return sorted(reports, key=lambda r: order.index(r["pid"]) if r["pid"] in order else len(order))
-
-    def stop_service(self, unit: str) -> tuple[bool, str]:
-        return self._service(unit, "inactive", "stop")
-
-    def start_service(self, unit: str) -> tuple[bool, str]:
-        return self._service(unit, "active", "start")
-
-    def _service(self, unit: str, status: str, verb: str) -> tuple[bool, str]:
-        from fleetops.sim import gpu as sim
-
-        self._changing(f"{verb} {unit}")
-        with sim.locked_state(self.path) as st:
-            sim.set_service(st, unit, status)
-        return True, f"simulated: {unit} recorded {status}"
+    return Backend(gpu if gpu is not None else NvmlAccess(), SystemdHost(), dry_run)
 
 
-class NvmlBackend(Backend):
-    """A real node: ``NvmlAccess`` for the GPUs, signals and systemctl for processes and units."""
+def sim_backend(path: str, dry_run: bool) -> Backend:
+    """The simulated node of the state file ``path``: ``SimAccess`` for the GPUs (its reset
+    takes ``node.reset_duration_s`` seconds of the state, default 0, the time a real GPU is away
+    during ``nvidia-smi -r``), the state file's records for services and processes."""
+    from fleetops.sim.access import SimAccess
 
-    name = "nvml"
-
-    def __init__(self, dry_run: bool, gpu: NvmlAccess | None = None) -> None:
-        from fleetops.gpu.nvml.access import NvmlAccess
-
-        super().__init__(gpu if gpu is not None else NvmlAccess(), dry_run)
-
-    def services(self, units: list[str]) -> tuple[dict[str, str | None], str | None]:
-        from fleetops.gpu import hostinfo
-
-        if not units:
-            return {}, None
-        return hostinfo.service_states(tuple(units))
-
-    def service_pids(self, units: list[str]) -> dict[int, str]:
-        return {pid: unit for unit in units for pid in unit_pids(unit)}
-
-    def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
-        self._changing("end processes")
-        return end_pids(procs, grace_s)
-
-    def stop_service(self, unit: str) -> tuple[bool, str]:
-        self._changing(f"stop {unit}")
-        rc, out = systemctl("stop", unit)
-        return rc == 0, out or f"systemctl stop {unit}: exit {rc}"
-
-    def start_service(self, unit: str) -> tuple[bool, str]:
-        self._changing(f"start {unit}")
-        rc, out = systemctl("start", unit)
-        return rc == 0, out or f"systemctl start {unit}: exit {rc}"
+    return Backend(SimAccess(path), SimHost(path), dry_run)
 
 
 def make_backend(requested: str, state_path: str | None, dry_run: bool) -> Backend:
@@ -369,5 +186,5 @@ def make_backend(requested: str, state_path: str | None, dry_run: bool) -> Backe
         path = state_path or os.environ.get(sim.STATE_ENV)
         if not path:
             raise ResetError(f"the sim backend needs a state file: set {sim.STATE_ENV} or pass --state", "usage", 2)
-        return SimBackend(path, dry_run)
-    return NvmlBackend(dry_run)
+        return sim_backend(path, dry_run)
+    return nvml_backend(dry_run)

@@ -387,7 +387,8 @@ class NodeScreen(GatedScreen):
             # may have one by now, written by an audit since
             path = getattr(getattr(self.app, "source", None), "drain_db", None)
             if isinstance(path, str) and os.path.exists(path):
-                from fleetops.fleet.store import Store, StoreError
+                from fleetops.fleet.store.database import Store
+                from fleetops.fleet.store.layout import StoreError
 
                 try:
                     store = opened = Store(path)

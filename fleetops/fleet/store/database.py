@@ -1,16 +1,14 @@
-"""Audit history in SQLite: one transaction per audit, WAL so readers (the TUI) never block it.
-Beside the audits: ``fleetops validate`` runs, every drain and resume fleetops made in Slurm, and
-every action taken from the TUI with its outcome.
+"""The history store: one SQLite database per controller, opened by ``Store``, which writes an
+audit in one transaction (WAL, so readers such as the TUI never block it), beside it the
+``fleetops validate`` runs, the drains and resumes fleetops made in Slurm and the actions taken
+from the TUI, and reads them back: the latest reachable snapshot of each node (for the growth and
+rate checks of the next audit), ``diff`` (which findings are new, resolved or persisting between
+two audits), the escalation analysis's timelines, the latest validations.
 
-The latest reachable snapshot of each node feeds the growth and rate checks of the next audit;
-``diff`` tells which findings are new, resolved or persisting between two audits.
-
-The layout is versioned with ``PRAGMA user_version`` and migrated forward on open (a database
-from a newer fleetops is refused, not guessed at). Snapshots are stored zlib-compressed, and
-audits older than the retention window (``keep_s``, 30 days by default) are pruned on write
-with their snapshots and findings, the freed pages handed back by incremental vacuum, so the
-file stays bounded: a fleet audited every few minutes writes thousands of node snapshots an
-hour. Sizes and timings: bench/store.py, bench/RESULTS.md.
+Retention: audits older than ``keep_s`` (30 days by default) are pruned on write with their
+snapshots and findings, the freed pages handed back by incremental vacuum, so the file stays
+bounded: a fleet audited every few minutes writes thousands of node snapshots an hour. Sizes
+and timings: bench/store.py, bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -20,208 +18,34 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from fleetops import model
 from fleetops.fleet import escalation
+from fleetops.fleet.store.layout import (
+    StoreError,
+    decode_snapshot,
+    default_path,
+    encode_snapshot,
+    open_layout,
+)
+from fleetops.fleet.store.rows import (
+    ACTION_COLUMNS,
+    ACTION_OUTCOMES,
+    DRAIN_ACTIONS,
+    DRAIN_COLUMNS,
+    VALIDATION_COLUMNS,
+    ActionRow,
+    AuditRow,
+    DrainRow,
+    NodeResultRow,
+    ValidateRunRow,
+    ValidationRow,
+    validation_row,
+)
 
-# Layout versions: 1 is the first release's (no user_version set, snapshots as JSON text);
-# 2 stores snapshots compressed with their schema id beside them and vacuums incrementally;
-# 3 adds the validation runs (``fleetops validate``) and each GPU's result; 4 adds the drains and
-# resumes fleetops made in Slurm, each with its owner and outcome; 5 adds the actions taken from
-# the TUI (reset, drain, resume, re-audit) with their outcome and why.
-LAYOUT_VERSION = 5
 DEFAULT_KEEP_S = 30 * 86400.0
-_ZLIB_LEVEL = 6  # level 9 saves under 1 % more on snapshots and costs a third more time
-
-_AUDIT_TABLES = """
-CREATE TABLE IF NOT EXISTS audits (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    started_at REAL NOT NULL,
-    duration_s REAL NOT NULL,
-    inventory TEXT,
-    worst TEXT NOT NULL,
-    exit_code INTEGER NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS audits_started ON audits(started_at);
-CREATE TABLE IF NOT EXISTS snapshots (
-    audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL,
-    reachable INTEGER NOT NULL,
-    error TEXT,
-    collected_at REAL,
-    snapshot BLOB,
-    schema TEXT,
-    PRIMARY KEY (audit_id, node)
-);
-CREATE INDEX IF NOT EXISTS snapshots_node ON snapshots(node, audit_id);
-CREATE TABLE IF NOT EXISTS findings (
-    audit_id INTEGER NOT NULL REFERENCES audits(id) ON DELETE CASCADE,
-    node TEXT NOT NULL,
-    key TEXT NOT NULL,
-    severity TEXT NOT NULL,
-    finding TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS findings_audit ON findings(audit_id);
-CREATE INDEX IF NOT EXISTS findings_node ON findings(node, audit_id);
-"""
-VALIDATION_TABLES = """
-CREATE TABLE IF NOT EXISTS validate_runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    started_at REAL NOT NULL,
-    duration_s REAL NOT NULL,
-    inventory TEXT,
-    level TEXT NOT NULL,
-    status TEXT NOT NULL,
-    exit_code INTEGER NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS validate_runs_started ON validate_runs(started_at);
-CREATE TABLE IF NOT EXISTS validations (
-    run_id INTEGER NOT NULL REFERENCES validate_runs(id) ON DELETE CASCADE,
-    node TEXT NOT NULL,
-    gpu_uuid TEXT NOT NULL,
-    bus_id TEXT,
-    gpu_index INTEGER,
-    model TEXT,
-    level TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL,
-    expires REAL,
-    result TEXT NOT NULL,
-    PRIMARY KEY (run_id, node, gpu_uuid)
-);
-CREATE INDEX IF NOT EXISTS validations_node ON validations(node, gpu_uuid, run_id);
-"""
-# One row per drain or resume fleetops sent (or was refused) from the controller: the owner
-# (kind, run, purpose) it wrote, what came of it, the Reason Slurm keeps after it, and the owner
-# of a drain it met (held, taken over, forced over). Slurm forgets a Reason once it is lifted;
-# this is where "who drained gpu17 last Tuesday, and who lifted it" is answered.
-DRAIN_TABLES = """
-CREATE TABLE IF NOT EXISTS drains (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    node TEXT NOT NULL,
-    slurm_name TEXT,
-    action TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    run TEXT NOT NULL,
-    purpose TEXT,
-    outcome TEXT NOT NULL,
-    reason TEXT,
-    previous_owner TEXT,
-    message TEXT NOT NULL,
-    source TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS drains_at ON drains(at);
-CREATE INDEX IF NOT EXISTS drains_node ON drains(node, at);
-"""
-# One row per action an operator took from the TUI (reset, drain, resume, re-audit): when, on
-# which node and GPU, what came of it (sent, refused, failed, unknown, verified) and why. The
-# TUI's action log reads it back at start, so the next shift sees what the last one did.
-ACTION_TABLES = """
-CREATE TABLE IF NOT EXISTS actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    node TEXT NOT NULL,
-    gpu TEXT,
-    action TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    why TEXT NOT NULL,
-    source TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS actions_at ON actions(at);
-CREATE INDEX IF NOT EXISTS actions_node ON actions(node, at);
-"""
-TABLES = _AUDIT_TABLES + VALIDATION_TABLES + DRAIN_TABLES + ACTION_TABLES
-DRAIN_ACTIONS = ("drain", "resume")
-# the outcomes of an action row: ops.results' done/refused/failed/unknown, with done split into
-# sent (the command went out; nothing seen after it yet) and verified (a snapshot taken after it);
-# cancelled: the operator said no at the action's own dialog (nothing was sent)
-ACTION_OUTCOMES = ("sent", "refused", "failed", "unknown", "verified", "cancelled")
-
-
-def default_path() -> str:
-    env = os.environ.get("FLEETOPS_DB")
-    if env:
-        return env
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "fleetops", "history.db")
-
-
-class StoreError(Exception):
-    pass
-
-
-def encode_snapshot(node: model.Node) -> bytes:
-    return zlib.compress(model.node_to_json(node).encode(), _ZLIB_LEVEL)
-
-
-def decode_snapshot(value: bytes | str) -> model.Node:
-    """A stored snapshot (compressed, or text from a layout-1 row) as a Node; SchemaError if its
-    schema is not one this release reads."""
-    if isinstance(value, bytes):
-        try:
-            text = zlib.decompress(value).decode()
-        except (zlib.error, UnicodeDecodeError) as exc:
-            raise model.SchemaError(f"snapshot: stored data is damaged ({exc})") from exc
-    else:
-        text = value
-    return model.node_from_json(text)
-
-
-def _schema_of(text: str) -> str | None:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    schema = data.get("schema") if isinstance(data, dict) else None
-    return schema if isinstance(schema, str) else None
-
-
-def _migrate_1_to_2(db: sqlite3.Connection) -> None:
-    """Compress every snapshot and record its schema id (in batches: a year of a big fleet)."""
-    db.execute("ALTER TABLE snapshots ADD COLUMN schema TEXT")
-    last = (-1, "")
-    while True:
-        rows = db.execute(
-            """SELECT audit_id, node, snapshot FROM snapshots WHERE (audit_id, node) > (?, ?)
-               ORDER BY audit_id, node LIMIT 2000""",
-            last,
-        ).fetchall()
-        if not rows:
-            break
-        updates = []
-        for audit_id, node, text in rows:
-            if isinstance(text, str):
-                updates.append((zlib.compress(text.encode(), _ZLIB_LEVEL), _schema_of(text), audit_id, node))
-        db.executemany("UPDATE snapshots SET snapshot = ?, schema = ? WHERE audit_id = ? AND node = ?", updates)
-        last = (rows[-1][0], rows[-1][1])
-    db.execute("CREATE INDEX IF NOT EXISTS audits_started ON audits(started_at)")
-
-
-def _migrate_2_to_3(db: sqlite3.Connection) -> None:
-    """Add the validation tables (nothing earlier to convert)."""
-    for statement in VALIDATION_TABLES.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _migrate_3_to_4(db: sqlite3.Connection) -> None:
-    """Add the drains table (nothing earlier to convert: drains were only in Slurm)."""
-    for statement in DRAIN_TABLES.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _migrate_4_to_5(db: sqlite3.Connection) -> None:
-    """Add the actions table (nothing earlier to convert: TUI actions were only toasts)."""
-    for statement in ACTION_TABLES.split(";"):
-        if statement.strip():
-            db.execute(statement)
 
 
 def _audit_point(
@@ -248,129 +72,6 @@ def _audit_point(
     return escalation.AuditPoint(audit_id, float(collected_at or 0.0), uptime, resets, tuple(findings))
 
 
-# from layout N to N+1; each runs inside one transaction
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _migrate_1_to_2,
-    2: _migrate_2_to_3,
-    3: _migrate_3_to_4,
-    4: _migrate_4_to_5,
-}
-
-
-@dataclass
-class AuditRow:
-    id: int
-    started_at: float
-    duration_s: float
-    inventory: str | None
-    worst: str
-    exit_code: int
-    summary: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class NodeResultRow:
-    """One node's result in one audit: what ``latest_results`` gives per node."""
-
-    node: str
-    audit_id: int
-    started_at: float  # the audit's start
-    reachable: bool
-    error: str | None
-
-
-@dataclass
-class ValidateRunRow:
-    id: int
-    started_at: float
-    duration_s: float
-    inventory: str | None
-    level: str
-    status: str
-    exit_code: int
-    summary: dict[str, Any]
-
-
-@dataclass
-class ValidationRow:
-    """One GPU's judged result of one ``fleetops validate`` run. ``result`` holds the figures,
-    provenance, telemetry and the judge's findings as the run saw them."""
-
-    run_id: int
-    node: str
-    gpu_uuid: str
-    bus_id: str | None
-    gpu_index: int | None
-    model: str | None
-    level: str
-    status: str
-    started_at: float | None
-    expires: float | None
-    result: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class DrainRow:
-    """One drain or resume fleetops made (or was refused) in Slurm. ``reason``: the Reason Slurm
-    keeps after it (None once a resume lifted it); ``previous_owner``: the drain it met, as
-    ``Owner.describe()`` says it (held, taken over, lifted or forced over); ``source``: the
-    front end (cli, tui, remediate, rollout, mig, ...)."""
-
-    at: float
-    node: str
-    action: str  # drain | resume
-    kind: str
-    run: str
-    outcome: str  # done | refused | failed | unknown (ops.results)
-    message: str
-    source: str
-    slurm_name: str | None = None
-    purpose: str | None = None
-    reason: str | None = None
-    previous_owner: str | None = None
-    id: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class ActionRow:
-    """One action taken from the TUI. ``gpu``: the GPU it named (a reset's UUID), None for a
-    node action; ``outcome``: one of ``ACTION_OUTCOMES``; ``why``: the refusal, the verdict
-    after it, or the action's own message; ``source``: the front end (tui)."""
-
-    at: float
-    node: str
-    action: str  # reset | drain | resume | re-audit
-    outcome: str
-    why: str
-    source: str = "tui"
-    gpu: str | None = None
-    id: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-_ACTION_COLUMNS = "at, node, gpu, action, outcome, why, source"
-
-
-_DRAIN_COLUMNS = (
-    "at, node, slurm_name, action, kind, run, purpose, outcome, reason, previous_owner, message, source"
-)
-
-
-_VALIDATION_COLUMNS = "run_id, node, gpu_uuid, bus_id, gpu_index, model, level, status, started_at, expires, result"
-
-
-def _validation_row(r: Any) -> ValidationRow:
-    return ValidationRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]))
-
-
 class Store:
     """``keep_s``: audits older than this are pruned when one is written (``None``: keep all)."""
 
@@ -385,49 +86,10 @@ class Store:
             os.makedirs(folder, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA foreign_keys=ON")
-            self._open_layout()
+            self.migrated_from = open_layout(self.db, self.path)
             self.db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open history database: {exc}") from exc
-
-    def _open_layout(self) -> None:
-        db = self.db
-        version = int(db.execute("PRAGMA user_version").fetchone()[0])
-        if version == LAYOUT_VERSION:
-            return
-        if version > LAYOUT_VERSION:
-            raise StoreError(
-                f"{self.path}: history layout {version} was written by a newer fleetops "
-                f"(this one reads up to {LAYOUT_VERSION}); upgrade fleetops or use another --db"
-            )
-        if version == 0 and not self._has_tables():
-            # before the first table: incremental vacuum is fixed when the file is laid out
-            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
-        try:
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if version == 0 and not self._has_tables():
-                for statement in TABLES.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-            elif version < LAYOUT_VERSION:
-                start = version = version or 1  # layout 1 never set user_version
-                while version < LAYOUT_VERSION:
-                    MIGRATIONS[version](db)
-                    version += 1
-                self.migrated_from = start
-            db.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        if self.migrated_from is not None:
-            # an old file: switching to incremental vacuum takes one full VACUUM, once
-            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            db.execute("VACUUM")
-
-    def _has_tables(self) -> bool:
-        return self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshots'").fetchone() is not None
 
     def _transaction(self) -> Any:
         return _Transaction(self.db)
@@ -489,7 +151,7 @@ class Store:
             )
             run_id = int(cur.lastrowid or 0)
             self.db.executemany(
-                f"INSERT INTO validations ({_VALIDATION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO validations ({VALIDATION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (run_id, g["node"], g["uuid"], g.get("bus_id"), g.get("index"), g.get("model"), g["level"],
                      g["status"], g.get("started_at"), g.get("expires"), json.dumps(g.get("result") or {}))
@@ -507,7 +169,7 @@ class Store:
             raise ValueError(f"drain action {row.action!r}: one of {', '.join(DRAIN_ACTIONS)}")
         with self._transaction():
             cur = self.db.execute(
-                f"INSERT INTO drains ({_DRAIN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO drains ({DRAIN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.at, row.node, row.slurm_name, row.action, row.kind, row.run, row.purpose, row.outcome,
                  row.reason, row.previous_owner, row.message, row.source),
             )
@@ -519,7 +181,7 @@ class Store:
             raise ValueError(f"action outcome {row.outcome!r}: one of {', '.join(ACTION_OUTCOMES)}")
         with self._transaction():
             cur = self.db.execute(
-                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+                f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
                 (row.at, row.node, row.gpu, row.action, row.outcome, row.why, row.source),
             )
         return int(cur.lastrowid or 0)
@@ -541,7 +203,7 @@ class Store:
         if since is not None:
             where.append("at >= ?")
             args.append(since)
-        sql = f"SELECT {_ACTION_COLUMNS}, id FROM actions" + (" WHERE " + " AND ".join(where) if where else "")
+        sql = f"SELECT {ACTION_COLUMNS}, id FROM actions" + (" WHERE " + " AND ".join(where) if where else "")
         args.append(limit)
         rows = self.db.execute(sql + " ORDER BY at DESC, id DESC LIMIT ?", args).fetchall()
         return [ActionRow(at=r[0], node=r[1], gpu=r[2], action=r[3], outcome=r[4], why=r[5], source=r[6], id=r[7])
@@ -631,7 +293,7 @@ class Store:
         if since is not None:
             where.append("at >= ?")
             args.append(since)
-        sql = f"SELECT {_DRAIN_COLUMNS}, id FROM drains" + (" WHERE " + " AND ".join(where) if where else "")
+        sql = f"SELECT {DRAIN_COLUMNS}, id FROM drains" + (" WHERE " + " AND ".join(where) if where else "")
         args.append(limit)
         rows = self.db.execute(sql + " ORDER BY at DESC, id DESC LIMIT ?", args).fetchall()
         return [
@@ -728,13 +390,13 @@ class Store:
         return [ValidateRunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7])) for r in rows]
 
     def validations(self, run_id: int, node: str | None = None) -> list[ValidationRow]:
-        sql = f"SELECT {_VALIDATION_COLUMNS} FROM validations WHERE run_id = ?"
+        sql = f"SELECT {VALIDATION_COLUMNS} FROM validations WHERE run_id = ?"
         args: list[str | int] = [run_id]
         if node:
             sql += " AND node = ?"
             args.append(node)
         sql += " ORDER BY node, gpu_index, gpu_uuid"
-        return [_validation_row(r) for r in self.db.execute(sql, args)]
+        return [validation_row(r) for r in self.db.execute(sql, args)]
 
     def latest_validations(self, nodes: list[str]) -> dict[str, dict[str, dict[str, ValidationRow]]]:
         """node -> GPU UUID -> level -> that GPU's latest validation at that level: what the
@@ -742,13 +404,13 @@ class Store:
         the newest of all says whether the GPU last failed)."""
         out: dict[str, dict[str, dict[str, ValidationRow]]] = {}
         query = (
-            f"SELECT {_VALIDATION_COLUMNS} FROM validations WHERE node = ? AND run_id IN "
+            f"SELECT {VALIDATION_COLUMNS} FROM validations WHERE node = ? AND run_id IN "
             "(SELECT MAX(run_id) FROM validations WHERE node = ? GROUP BY gpu_uuid, level)"
         )
         for node in nodes:
             per_gpu: dict[str, dict[str, ValidationRow]] = {}
             for r in self.db.execute(query, (node, node)):
-                row = _validation_row(r)
+                row = validation_row(r)
                 current = per_gpu.setdefault(row.gpu_uuid, {}).get(row.level)
                 if current is None or row.run_id > current.run_id:
                     per_gpu[row.gpu_uuid][row.level] = row
