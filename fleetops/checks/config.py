@@ -268,6 +268,16 @@ def _mig_layout(ctx: Context, gpu: model.Gpu, label: str) -> None:
     have = ctx.get(FAMILY, gpu, "mig_mode_current", DEMAND_BASELINE)
     if have is None:
         return
+    # A profile the model lacks (a group's layout for another model, a typo in a mig-parted file)
+    # comes first, whatever the mode: no apply can make it, so "apply the layout" would be wrong.
+    table = mig_catalog.table_for(gpu.name) if want.mode else None
+    foreign = [n for n in want.layout if table is not None and table.get(n) is None]
+    if table is not None and foreign:
+        ctx.add("config.mig_layout", "warn", f"{label}: {want.key} wants {', '.join(want.layout)}; "
+                + mig_catalog.unknown_profile_message(foreign[0], table), gpu=gpu,
+                observed=[i.profile for i in gpu.mig_instances or []], expected=list(want.layout),
+                action=f"Give {gpu.name} a layout of its own profiles (gpu_models.*.mig.layout).")
+        return
     action = f"Apply the MIG layout on {ctx.host} (drain the GPU first): {CMD_APPLY_MIG}."
     if have != want.mode:
         if b.mig.mode == want.mode:
@@ -278,14 +288,6 @@ def _mig_layout(ctx: Context, gpu: model.Gpu, label: str) -> None:
                 observed={"mode": have}, expected={"mode": want.mode, "layout": list(want.layout)}, action=action)
         return
     if not want.mode:
-        return
-    table = mig_catalog.table_for(gpu.name)
-    foreign = [n for n in want.layout if table is not None and table.get(n) is None]
-    if table is not None and foreign:  # a group's layout for another model: no apply can make it
-        ctx.add("config.mig_layout", "warn", f"{label}: {want.key} wants {', '.join(want.layout)}; "
-                + mig_catalog.unknown_profile_message(foreign[0], table), gpu=gpu,
-                observed=[i.profile for i in gpu.mig_instances or []], expected=list(want.layout),
-                action=f"Give {gpu.name} a layout of its own profiles (gpu_models.*.mig.layout).")
         return
     instances = ctx.get(FAMILY, gpu, "mig_instances", DEMAND_BASELINE)
     if instances is None:

@@ -214,3 +214,18 @@ def test_a_group_layout_a_model_has_no_profiles_for_says_so_instead_of_drift() -
     assert [f.gpu["index"] for f in found] == [0]  # type: ignore[attr-defined]
     assert "unknown MIG profile '3g.71gb' for NVIDIA H100 80GB HBM3 (did you mean '3g.40gb'?)" in found[0].message  # type: ignore[attr-defined]
     assert found[0].action == "Give NVIDIA H100 80GB HBM3 a layout of its own profiles (gpu_models.*.mig.layout)."  # type: ignore[attr-defined]
+
+
+def test_a_profile_the_model_lacks_is_named_also_on_a_gpu_whose_mig_is_still_off() -> None:
+    # GPU 0 has MIG on, 1 and 2 off: all three are told the profile does not exist, none is told
+    # to apply a layout that no apply can make (the runbook's first step is MIG off -> layout)
+    node = _node({0: ["3g.71gb", "3g.71gb"]})
+    for gpu in node.gpus:  # type: ignore[attr-defined]
+        gpu.name = "NVIDIA H100 80GB HBM3"
+    for data in ({"mig": {"mode": True, "layout": ["3g.71gb", "3g.71gb"]}},
+                 {"mig": {"layout": ["3g.71gb", "3g.71gb"]}}):
+        found = _layout_findings(node, data)
+        assert [f.gpu["index"] for f in found] == [0, 1, 2], data  # type: ignore[attr-defined]
+        for f in found:
+            assert "unknown MIG profile '3g.71gb' for NVIDIA H100 80GB HBM3 (did you mean '3g.40gb'?)" in f.message  # type: ignore[attr-defined]
+            assert not f.action.startswith("Apply the MIG layout")  # type: ignore[attr-defined]
