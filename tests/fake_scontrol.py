@@ -9,6 +9,10 @@ JSON, so a test sees exactly what was run. It answers as slurmctld does:
 - ``update NodeName=N State=DRAIN Reason=R``: an unknown node is ``Invalid node name
   specified``, a drain without a Reason is denied; ``State=RESUME`` of a node that is not
   drained (or down) is ``Invalid node state specified``. Everything else is refused.
+- Nothing at all without a configuration, as the real one fails before it asks slurmctld
+  anything: ``$SLURM_CONF`` must name a file, or (unset) the default ``/etc/slurm/slurm.conf``
+  or configless slurmd's cached copy must exist. ``FakeSlurm.env()`` points SLURM_CONF at a
+  ``slurm.conf`` in its folder, as a cluster member has one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,18 @@ nodes = json.load(open(db))
 with open(db + ".log", "a") as fh:
     fh.write(json.dumps(sys.argv[1:]) + "\n")
 args = sys.argv[1:]
+conf = os.environ.get("SLURM_CONF")
+if not any(os.path.exists(p) for p in ([conf] if conf else ["/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf"])):
+    if conf:
+        print(f"scontrol: error: s_p_parse_file: unable to status file {conf}: No such file or directory, "
+              "retrying in 1sec up to 60sec", file=sys.stderr)
+        print("scontrol: fatal: Unable to process configuration file", file=sys.stderr)
+    else:
+        print("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+              "scontrol: error: fetch_config: DNS SRV lookup failed\n"
+              "scontrol: error: _establish_config_source: failed to fetch config\n"
+              "scontrol: fatal: Could not establish a configuration source", file=sys.stderr)
+    sys.exit(1)
 
 def line(name, n):
     parts = ",".join(n.get("partitions", ["gpu"]))
@@ -82,9 +98,11 @@ class FakeSlurm:
         self.scontrol.write_text(SCRIPT.replace("/usr/bin/env python3", sys.executable, 1))
         self.scontrol.chmod(0o755)
         self.db = folder / "slurm.json"
+        self.conf = folder / "slurm.conf"
+        self.conf.write_text("ClusterName=fake\nSlurmctldHost=ctl01\n")
 
     def env(self) -> dict[str, str]:
-        return {"FAKE_SLURM": str(self.db)}
+        return {"FAKE_SLURM": str(self.db), "SLURM_CONF": str(self.conf)}
 
     def set(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
         """Nodes by Slurm name: ``{"state": "IDLE", "reason": ..., "by": ..., "partitions": [...]}``."""

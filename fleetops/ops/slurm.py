@@ -285,16 +285,22 @@ class SlurmControl:
             detail={"slurm_name": name, "where": place.where},
         )
 
-    def _unmanaged(self, host: Any, action: str) -> ActionResult | None:
-        if slurm_managed(host):
+    def _refused_before(self, host: Any, action: str) -> ActionResult | None:
+        """The refusal known before anything is sent: not a Slurm node, or ``precheck``'s reason
+        (no scontrol, or no Slurm configuration, on the controller), which the TUI's gate gives
+        too; a real scontrol without a configuration would fail the same way, later."""
+        if not slurm_managed(host):
+            return ActionResult(
+                host.name,
+                action,
+                REFUSED,
+                f"{host.name}: not managed by Slurm ({SLURM_MANAGED_VAR}: false): nothing to {action}",
+                detail={"slurm_managed": False},
+            )
+        why = self.precheck(host)
+        if why is None:
             return None
-        return ActionResult(
-            host.name,
-            action,
-            REFUSED,
-            f"{host.name}: not managed by Slurm ({SLURM_MANAGED_VAR}: false): nothing to {action}",
-            detail={"slurm_managed": False},
-        )
+        return ActionResult(host.name, action, REFUSED, f"{host.name}: nothing sent: {why}", detail={"precheck": why})
 
     def show(self, host: Any) -> tuple[Place, str, Any]:
         """(where, Slurm name, the ``scontrol show node`` result)."""
@@ -339,9 +345,9 @@ class SlurmControl:
         sent; an earlier run of the same planned kind -> re-marked as this run's; another owner's
         -> refused, named, their Reason kept. ``dry_run`` says what would be sent, sends nothing."""
         reason = _reason(kind, run, purpose)
-        unmanaged = self._unmanaged(host, "drain")
-        if unmanaged is not None:
-            return unmanaged
+        refused = self._refused_before(host, "drain")
+        if refused is not None:
+            return refused
         place, name, shown = self.show(host)
         if not shown.ok:
             return self._problem(host, "drain", place, name, shown)
@@ -383,7 +389,7 @@ class SlurmControl:
         problems: list[str] = []
         by_place: dict[str, tuple[Any, list[Any]]] = {}
         for host in hosts:
-            if self._unmanaged(host, "drain") is None:
+            if self._refused_before(host, "drain") is None:
                 by_place.setdefault(self.place(host).where, (host, []))[1].append(host)
         for first, members in by_place.values():
             place, shown, listed = self.nodes(first)
@@ -431,9 +437,9 @@ class SlurmControl:
         planned: dict[str, ActionResult] = {}
         by_place: dict[str, tuple[Any, list[Any]]] = {}
         for host in hosts:
-            unmanaged = self._unmanaged(host, "drain")
-            if unmanaged is not None:
-                planned[host.name] = unmanaged
+            refused = self._refused_before(host, "drain")
+            if refused is not None:
+                planned[host.name] = refused
             else:
                 by_place.setdefault(self.place(host).where, (host, []))[1].append(host)
         for first, members in by_place.values():
@@ -493,9 +499,9 @@ class SlurmControl:
         """Resume the node only when its drain is this owner's (an operator may ``force`` over
         another owner's); anyone else's drain is refused, named, with who set it and when."""
         _reason(kind, run, None)
-        unmanaged = self._unmanaged(host, "resume")
-        if unmanaged is not None:
-            return unmanaged
+        refused = self._refused_before(host, "resume")
+        if refused is not None:
+            return refused
         place, name, shown = self.show(host)
         if not shown.ok:
             return self._problem(host, "resume", place, name, shown)

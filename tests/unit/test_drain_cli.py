@@ -23,7 +23,8 @@ RUN = slurm.operator_run()
 @pytest.fixture
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> fake_scontrol.FakeSlurm:
     fake = fake_scontrol.FakeSlurm(tmp_path)
-    monkeypatch.setenv("FAKE_SLURM", str(fake.db))
+    for key, value in fake.env().items():  # the fake's state, and the slurm.conf a cluster member has
+        monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FLEETOPS_DB", str(tmp_path / "history.db"))  # each drain is recorded there
     nodes = fake_scontrol.cluster(30)

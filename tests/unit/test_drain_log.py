@@ -109,7 +109,8 @@ def test_a_store_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path: Pat
 @pytest.fixture
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> fake_scontrol.FakeSlurm:
     fake = fake_scontrol.FakeSlurm(tmp_path)
-    monkeypatch.setenv("FAKE_SLURM", str(fake.db))
+    for key, value in fake.env().items():  # the fake's state, and the slurm.conf a cluster member has
+        monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("FLEETOPS_DB", raising=False)
     nodes = fake_scontrol.cluster(30)

@@ -22,7 +22,8 @@ ROLLOUT_OLD = "[fleetops] rollout/20261205T071502Z-aaaa: driver rollout 580.163.
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fs = fake_scontrol.FakeSlurm(tmp_path)
-    monkeypatch.setenv("FAKE_SLURM", str(fs.db))
+    for key, value in fs.env().items():  # the fake's state, and the slurm.conf a cluster member has
+        monkeypatch.setenv(key, value)
 
     def setup(nodes: dict, **kw) -> tuple[slurm.SlurmControl, fake_scontrol.FakeSlurm]:
         fs.set(nodes)
@@ -262,11 +263,17 @@ def test_unknown_node_and_missing_scontrol_are_refused_by_name(fake, tmp_path: P
     )
     missing = slurm.SlurmControl([], scontrol=str(tmp_path / "no-scontrol"))
     res = missing.drain(node(), "x", kind="operator", run="alice@ctl01")
-    assert res.outcome == results.REFUSED and res.message.endswith("scontrol not found on the controller")
+    assert res.outcome == results.REFUSED
+    assert res.message == (
+        "gpu01.dc1.example.com: nothing sent: scontrol not found on the controller: install Slurm's client "
+        "there, or set fleetops_slurm_host for gpu01.dc1.example.com to a host that has it"
+    )
     assert "scontrol not found on the controller" in (missing.precheck(node()) or "")
 
 
-def test_a_controller_that_fails_is_failed_not_refused(tmp_path: Path) -> None:
+def test_a_controller_that_fails_is_failed_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")  # configured, but slurmctld does not answer
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     broken = tmp_path / "scontrol"
     broken.write_text(
         "#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm controller' >&2\nexit 1\n"
@@ -358,3 +365,28 @@ def test_purpose_refusal_refuses_an_empty_purpose_and_one_the_reason_would_cut()
     assert rule.drain_reason("operator", run, "x" * room).endswith("x" * room)  # kept whole
     too_long = slurm.purpose_refusal("operator", run, "x" * (room + 1))
     assert too_long is not None and too_long.startswith(f"the reason is {room + 1} characters; at most {room} fit")
+
+
+def test_without_a_slurm_configuration_nothing_is_sent_and_the_fake_refuses_as_scontrol_does(
+    fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller with scontrol but no configuration: the drain and the resume are refused
+    before anything runs (the TUI's gate gives the same reason), and the fake scontrol itself
+    refuses as the real one does, so no test can drain through a controller that could not."""
+    import subprocess
+
+    control, fs = fake(fake_scontrol.cluster(3, gpu01="IDLE+DRAIN"))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
+    drained = control.drain(node(), "x", kind="operator", run="alice@ctl01")
+    resumed = control.resume(node(), kind="operator", run="alice@ctl01", force=True)
+    why = (
+        f"no Slurm configuration on the controller ({tmp_path / 'absent.conf'} missing): set SLURM_CONF, "
+        "or fleetops_slurm_host for gpu01.dc1.example.com to a host of the cluster"
+    )
+    assert (drained.outcome, drained.message) == (results.REFUSED, f"gpu01.dc1.example.com: nothing sent: {why}")
+    assert (resumed.outcome, resumed.message) == (results.REFUSED, f"gpu01.dc1.example.com: nothing sent: {why}")
+    assert fs.calls() == []
+    env = {**fs.env(), "SLURM_CONF": str(tmp_path / "absent.conf")}
+    done = subprocess.run([str(fs.scontrol), "show", "nodes", "-o"], env=env, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.splitlines()[-1] == "scontrol: fatal: Unable to process configuration file"
