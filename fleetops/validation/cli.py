@@ -433,7 +433,8 @@ def register(sub: Any) -> None:
     frontend.inventory_arg(p)
     frontend.limit_arg(p)
     p.add_argument("--level", choices=("quick", "full"), default="quick",
-                   help="quick (at most 60 s a node) or full (at most 10 minutes); default quick")
+                   help="quick (at most 60 s a node) or full (at most 10 minutes a node, then the node-pair RDMA "
+                   "test: ib_write_bw on every compute rail of each pair, about 30 s a rail); default quick")
     frontend.format_arg(p, ("table", "json"), "; json: every GPU's and node's status, findings and figures")
     p.add_argument("--all", action="store_true",
                    help="table: list every GPU and node, ok ones too (default: only what is not ok, then the counts)")
