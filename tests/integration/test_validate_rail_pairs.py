@@ -17,6 +17,7 @@ import pytest
 
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK
 from fleetops.sim import fleet
+from fleetops.sim import gpu as sim
 
 pytestmark = pytest.mark.root
 
@@ -135,3 +136,22 @@ def test_the_table_names_the_pair_and_rail(fleet4: str) -> None:
     assert " mlx5_3: 19" in lines[1]
     assert lines[2] == ("32 GPUs: 32 ok, 0 warn, 0 crit, 0 unknown; 4 nodes' P2P and all_reduce: 4 ok, 0 warn, 0 crit, "
                         "0 unknown; 2 node pairs' RDMA rails: 1 ok, 0 warn, 1 crit, 0 unknown; 0 nodes without a result")
+
+
+def test_a_node_without_perftest_is_skipped_not_failed(fleet4: str) -> None:
+    """node004 without ib_write_bw: not applicable there, and node003, now the odd one out,
+    pairs with node001."""
+    path = os.path.join(fleet4, "state", "node004.json")
+    state = sim.read_state(path)
+    state["perftest_missing"] = True
+    sim.write_state(path, state)
+    try:
+        code, doc = _validate(fleet4)
+    finally:
+        state = sim.read_state(path)
+        state.pop("perftest_missing")
+        sim.write_state(path, state)
+    assert code == EXIT_OK
+    assert doc["pairs"]["skipped"] == {"node004": "perftest not installed (no ib_write_bw on PATH)"}
+    assert [(p["client"], p["server"], p["again"], p["status"]) for p in doc["pairs"]["results"]] == [
+        ("node001", "node002", False, "ok"), ("node003", "node001", True, "ok")]

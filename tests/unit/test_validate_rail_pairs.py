@@ -266,3 +266,48 @@ def test_server_is_ended_by_stop_with_its_ib_write_bw(tmp_path: Path) -> None:
     assert not os.path.exists(f"/proc/{child}")  # ended and reaped by the server
     assert ibbw.stop("tok-1", str(run_dir)) == {"kind": "ib-bw", "role": "stop", "stopped": False,
                                                 "note": "no server of this token runs"}
+
+
+def _lent_gpu_doc() -> dict[str, Any]:
+    """The ``rdma`` section as the agent writes it on the lent GPU machine (captured fabric)."""
+    import json
+
+    from fleetops import codec
+
+    facts = json.loads((FIXTURES.parent / "rdma" / "lent_gpu_no_rdma.json").read_text())
+    fabric = codec.build(model.Fabric, facts["fabric"], "fabric")
+    gpus = [{"index": i, "bus_id": b} for i, b in enumerate(facts["gpu_bus_ids"])]
+    rdma = ibbw.describe(fabric, gpus, facts["ib_write_bw"], (None, "nvidia_peermem not loaded"))
+    return {"gpus": [{"name": facts["gpu_name"]}], "rdma": rdma}
+
+
+def test_the_lent_gpu_machine_without_rdma_device_is_not_applicable() -> None:
+    doc = _lent_gpu_doc()
+    assert doc["rdma"]["not_applicable"] == "no RDMA device: /sys/class/infiniband is empty"
+    nr = rails.node_rails("gpu1", doc, None)
+    assert (nr.not_applicable, nr.error, nr.rails) == ("no RDMA device: /sys/class/infiniband is empty", None, {})
+
+
+def test_controller_without_rdma_nodes_says_not_applicable_and_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes like the lent machine: no pair, no SSH command, the reason per node."""
+    import argparse
+
+    from fleetops.fleet import transport
+    from fleetops.fleet.inventory import Host
+    from fleetops.validation import cli
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("no SSH command may run")
+
+    monkeypatch.setattr(transport, "run_all", refuse)
+    hosts = [Host("gpu1", "127.0.0.1"), Host("gpu2", "127.0.0.2")]
+    docs = {h.name: _lent_gpu_doc() for h in hosts}
+    args = argparse.Namespace(forks=4, connect_timeout=5.0, known_hosts=None, accept_new_hostkeys=False)
+    out = cli.pair_tests(args, hosts, docs, {})
+    assert out == {"not_applicable": "no node has an RDMA compute rail and perftest",
+                   "skipped": {"gpu1": "no RDMA device: /sys/class/infiniband is empty",
+                               "gpu2": "no RDMA device: /sys/class/infiniband is empty"},
+                   "verdicts": []}
+    table = cli._table([], {}, [], [], False, out)
+    assert table.splitlines()[-1] == ("0 GPUs: 0 ok, 0 warn, 0 crit, 0 unknown; RDMA pair test not applicable: no node "
+                                      "has an RDMA compute rail and perftest; 0 nodes without a result")
