@@ -194,6 +194,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 PAIR_PORT = 18515
 PAIR_DURATION_S = 10
 PAIR_CONNECT_S = 30.0
+PAIR_WAIT_AFTER_CLIENT_S = 10.0  # then the server that has not ended is stopped
 
 
 def pair_tests(args: argparse.Namespace, hosts: list[Any], docs: dict[str, dict[str, Any]],
@@ -289,7 +290,7 @@ def _measure_pair(client: Any, server: Any, run: list[str], args: argparse.Names
                                            **ssh)[client.name]
         finally:
             try:
-                server_res = served.result(timeout=10)[server.name]
+                server_res = served.result(timeout=PAIR_WAIT_AFTER_CLIENT_S)[server.name]
             except concurrent.futures.TimeoutError:
                 transport.run_all([server], stop_argv, command_timeout=30, idempotent=True, **ssh)
                 server_res = served.result()[server.name]

@@ -311,3 +311,71 @@ def test_controller_without_rdma_nodes_says_not_applicable_and_measures_nothing(
     table = cli._table([], {}, [], [], False, out)
     assert table.splitlines()[-1] == ("0 GPUs: 0 ok, 0 warn, 0 crit, 0 unknown; RDMA pair test not applicable: no node "
                                       "has an RDMA compute rail and perftest; 0 nodes without a result")
+
+
+class _FakeSsh:
+    """``transport.run_all`` for one pair: the server blocks until ``ib-bw stop`` with its token
+    arrives (as a server whose client never came); the client answers ``client``."""
+
+    def __init__(self, client: Any) -> None:
+        import threading
+
+        self.client = client
+        self.stopped = threading.Event()
+        self.calls: list[list[str]] = []
+
+    def run_all(self, hosts: list[Any], argv: list[str], **_: Any) -> dict[str, Any]:
+        import json
+
+        from fleetops.fleet.transport.common import Result
+
+        self.calls.append(list(argv))
+        host = hosts[0].name
+        role = argv[argv.index("ib-bw") + 1]
+        if role == "server":
+            assert self.stopped.wait(30), "the server was never stopped"
+            doc = {"kind": "ib-bw", "role": "server", "rails": {"mlx5_0": {"error": "stopped before its client finished"}}}
+            return {host: Result(host, True, 0, json.dumps(doc), "", None, None, 0.1)}
+        if role == "stop":
+            token = argv[argv.index("--token") + 1]
+            server_argv = next(c for c in self.calls if "server" in c)
+            assert server_argv[server_argv.index("--token") + 1] == token
+            self.stopped.set()
+            return {host: Result(host, True, 0, json.dumps({"kind": "ib-bw", "role": "stop", "stopped": True}), "",
+                                 None, None, 0.1)}
+        if isinstance(self.client, BaseException):
+            raise self.client
+        return {host: self.client}
+
+
+def _pair_args() -> Any:
+    import argparse
+
+    return argparse.Namespace(forks=4, connect_timeout=5.0, known_hosts=None, accept_new_hostkeys=False)
+
+
+def test_a_client_that_fails_still_stops_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetops.fleet.inventory import Host
+    from fleetops.fleet.transport.common import Result
+    from fleetops.validation import cli
+
+    monkeypatch.setattr(cli, "PAIR_WAIT_AFTER_CLIENT_S", 0.2)
+    failed = Result("n1", False, 255, "", "", "unreachable", "connection refused", 0.1)
+    ssh = _FakeSsh(failed)
+    out = cli._measure_pair(Host("n1", "10.0.0.1"), Host("n2", "10.0.0.2"), ["mlx5_0"], _pair_args(), ssh)
+    assert ssh.stopped.is_set()
+    assert [c[c.index("ib-bw") + 1] for c in ssh.calls] == ["server", "client", "stop"]
+    assert out["mlx5_0"]["error"].startswith("the client on n1 gave no answer: ")
+    assert out["mlx5_0"]["error"].endswith("; server on n2: stopped before its client finished")
+
+
+def test_a_controller_error_mid_pair_still_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetops.fleet.inventory import Host
+    from fleetops.validation import cli
+
+    monkeypatch.setattr(cli, "PAIR_WAIT_AFTER_CLIENT_S", 0.2)
+    ssh = _FakeSsh(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        cli._measure_pair(Host("n1", "10.0.0.1"), Host("n2", "10.0.0.2"), ["mlx5_0"], _pair_args(), ssh)
+    assert ssh.stopped.is_set()
+    assert [c[c.index("ib-bw") + 1] for c in ssh.calls] == ["server", "client", "stop"]
