@@ -201,8 +201,8 @@ def build_parser() -> Any:
     p.add_argument("--devices", help="comma-separated RDMA devices, the same list and order on both ends (mlx5_0,...)")
     p.add_argument("--peer", help="client: the server's address")
     p.add_argument("--listen", help="server (simulator only): the address to listen on; ib_write_bw listens on all")
-    p.add_argument("--port", type=int, default=18515, help="TCP port of the first rail; rail i uses port + i")
-    p.add_argument("--duration", type=int, default=10, help="seconds each rail is measured (ib_write_bw -D)")
+    p.add_argument("--port", type=int, default=18515, help="TCP port of the first rail; rail i uses port + i (default 18515, perftest's)")
+    p.add_argument("--duration", type=int, default=10, help="seconds each rail is measured (ib_write_bw -D; default 10)")
     p.add_argument("--wait", type=float, default=300.0,
                    help="server: end after this many seconds whatever its clients did (default 300)")
     p.add_argument("--token", help="server and stop: the name of this server (its pid file)")
