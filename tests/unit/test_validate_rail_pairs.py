@@ -211,7 +211,8 @@ def test_client_retries_until_the_server_listens_then_parses() -> None:
     calls: list[list[str]] = []
     good = (FIXTURES / "ib_write_bw_gdr_client.txt").read_text()
 
-    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        assert kw["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # --use_cuda's index is NVML's
         calls.append(argv)
         if len(calls) < 3:
             return subprocess.CompletedProcess(argv, 1, "", " Couldn't connect to 10.0.0.2:18515\n")
@@ -221,6 +222,11 @@ def test_client_retries_until_the_server_listens_then_parses() -> None:
     doc = ibbw.client([rail], "10.0.0.2", 18515, 10, connect_s=30.0, run=run)
     assert len(calls) == 3
     assert doc["rails"]["mlx5_3"]["gbps"] == 391.84
+    assert doc["rails"]["mlx5_3"]["memory_note"] is None  # perftest picked GPU 3, as asked
+    rail["gpu"] = 2
+    calls.clear()
+    doc = ibbw.client([rail], "10.0.0.2", 18515, 10, connect_s=30.0, run=run)
+    assert doc["rails"]["mlx5_3"]["memory_note"] == "perftest picked GPU 3, not GPU 2"
 
 
 def test_client_reports_a_port_perftest_finds_down_as_failed() -> None:

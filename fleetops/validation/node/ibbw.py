@@ -215,6 +215,12 @@ def perftest_argv(rail: dict[str, Any], tcp_port: int, duration: int, peer: str 
     return argv
 
 
+def perftest_env() -> dict[str, str]:
+    """``--use_cuda=N`` takes a CUDA device index, and CUDA numbers devices fastest first unless
+    told otherwise; in PCI bus order its indexes are NVML's, which chose the GPU."""
+    return {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def _public(rail: dict[str, Any]) -> dict[str, Any]:
     return {k: rail.get(k) for k in ("memory", "gpu", "gpudirect", "memory_note", "link_layer", "rate_gbps")}
 
@@ -268,7 +274,7 @@ def serve(rails: list[dict[str, Any]], base_port: int, duration: int, wait_s: fl
                 continue
             procs[rail["device"]] = subprocess.Popen(
                 perftest_argv(rail, base_port + i, duration), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, stdin=subprocess.DEVNULL)
+                text=True, stdin=subprocess.DEVNULL, env=perftest_env())
         deadline = time.monotonic() + wait_s
         while procs and not stop.asked and time.monotonic() < deadline:
             if all(p.poll() is not None for p in procs.values()):
@@ -336,7 +342,8 @@ def client(rails: list[dict[str, Any]], peer: str, base_port: int, duration: int
         deadline = time.monotonic() + connect_s
         while True:
             try:
-                proc = run(argv, capture_output=True, text=True, timeout=duration + 60, check=False)
+                proc = run(argv, capture_output=True, text=True, timeout=duration + 60, check=False,
+                           env=perftest_env())
             except subprocess.TimeoutExpired:
                 out[rail["device"]] = {"error": f"ib_write_bw ran past {duration + 60} s", **_public(rail)}
                 break
@@ -360,8 +367,10 @@ def _client_result(rail: dict[str, Any], code: int, text: str) -> dict[str, Any]
         result = parse(text)
     except IbBwError as exc:
         return {"error": str(exc), **base}
-    if rail.get("memory") == "cuda" and result.get("cuda") is None:
-        base["memory_note"] = f"{base.get('memory_note')}; perftest did not say which GPU it picked"
+    if rail.get("memory") == "cuda" and result.get("cuda") != rail.get("gpu"):
+        picked = result.get("cuda")
+        said = f"perftest picked {'no GPU it named' if picked is None else f'GPU {picked}'}, not GPU {rail.get('gpu')}"
+        base["memory_note"] = "; ".join(x for x in (base.get("memory_note"), said) if x)
     return {"gbps": result["average_gbps"], "bytes": result["bytes"], "iterations": result["iterations"], **base}
 
 
