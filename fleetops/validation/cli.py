@@ -97,7 +97,7 @@ def _records(gpus: list[dict[str, Any]], verdicts: list[GpuVerdict]) -> list[dic
 
 
 def _record(args: argparse.Namespace, started: float, status: str, code: int, gpus: list[dict[str, Any]],
-            verdicts: list[GpuVerdict], problems: dict[str, str]) -> int | None:
+            verdicts: list[GpuVerdict], problems: dict[str, str], pairs: dict[str, Any] | None = None) -> int | None:
     if args.no_history:
         return None
     import os
@@ -106,8 +106,11 @@ def _record(args: argparse.Namespace, started: float, status: str, code: int, gp
     from fleetops.fleet.store import Store
 
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
-    summary = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
-               "gpus_by_status": counts, "unreachable": problems}
+    summary: dict[str, Any] = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
+                               "gpus_by_status": counts, "unreachable": problems}
+    if pairs is not None:  # the node-pair RDMA test: its outcome in the run's summary, rails and all
+        summary["rdma_pairs"] = {"not_applicable": pairs.get("not_applicable"), "skipped": pairs.get("skipped"),
+                                 "results": [pv.to_dict() for pv in pairs.get("verdicts", [])]}
     run = {"started_at": started, "duration_s": round(time.time() - started, 3),
            "inventory": os.path.abspath(args.inventory), "level": args.level, "status": status,
            "exit_code": code, "summary": summary}
@@ -347,7 +350,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems and status == "ok":
         status = "unknown"
     code = EXIT_BY_STATUS[status]
-    run_id = _record(args, started, status, code, gpus, verdicts, problems)
+    run_id = _record(args, started, status, code, gpus, verdicts, problems, pairs)
     if args.format == "json":
         doc: dict[str, Any] = {"status": status, "gpus": [v.to_dict() for v in verdicts],
                "nodes": [v.to_dict() for v in node_verdicts], "unreachable": problems, "history_run": run_id}

@@ -109,13 +109,33 @@ def test_a_port_down_fails_its_rail_with_the_reason(fleet4: str) -> None:
     assert sorted(bad["figures"]) == [r for r in RAILS if r != "mlx5_5"]
 
 
-def test_the_odd_node_is_paired_with_one_already_measured_and_one_node_is_not_applicable(fleet4: str) -> None:
-    code, doc = _validate(fleet4, "--limit", "node001,node002,node003")
+def _validate_recorded(directory: str, db: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "fleetops.cli", "validate", "-i",
+                           os.path.join(directory, "inventory.yml"), "--level", "full", "--format", "json",
+                           "--db", db, *extra],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_the_odd_node_is_paired_with_one_already_measured_and_one_node_is_not_applicable(
+    fleet4: str, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    db = str(tmp_path / "history.db")
+    code, doc = _validate_recorded(fleet4, db, "--limit", "node001,node002,node003")
     assert code == EXIT_OK
     results = [(p["client"], p["server"], p["again"], p["status"]) for p in doc["pairs"]["results"]]
     assert results == [("node001", "node002", False, "ok"), ("node003", "node001", True, "ok")]
     assert doc["pairs"]["results"][1]["notes"] == [
         "node003 is the odd node out: paired with node001, which its own pair measured already"]
+    with sqlite3.connect(db) as conn:
+        [(summary,)] = conn.execute("SELECT summary FROM validate_runs").fetchall()
+    recorded = json.loads(summary)["rdma_pairs"]
+    assert [(p["client"], p["server"], sorted(p["figures"])) for p in recorded["results"]] == [
+        ("node001", "node002", RAILS), ("node003", "node001", RAILS)]
     code, doc = _validate(fleet4, "--limit", "node001")
     assert code == EXIT_OK
     assert doc["pairs"]["not_applicable"] == "one node has RDMA compute rails: no peer to measure against"
