@@ -385,3 +385,17 @@ def test_a_controller_error_mid_pair_still_stops_the_server(monkeypatch: pytest.
         cli._measure_pair(Host("n1", "10.0.0.1"), Host("n2", "10.0.0.2"), ["mlx5_0"], _pair_args(), ssh)
     assert ssh.stopped.is_set()
     assert [c[c.index("ib-bw") + 1] for c in ssh.calls] == ["server", "client", "stop"]
+
+
+def test_the_baseline_overrides_the_rail_floor_and_refuses_one_over_the_rate(tmp_path: Path) -> None:
+    from fleetops import baseline
+    from fleetops.validation import cli
+
+    base = baseline.from_mapping({"validation": {"floors": {"NVIDIA H200": {"ib_write_bw_gbps": 380}}}}, "b.yml")
+    result = {**_result("n1", "n2", {"mlx5_0": 375.0}), "floors": cli.floor_overrides(base)}
+    [pv] = rails.judge_pairs([result], None)
+    assert [(v.status, v.floor) for v in pv.rails] == [("crit", 380.0)]
+    bad = tmp_path / "b.yml"
+    bad.write_text("validation:\n  floors:\n    NVIDIA H200:\n      ib_write_bw_gbps: 450\n")
+    with pytest.raises(baseline.BaselineError, match=r"b.yml:4: .*ib_write_bw_gbps: must be between 0 and 400 Gb/s, got 450"):
+        baseline.load_file(str(bad))
