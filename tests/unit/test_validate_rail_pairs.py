@@ -399,3 +399,14 @@ def test_the_baseline_overrides_the_rail_floor_and_refuses_one_over_the_rate(tmp
     bad.write_text("validation:\n  floors:\n    NVIDIA H200:\n      ib_write_bw_gbps: 450\n")
     with pytest.raises(baseline.BaselineError, match=r"b.yml:4: .*ib_write_bw_gbps: must be between 0 and 400 Gb/s, got 450"):
         baseline.load_file(str(bad))
+
+
+def test_the_pid_folder_falls_back_where_run_is_not_writable(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the folder should be: it cannot be made
+    import tempfile
+
+    assert ibbw.run_dir_for(str(blocked / "run")) == os.path.join(tempfile.gettempdir(), f"fleetops-{os.getuid()}")
+    assert ibbw.run_dir_for(str(tmp_path / "run")) == str(tmp_path / "run")
+    with pytest.raises(ibbw.IbBwError, match="letters, digits"):
+        ibbw.pid_file("../../etc/x", str(tmp_path))

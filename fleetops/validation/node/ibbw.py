@@ -234,12 +234,28 @@ def pid_file(token: str, run_dir: str = RUN_DIR) -> str:
     return os.path.join(run_dir, f"ib-bw-{token}.pid")
 
 
+def run_dir_for(default: str = RUN_DIR) -> str:
+    """Where the server's pid file lives: ``/run/fleetops`` where this user may write there (the
+    agent runs as root), else a folder of this user's in the temporary directory; the server and
+    ``stop`` (the same user, over SSH) reach the same one."""
+    try:
+        os.makedirs(default, exist_ok=True)
+        if os.access(default, os.W_OK):
+            return default
+    except OSError:
+        pass
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"fleetops-{os.getuid()}")
+
+
 class _Stop:
     """SIGTERM (``ib-bw stop``, or the controller giving up) ends the server's wait."""
 
     def __init__(self) -> None:
         self.asked = False
         signal.signal(signal.SIGTERM, self._on)
+        signal.signal(signal.SIGHUP, self._on)  # a session that hangs up, where sshd sends it
 
     def _on(self, *_: Any) -> None:
         self.asked = True
@@ -504,7 +520,7 @@ def _context(backend: str, state_path: str | None) -> dict[str, Any]:
     gpus = [{"index": g["index"], "bus_id": g["bus_id"]} for g in nvml_gpus()]
     return {"sim": False, "root": "/sys", "fabric": sysfs.read("/sys", [_norm(g["bus_id"]) for g in gpus]),
             "gpus": gpus, "gdr": gpudirect(), "perftest": perftest_path(), "hostname": socket.gethostname(),
-            "run_dir": RUN_DIR}
+            "run_dir": run_dir_for()}
 
 
 def rdma_section(backend: str, state_path: str | None) -> dict[str, Any]:
