@@ -192,6 +192,22 @@ def build_parser() -> Any:
            "else the first that works here: torch with a CUDA device, then cupy, then dcgm (dcgmi on PATH); "
            "none works: refused, naming what to install)")
 
+    about = ("one end of the node-pair RDMA bandwidth test (perftest's ib_write_bw per rail, GPUDirect where "
+             "possible); fleetops validate --level full runs the server on one node and the client on its peer")
+    p = sub.add_parser("ib-bw", help=about, description=about)
+    p.add_argument("role", choices=("server", "client", "stop"),
+                   help="server: listen on each rail; client: measure each rail against --peer; stop: end the "
+                   "server of --token")
+    p.add_argument("--devices", help="comma-separated RDMA devices, the same list and order on both ends (mlx5_0,...)")
+    p.add_argument("--peer", help="client: the server's address")
+    p.add_argument("--listen", help="server (simulator only): the address to listen on; ib_write_bw listens on all")
+    p.add_argument("--port", type=int, default=18515, help="TCP port of the first rail; rail i uses port + i (default 18515, perftest's)")
+    p.add_argument("--duration", type=int, default=10, help="seconds each rail is measured (ib_write_bw -D; default 10)")
+    p.add_argument("--wait", type=float, default=300.0,
+                   help="server: end after this many seconds whatever its clients did (default 300)")
+    p.add_argument("--token", help="server and stop: the name of this server (its pid file)")
+    common(p, backend_help="auto|nvml|sim (default auto; sim: the simulated HCAs of --state answer)")
+
     p = sub.add_parser("mig", help="MIG instances: apply a layout (mode, GPU and compute instances); reset "
                        "destroys and recreates them when none is in use")
     common(p)
@@ -432,6 +448,15 @@ def main(argv: list[str] | None = None) -> int:
                 doc = judge_node(doc, overrides)
                 _emit(doc, args.pretty)
                 return EXIT_OK if doc["gate"]["passed"] else EXIT_FAIL
+            _emit(doc, args.pretty)
+            return EXIT_OK
+        if args.command == "ib-bw":
+            from fleetops.validation.node import ibbw
+
+            try:
+                doc = ibbw.main_args(args)
+            except ibbw.IbBwError as exc:
+                return _fail("usage", str(exc), EXIT_USAGE)
             _emit(doc, args.pretty)
             return EXIT_OK
         if args.command == "mig":

@@ -93,12 +93,19 @@ def _threshold(name: str, type_: str, default: Any, description: str, unit: str 
 
 # Floor metrics a baseline may override: the ones floors.floors_for applies per model.
 
-VALIDATION_FLOOR_METRICS: tuple[str, ...] = (*_floors.PER_GPU_METRICS, "p2p_gbps")
+VALIDATION_FLOOR_METRICS: tuple[str, ...] = (*_floors.PER_GPU_METRICS, "p2p_gbps", _floors.IB_WRITE_BW)
 _FLOOR_UNITS = {"gbps": "GB/s", "tflops": "TFLOP/s"}
+_FLOOR_ABOUT = {
+    _floors.IB_WRITE_BW: "Floor of the node-pair RDMA write bandwidth (ib_write_bw, GPUDirect where possible) "
+    "of a 400 Gb/s rail, in Gb/s, for the nodes of this model (replaces the shipped 360, AzNHC's check_ib_bw_gdr); "
+    "a rail of another rate is held to this x rate / 400. At most 400: a floor over the rate fails every rail.",
+}
 _VALIDATION_FLOOR_KEYS = tuple(
     SchemaKey(f"validation.floors.*.{m}", T_NUM, None,
-              f"Floor for {m} (replaces the shipped one for this model).",
-              _floors.SHIPPED["H200 SXM"].metric(m), minimum=0, unit=_FLOOR_UNITS.get(m.rsplit("_", 1)[-1]))
+              _FLOOR_ABOUT.get(m, f"Floor for {m} (replaces the shipped one for this model)."),
+              _floors.SHIPPED["H200 SXM"].metric(m), minimum=0,
+              maximum=_floors.IB_REFERENCE_RATE_GBPS if m == _floors.IB_WRITE_BW else None,
+              unit="Gb/s" if m == _floors.IB_WRITE_BW else _FLOOR_UNITS.get(m.rsplit("_", 1)[-1]))
     for m in VALIDATION_FLOOR_METRICS
 )
 

@@ -11,7 +11,7 @@ from typing import Any
 from fleetops.catalog.durations import retention_arg
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
 from fleetops.ops import frontend
-from fleetops.validation.judge import GpuVerdict, NodeVerdict, judge, judge_nodes, overall
+from fleetops.validation.judge import GpuVerdict, NodeVerdict, _worse, judge, judge_nodes, overall
 
 # The agent's own time budget per level plus SSH; a node past it is unknown, not failed.
 COMMAND_TIMEOUT_S = {"quick": 120.0, "full": 720.0}
@@ -20,7 +20,7 @@ EXIT_BY_STATUS = {"ok": EXIT_OK, "warn": EXIT_WARN, "crit": EXIT_CRIT, "unknown"
 
 def _collect(
     args: argparse.Namespace,
-) -> tuple[list[Any], list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
+) -> tuple[list[Any], list[dict[str, Any]], dict[str, str], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     from fleetops.fleet import answers, inventory, transport
 
     hosts = inventory.load(args.inventory, args.limit)
@@ -31,19 +31,21 @@ def _collect(
     gpus: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []  # the node-level tests (P2P matrix, all_reduce), judged per node
     problems: dict[str, str] = {}
+    docs: dict[str, dict[str, Any]] = {}
     for host in hosts:
         res = results[host.name]
         doc = _validate_doc(res.stdout) if res.ok else None
         if doc is None:
             problems[host.name] = answers.read(res).describe()
             continue
+        docs[host.name] = doc
         for g in doc.get("gpus") or []:
             gpus.append({**g, "host": host.name, "provenance": doc.get("provenance"), "expires": doc.get("expires"),
                          "started": doc.get("started"), "level": doc.get("level", args.level),
                          "duration_s": doc.get("duration_s")})
         if isinstance(doc.get("node"), dict):
             nodes.append({**doc, "host": host.name})
-    return hosts, gpus, problems, nodes
+    return hosts, gpus, problems, nodes, docs
 
 
 def judge_nodes_by_baseline(nodes: list[dict[str, Any]], baselines: dict[str, Any]) -> list[NodeVerdict]:
@@ -95,7 +97,7 @@ def _records(gpus: list[dict[str, Any]], verdicts: list[GpuVerdict]) -> list[dic
 
 
 def _record(args: argparse.Namespace, started: float, status: str, code: int, gpus: list[dict[str, Any]],
-            verdicts: list[GpuVerdict], problems: dict[str, str]) -> int | None:
+            verdicts: list[GpuVerdict], problems: dict[str, str], pairs: dict[str, Any] | None = None) -> int | None:
     if args.no_history:
         return None
     import os
@@ -104,8 +106,11 @@ def _record(args: argparse.Namespace, started: float, status: str, code: int, gp
     from fleetops.fleet.store.database import Store
 
     counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("ok", "warn", "crit", "unknown")}
-    summary = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
-               "gpus_by_status": counts, "unreachable": problems}
+    summary: dict[str, Any] = {"nodes": len({g["host"] for g in gpus}) + len(problems), "gpus": len(verdicts),
+                               "gpus_by_status": counts, "unreachable": problems}
+    if pairs is not None:  # the node-pair RDMA test: its outcome in the run's summary, rails and all
+        summary["rdma_pairs"] = {"not_applicable": pairs.get("not_applicable"), "skipped": pairs.get("skipped"),
+                                 "results": [pv.to_dict() for pv in pairs.get("verdicts", [])]}
     run = {"started_at": started, "duration_s": round(time.time() - started, 3),
            "inventory": os.path.abspath(args.inventory), "level": args.level, "status": status,
            "exit_code": code, "summary": summary}
@@ -187,6 +192,132 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return code
 
 
+# The node-pair RDMA test: the first rail's TCP port (perftest's default), seconds per rail, and
+# how long a client may wait for its server's listener.
+PAIR_PORT = 18515
+PAIR_DURATION_S = 10
+PAIR_CONNECT_S = 30.0
+PAIR_WAIT_AFTER_CLIENT_S = 10.0  # then the server that has not ended is stopped
+
+
+def pair_tests(args: argparse.Namespace, hosts: list[Any], docs: dict[str, dict[str, Any]],
+               baselines: dict[str, Any]) -> dict[str, Any]:
+    """``--level full``'s node-pair RDMA bandwidth test: the nodes with compute rails in pairs
+    (``rails.plan``), each pair's common rails measured by a server on one node and a client on
+    the other, the pairs of one round at once, then judged. ``not_applicable`` (never a failure)
+    where fewer than two nodes have a compute rail; ``skipped``: each node that takes no part and why."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleetops.fleet import transport
+    from fleetops.validation import rails
+
+    by_name = {h.name: h for h in hosts}
+    members: dict[str, rails.NodeRails] = {}
+    skipped: dict[str, str] = {}
+    for h in hosts:
+        if h.name not in docs:
+            continue  # no answer at all: already in unreachable
+        nr = rails.node_rails(h.name, docs[h.name], baselines.get(h.name))
+        if nr.error or nr.not_applicable:
+            skipped[h.name] = str(nr.error or nr.not_applicable)
+        else:
+            members[h.name] = nr
+    plan = rails.plan(list(members))
+    if not plan:
+        why = ("one node has RDMA compute rails: no peer to measure against" if len(members) == 1
+               else "no node has an RDMA compute rail and perftest")
+        return {"not_applicable": why, "skipped": skipped, "verdicts": []}
+    usual = rails.usual_rate(list(members.values()))
+
+    def one(pair: rails.Pair) -> dict[str, Any]:
+        a, b = members[pair.client], members[pair.server]
+        run, failed, notes = rails.pair_rails(a, b)
+        wanted = [r for r in (a.wanted_rate_gbps, b.wanted_rate_gbps) if r]
+        result: dict[str, Any] = {
+            "client": pair.client, "server": pair.server, "again": pair.again,
+            "model": a.model if a.model == b.model else None, "rate_gbps": min(wanted) if wanted else usual,
+            "floors": floor_overrides(baselines.get(pair.client)),
+            "rails": {r: {"failed": why} for r, why in failed.items()}, "notes": notes,
+        }
+        if pair.again:
+            notes.insert(0, f"{pair.client} is the odd node out: paired with {pair.server}, which its own pair "
+                         "measured already")
+        if run:
+            result["rails"].update(_measure_pair(by_name[pair.client], by_name[pair.server], run, args, transport))
+        return result
+
+    results: list[dict[str, Any]] = []
+    for wave in ([p for p in plan if not p.again], [p for p in plan if p.again]):
+        if wave:  # the odd node's pair comes after the first round: its partner is then free
+            with ThreadPoolExecutor(max_workers=max(1, min(int(args.forks), len(wave)))) as pool:
+                results.extend(pool.map(one, wave))
+    return {"not_applicable": None, "skipped": skipped, "usual_rate_gbps": usual,
+            "verdicts": rails.judge_pairs(results, None)}
+
+
+def _ib_doc(res: Any) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(res.stdout or "")
+    except json.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("kind") == "ib-bw" else None
+
+
+def _measure_pair(client: Any, server: Any, run: list[str], args: argparse.Namespace,
+                  transport: Any) -> dict[str, dict[str, Any]]:
+    """The server on ``server`` and the client on ``client`` over SSH for the rails ``run``; the
+    server is stopped (``ib-bw stop``) whenever it has not ended on its own shortly after the
+    client, on error too, and bounds itself with ``--wait`` should this process die."""
+    import concurrent.futures
+    import os
+    import uuid
+
+    from fleetops.fleet import answers
+    from fleetops.ops.reset import agent_argv
+
+    token = f"fleetops-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    devices = ",".join(run)
+    wait = PAIR_CONNECT_S + len(run) * (PAIR_DURATION_S + 20) + 30
+    common = ["--devices", devices, "--port", str(PAIR_PORT), "--duration", str(PAIR_DURATION_S)]
+    server_argv = agent_argv(server, "ib-bw", "server", *common, "--wait", str(int(wait)), "--token", token,
+                             "--listen", server.address)
+    client_argv = agent_argv(client, "ib-bw", "client", *common, "--peer", server.address)
+    stop_argv = agent_argv(server, "ib-bw", "stop", "--token", token)
+    ssh = {"forks": 1, "connect_timeout": args.connect_timeout, "known_hosts": args.known_hosts,
+           "accept_new_hostkeys": args.accept_new_hostkeys}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetops-ib-server") as pool:
+        served = pool.submit(transport.run_all, [server], server_argv, command_timeout=wait + 30, **ssh)
+        client_res = None
+        try:
+            client_res = transport.run_all([client], client_argv, command_timeout=wait, idempotent=True,
+                                           **ssh)[client.name]
+        finally:
+            try:
+                server_res = served.result(timeout=PAIR_WAIT_AFTER_CLIENT_S)[server.name]
+            except concurrent.futures.TimeoutError:
+                transport.run_all([server], stop_argv, command_timeout=30, idempotent=True, **ssh)
+                server_res = served.result()[server.name]
+    client_doc = _ib_doc(client_res) if client_res is not None and client_res.ok else None
+    server_doc = _ib_doc(server_res) if server_res.ok else None
+    out: dict[str, dict[str, Any]] = {}
+    for rail in run:
+        mine = dict((client_doc or {}).get("rails", {}).get(rail) or {})
+        theirs = (server_doc or {}).get("rails", {}).get(rail) or {}
+        if client_doc is None:
+            why = answers.read(client_res).describe() if client_res is not None else "no answer"
+            mine = {"error": f"the client on {client.name} gave no answer: {why}"}
+        if "failed" in theirs and "gbps" not in mine:
+            mine = {**mine, "failed": f"{theirs['failed']} (on {server.name})"}
+            mine.pop("error", None)
+        elif "error" in mine and theirs.get("error"):
+            mine["error"] = f"{mine['error']}; server on {server.name}: {theirs['error']}"
+        if server_doc is not None and theirs.get("memory") and theirs.get("memory") != "cuda" and "gbps" in mine:
+            mine["memory"] = "host"  # one end in host memory: the figure is not a GPUDirect one
+            mine["memory_note"] = f"{server.name}: {theirs.get('memory_note')}"
+        out[rail] = mine
+    return out
+
+
 def _validate_doc(stdout: str | None) -> dict[str, Any] | None:
     try:
         doc = json.loads(stdout or "")
@@ -205,24 +336,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return cmd_probe(args)
     started = time.time()
     try:
-        hosts, gpus, problems, nodes = _collect(args)
+        hosts, gpus, problems, nodes, docs = _collect(args)
         baselines = resolve_baselines(hosts, args.baseline, args.inventory)
         verdicts = judge_by_baseline(gpus, baselines)
         node_verdicts = judge_nodes_by_baseline(nodes, baselines)
+        pairs = pair_tests(args, hosts, docs, baselines) if args.level == "full" else None
     except FleetopsError as exc:
         sys.stderr.write(f"fleetops: error: {exc.message}\n")
         return exc.exit_code
     status = overall([*verdicts, *node_verdicts])
+    for pv in (pairs or {}).get("verdicts", []):
+        status = _worse(status, pv.status)
     if problems and status == "ok":
         status = "unknown"
     code = EXIT_BY_STATUS[status]
-    run_id = _record(args, started, status, code, gpus, verdicts, problems)
+    run_id = _record(args, started, status, code, gpus, verdicts, problems, pairs)
     if args.format == "json":
-        doc = {"status": status, "gpus": [v.to_dict() for v in verdicts],
+        doc: dict[str, Any] = {"status": status, "gpus": [v.to_dict() for v in verdicts],
                "nodes": [v.to_dict() for v in node_verdicts], "unreachable": problems, "history_run": run_id}
+        if pairs is not None:
+            doc["pairs"] = {**{k: v for k, v in pairs.items() if k != "verdicts"},
+                            "results": [pv.to_dict() for pv in pairs["verdicts"]]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        sys.stdout.write(_table(verdicts, problems, node_verdicts, gpus, args.all))
+        sys.stdout.write(_table(verdicts, problems, node_verdicts, gpus, args.all, pairs))
     return code
 
 
@@ -232,6 +369,7 @@ def _table(
     node_verdicts: list[NodeVerdict] | None = None,
     gpus: list[dict[str, Any]] | None = None,
     show_all: bool = False,
+    pairs: dict[str, Any] | None = None,
 ) -> str:
     """The operator's table: the GPUs and nodes that are not ok (every one with ``show_all``),
     each GPU by its index and bus id (what ``nvidia-smi -i`` takes), P2P pairs by GPU index,
@@ -244,7 +382,7 @@ def _table(
         if index is not None:
             by_host.setdefault(host, {})[uuid] = f"GPU {index}"
 
-    def counted(items: list[GpuVerdict] | list[NodeVerdict]) -> str:
+    def counted(items: list[GpuVerdict] | list[NodeVerdict] | list[Any]) -> str:
         return ", ".join(f"{sum(1 for v in items if v.status == s)} {s}" for s in ("ok", "warn", "crit", "unknown"))
 
     def gpu_cell(v: GpuVerdict) -> str:
@@ -268,14 +406,25 @@ def _table(
         bad = [x for x in nv.verdicts if x.status != "ok"]
         finding = "; ".join(f"{x.metric} {pair(nv.host, x.gpu)}: {x.reason}" for x in bad) or "; ".join(nv.notes)
         lines.append(f"{nv.host:<16} {'(node: P2P, NCCL)':<20} {nv.status:<8} {finding}")
+    pair_verdicts = (pairs or {}).get("verdicts", [])
+    for pv in pair_verdicts:
+        if pv.status == "ok" and not show_all:
+            continue
+        finding = "; ".join(f"{x.rail}: {x.reason}" for x in pv.rails if x.status != "ok") or "; ".join(pv.notes)
+        lines.append(f"{pv.client + '->' + pv.server:<16} {'(pair: RDMA rails)':<20} {pv.status:<8} {finding}")
     for host, why in problems.items():
         lines.append(f"{host:<16} {'-':<20} {'unknown':<8} {why}")
     summary = f"{len(verdicts)} GPUs: {counted(verdicts)}"
     if node_verdicts:
         summary += f"; {len(node_verdicts)} nodes' P2P and all_reduce: {counted(node_verdicts)}"
+    if pairs is not None and pairs.get("not_applicable"):
+        summary += f"; RDMA pair test not applicable: {pairs['not_applicable']}"
+    elif pairs is not None:
+        summary += f"; {len(pair_verdicts)} node pairs' RDMA rails: {counted(pair_verdicts)}"
     summary += f"; {len(problems)} node{'' if len(problems) == 1 else 's'} without a result"
     lines.append(summary)
-    if not show_all and (any(v.status == "ok" for v in verdicts) or any(v.status == "ok" for v in node_verdicts or [])):
+    if not show_all and (any(v.status == "ok" for v in verdicts) or any(v.status == "ok" for v in node_verdicts or [])
+                         or any(v.status == "ok" for v in pair_verdicts)):
         lines.append("(what is ok is not listed: --all lists every GPU and node)")
     return "\n".join(lines) + "\n"
 
@@ -288,7 +437,8 @@ def register(sub: Any) -> None:
     frontend.inventory_arg(p)
     frontend.limit_arg(p)
     p.add_argument("--level", choices=("quick", "full"), default="quick",
-                   help="quick (at most 60 s a node) or full (at most 10 minutes); default quick")
+                   help="quick (at most 60 s a node) or full (at most 10 minutes a node, then the node-pair RDMA "
+                   "test: ib_write_bw on every compute rail of each pair, about 30 s a rail); default quick")
     frontend.format_arg(p, ("table", "json"), "; json: every GPU's and node's status, findings and figures")
     p.add_argument("--all", action="store_true",
                    help="table: list every GPU and node, ok ones too (default: only what is not ok, then the counts)")

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 #                   |         | (no published floor: judged against the fleet's pairs only)
 # allreduce_busbw_gbps | GB/s | NCCL all_reduce bus bandwidth at the named GPU count,
 #                   |         | message size and algorithm (busbw = algbw * 2 (n-1) / n)
+# ib_write_bw_gbps  | Gb/s    | RDMA write bandwidth of one rail between two nodes (perftest's
+#                   |         | ib_write_bw, GPUDirect where possible), the floor of a 400 Gb/s
+#                   |         | rail: a rail of another rate is held to floor x rate / 400
 #
 # Healthy references the floors derive from (8-GPU HGX published runs, and one H200 measured):
 # model     | triad (copy) TB/s | bf16 TFLOP/s | fp8 8192^3 TFLOP/s | H2D/D2H GB/s
@@ -65,6 +68,8 @@ class ModelFloors:
     p2p_gbps: float
     allreduce: tuple[AllReduceFloor, ...]
     theoretical_hbm_gbps: float
+    # AzNHC's check_ib_bw_gdr 360 on NDR 400 (90 % of the rate); the floor of a 400 Gb/s rail.
+    ib_write_bw_gbps: float = 360.0
 
     def metric(self, name: str) -> float | None:
         value = getattr(self, name, None)
@@ -78,6 +83,17 @@ class ModelFloors:
 
 
 NODE_METRICS = ("p2p_gbps", "p2p_bidir_gbps", "allreduce_busbw_gbps")
+
+# The node-pair RDMA test: its floor is set for a rail of this rate and scaled to the rail's.
+IB_WRITE_BW = "ib_write_bw_gbps"
+IB_REFERENCE_RATE_GBPS = 400.0
+IB_FLOOR_GBPS = 360.0  # AzNHC check_ib_bw_gdr 360 on ND96isr H100/H200 v5 (NDR 400)
+
+
+def rail_floor(floor_at_reference: float, rate_gbps: float) -> float:
+    """The floor of a rail whose ports should train at ``rate_gbps``: the floor of a 400 Gb/s rail
+    in proportion (360 -> 180 at HDR 200, 720 at XDR 800); the same fraction of the rate holds."""
+    return floor_at_reference * rate_gbps / IB_REFERENCE_RATE_GBPS
 
 PER_GPU_METRICS = (
     "hbm_copy_gbps",
@@ -162,7 +178,8 @@ def floors_for(name: str | None, overrides: dict[str, dict[str, float]] | None =
         return None
     if not over:
         return base
-    fields = {m: float(over[m]) if m in over else getattr(base, m) for m in (*PER_GPU_METRICS, "p2p_gbps")}
+    fields = {m: float(over[m]) if m in over else getattr(base, m)
+              for m in (*PER_GPU_METRICS, "p2p_gbps", IB_WRITE_BW)}
     allreduce = base.allreduce
     if "allreduce_busbw_gbps" in over:
         # One figure from the baseline holds for every GPU count, algorithm and message size.

@@ -8,6 +8,8 @@ from typing import Any
 
 from fleetops.validation.judge import summarize
 from fleetops.validation.node import telemetry
+from fleetops.validation.node.telemetry import nvml_gpus as _nvml_gpus
+from fleetops.validation.node.telemetry import nvml_sampler as _nvml_sampler
 
 EXPIRY_S = {"quick": 7 * 86400, "full": 30 * 86400}
 
@@ -29,17 +31,6 @@ def _select(gpus: list[dict[str, Any]], sel: str) -> list[int]:
 
 def _summaries(samples: dict[str, Any]) -> dict[str, Any]:
     return {m: summarize(v) if isinstance(v, list) else v for m, v in samples.items()}
-
-
-def _nvml_sampler() -> tuple[Any, Any]:
-    """Read-only NVML telemetry per test: clocks-event reasons, temperature, power, SM clock."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - telemetry is optional; the result says it is missing
-        return None, None
-    return pynvml, pynvml
 
 
 BACKENDS = ("auto", "torch", "cupy", "dcgm", "sim")
@@ -151,7 +142,7 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
         results, node, prov = dcgmbackend.run(level, gpus, index)
     else:
         results, node, prov = _run_cuda(backend, level, gpu)
-    return {
+    doc = {
         "kind": "validate",
         "level": level,
         "started": started,
@@ -161,6 +152,18 @@ def validate(level: str, gpu: str, backend: str, state_path: str | None, noise: 
         "gpus": results,
         "node": _summarize_node(node),
     }
+    if level == "full":  # what the controller pairs the nodes by for the RDMA bandwidth test
+        doc["rdma"] = _rdma(backend, state_path)
+    return doc
+
+
+def _rdma(backend: str, state_path: str | None) -> dict[str, Any]:
+    from fleetops.validation.node import ibbw
+
+    try:
+        return ibbw.rdma_section("sim" if backend == "sim" else "nvml", state_path)
+    except Exception as exc:  # noqa: BLE001 - the GPU results stand; the pair test says why it cannot run
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _node_for_selection(gpu: str, run: Any) -> dict[str, Any]:
@@ -169,24 +172,6 @@ def _node_for_selection(gpu: str, run: Any) -> dict[str, Any]:
         return {"p2p": {"skipped": why}, "allreduce": {"skipped": why}}
     result: dict[str, Any] = run()
     return result
-
-
-def _nvml_gpus() -> list[dict[str, Any]]:
-    """Identity of each GPU (index, UUID, bus id, name) from NVML, read-only; empty where NVML
-    does not start, so a backend that needs no NVML still runs."""
-    nv, _ = _nvml_sampler()
-    if nv is None:
-        return []
-    out = []
-    try:
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            name = nv.nvmlDeviceGetName(h)
-            out.append({"index": i, "uuid": nv.nvmlDeviceGetUUID(h), "bus_id": nv.nvmlDeviceGetPciInfo(h).busId,
-                        "name": name.decode() if isinstance(name, bytes) else name})
-    except Exception:  # noqa: BLE001 - identity is best effort; the backend's own ids remain
-        return out
-    return out
 
 
 def _run_cuda(backend: str, level: str, gpu: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:

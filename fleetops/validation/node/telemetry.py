@@ -109,3 +109,32 @@ class Window:
         self.during[self._test] = summarize(self._readings, time.monotonic() - self._started)
         self._test = None
         self._readings = []
+
+
+def nvml_sampler() -> tuple[Any, Any]:
+    """Read-only NVML telemetry per test: clocks-event reasons, temperature, power, SM clock."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - telemetry is optional; the result says it is missing
+        return None, None
+    return pynvml, pynvml
+
+
+def nvml_gpus() -> list[dict[str, Any]]:
+    """Identity of each GPU (index, UUID, bus id, name) from NVML, read-only; empty where NVML
+    does not start, so a backend that needs no NVML still runs."""
+    nv, _ = nvml_sampler()
+    if nv is None:
+        return []
+    out = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name = nv.nvmlDeviceGetName(h)
+            out.append({"index": i, "uuid": nv.nvmlDeviceGetUUID(h), "bus_id": nv.nvmlDeviceGetPciInfo(h).busId,
+                        "name": name.decode() if isinstance(name, bytes) else name})
+    except Exception:  # noqa: BLE001 - identity is best effort; the backend's own ids remain
+        return out
+    return out
