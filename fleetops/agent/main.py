@@ -211,9 +211,10 @@ def build_parser() -> Any:
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 
-    from fleetops.agent import check, holders_cli, slurm_healthcheck
+    from fleetops.agent import check, holders_cli, job_cli, slurm_healthcheck
 
     holders_cli.register(sub)
+    job_cli.add_parser(sub, common)
 
     slurm_healthcheck.add_parser(sub, common)
     check.add_parser(sub)
@@ -342,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetops.agent import holders_cli
 
         return holders_cli.run(args)
+    if args.command == "job":
+        from fleetops.agent import job_cli
+
+        return job_cli.run(args)
     if args.command == "history":
         from fleetops.agent.serve import history_cli
 

@@ -133,6 +133,13 @@ from fleetops.sim.gpu.ops import (
     set_reset_duration,
     set_service,
 )
+from fleetops.sim.gpu.slurm import (
+    gres_devices,
+    job_cgroup,
+    make_job_cgroup,
+    remove_job_cgroup,
+    write_slurm_files,
+)
 from fleetops.sim.gpu.snapshot import (
     driver_branch_of,
     lost_gpu,
@@ -156,6 +163,7 @@ from fleetops.sim.gpu.statefile import (
     printk_uptime,
     read_state,
     read_state_text,
+    run_dir,
     write_state,
 )
 from fleetops.sim.gpu.traffic import (
@@ -176,6 +184,12 @@ from fleetops.sim.gpu.validation import (
 )
 
 __all__ = [
+    "gres_devices",
+    "job_cgroup",
+    "make_job_cgroup",
+    "remove_job_cgroup",
+    "run_dir",
+    "write_slurm_files",
     "CLOCK_FIELDS",
     "CONDITION_FAULTS",
     "CRC_STORM_BASE",

@@ -126,6 +126,15 @@ def in_use_message(bus_id: str, holders: list[Any]) -> str:
             f"files ({named}); stop every process using the GPU, monitoring ones included, and retry")
 
 
+def run_dir(state_path: str) -> str:
+    """The simulated node's ``/run/fleetops``: ``<state>.agent/``, where its daemon keeps its
+    socket and XID state, and where the node's job records (``jobs/``), Slurm's view of its GPUs
+    (``gres.conf``), the driver's ``mig-minors`` table and its jobs' cgroups (``cgroup/job_<id>/``)
+    live (``fleetops.sim.gpu.slurm``)."""
+    base = state_path[:-5] if state_path.endswith(".json") else state_path
+    return base + ".agent"
+
+
 def kmsg_path(state_path: str) -> str:
     """The node's simulated ``/dev/kmsg``: beside its state file, ``<state>.kmsg``."""
     base = state_path[:-5] if state_path.endswith(".json") else state_path

@@ -1,0 +1,8 @@
+"""Jobs on a node, node side: which Slurm job holds which GPU (or MIG instance), from when to when.
+
+``record`` is the on-node record the Slurm prolog writes (``fleetops-agent job start``), the
+epilog closes (``job end``) and the daemon reads each tick; ``resolve`` turns Slurm's view of a
+job's GPUs (gres ids, gres.conf device files, nvidia-caps minors) into GPU and MIG UUIDs, by
+device minor number, never by index. Standard library, ``model`` and ``common`` only: this runs
+in a prolog, on every job start.
+"""
