@@ -119,9 +119,11 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
-    p = sub.add_parser("history", help="print the daemon's recent samples of one GPU: {field: [[t, v], ...]}")
+    p = sub.add_parser("history", help="print the daemon's recent samples of one GPU or job: {field: [[t, v], ...]}")
     common(p)
-    p.add_argument("--gpu", required=True, metavar="UUID", help="the GPU's UUID")
+    p.add_argument("--gpu", metavar="UUID", help="the GPU's UUID")
+    p.add_argument("--job", metavar="JOBID", help="instead of --gpu: a job's samples (field cpu_usage_usec: its "
+                   "cgroup's CPU time in µs, exact; the default field for a job)")
     p.add_argument("--fields", help="comma-separated ring fields (default temp_gpu_c,temp_memory_c,power_draw_w,clock_sm_mhz)")
     p.add_argument("--seconds", type=duration_arg("--seconds"), default=3600.0, metavar="DURATION",
                    help=f"how far back ({GRAMMAR}; default 3600)")
