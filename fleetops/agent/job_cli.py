@@ -76,9 +76,9 @@ def _sim_run_dir(args: Any) -> str | None:
     state = args.state or os.environ.get("FLEETOPS_SIM_STATE")
     if not state or not client.simulated(args.backend, state):
         return None
-    from fleetops.sim import gpu as sim
-
-    return sim.run_dir(state)
+    # the simulated node's run folder holds its daemon's socket (sim.run_dir; not imported here: the
+    # simulator's package costs more than this whole command)
+    return os.path.dirname(client.socket_for(args.backend, state, None))
 
 
 def _jobs_dir(args: Any, sim_dir: str | None) -> str:

@@ -275,8 +275,12 @@ def prune(directory: str, now: float | None = None, keep_s: float = KEEP_ENDED_S
     for name in record_files(directory):
         path = os.path.join(directory, name)
         try:
+            # a record is rewritten when it ends: one changed within keep_s cannot have ended
+            # before that, so only old files are read (a prolog's prune stays a listing and stats)
+            if now - os.stat(path).st_mtime <= keep_s:
+                continue
             record = read(path)
-        except JobRecordError:
+        except (OSError, JobRecordError):
             continue
         if record.ended_at is not None and now - record.ended_at > keep_s:
             try:

@@ -4,9 +4,10 @@ time in a ring.
 
 Cheap by construction: a tick lists the record folder and stats each file; only a file whose
 (inode, size, mtime) changed is parsed again (a record is only ever replaced whole, by rename, so
-a rewrite is a new inode). The jobs a snapshot lists are those running now and those that ended
-within the window (``window_s``, the ring's hour), so an XID is attributed to the job that held
-its GPU at the XID's time, also after that job ended. A record that does not read is reported
+a rewrite is a new inode). The book keeps the jobs running now and those that ended within the
+window (``window_s``, the ring's hour), so an XID is attributed to the job that held its GPU at
+the XID's time, also after that job ended; a snapshot lists the running ones and the last
+``ENDED_LISTED`` ended ones. A record that does not read is reported
 (``errors``) and skipped; it never stops the tick.
 """
 
@@ -21,6 +22,9 @@ from fleetops import model
 from fleetops.jobs import cgroup, record
 
 CPU_FIELD = "cpu_usage_usec"
+# Ended jobs the snapshot lists, the latest first: a node that runs many short jobs must not make
+# every snapshot carry an hour of them. XIDs are attributed from every job within the window.
+ENDED_LISTED = 32
 
 
 class JobBook:
@@ -79,7 +83,10 @@ class JobBook:
             self.records = within
             for job_id in [j for j in self.cpu if j not in within]:
                 del self.cpu[job_id]
-            self._node_jobs = [self._node_job(r) for r in sorted(within.values(), key=lambda r: int(r.job_id))]
+            running = [r for r in within.values() if r.ended_at is None]
+            ended = sorted((r for r in within.values() if r.ended_at is not None),
+                           key=lambda r: r.ended_at or 0.0, reverse=True)[:ENDED_LISTED]
+            self._node_jobs = [self._node_job(r) for r in sorted(running + ended, key=lambda r: int(r.job_id))]
         return changed
 
     def sample_cpu(self, now: float) -> None:
