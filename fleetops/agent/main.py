@@ -112,6 +112,8 @@ def build_parser() -> Any:
                    "flags; re-read on SIGHUP)")
     p.add_argument("--baseline", help="baseline YAML the daemon's findings are judged by (as fleetops audit "
                    "--baseline); re-read on SIGHUP")
+    p.add_argument("--jobs-dir", help="the node's job records (default $FLEETOPS_JOBS_DIR, else /run/fleetops/jobs; "
+                   "sim: each node's <state>.agent/jobs)")
     p.add_argument("--clear-after", type=int, default=30, metavar="N",
                    help="a throttle seen in a sample is reported until N consecutive clean samples (default 30)")
 

@@ -163,6 +163,27 @@ def test_mig_job_is_attributed_to_its_mig_device(jobs_fleet: dict[str, Any]) -> 
     assert sim_job(jobs_fleet, "stop", "node002", "2001").returncode == 0
 
 
+def test_a_jobs_cgroup_cpu_time_is_read_through_the_agents_history(jobs_fleet: dict[str, Any]) -> None:
+    state = jobs_fleet["nodes"]["node002"]["state"]
+    done = sim_job(jobs_fleet, "start", "node002", "5001", "--gpus", "0", "--cpus", "4")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["cpus"] == 4
+    assert record["cgroup"] == sim.job_cgroup(state, "5001")
+    # what a simulated workload does: the cgroup's CPU time grows
+    with open(os.path.join(record["cgroup"], "cpu.stat"), "w", encoding="utf-8") as fh:
+        fh.write("usage_usec 9007199254740993\nuser_usec 0\nsystem_usec 0\n")
+
+    def last() -> Any:
+        answer = agent_on(jobs_fleet, "node002", "history", "--job", "5001")
+        samples = json.loads(answer.stdout)["cpu_usage_usec"] if answer.returncode == 0 else []
+        return samples[-1][1] if samples and samples[-1][1] == 9007199254740993 else None
+
+    assert polling.until("the job's CPU time in its history", last, 60.0, 0.5) == 9007199254740993  # exact past 2**53
+    assert sim_job(jobs_fleet, "stop", "node002", "5001").returncode == 0
+    assert not os.path.exists(record["cgroup"])  # gone after the epilog, as slurmd removes it
+
+
 def xid_jobs(info: dict[str, Any], node: str, code: int) -> list[Any]:
     return [x.get("jobs") for x in daemon_snapshot(info, node)["xids"] if x["code"] == code]
 

@@ -243,7 +243,7 @@ def run(args: Any) -> int:
                 args.hang_timeout,
                 baseline,
                 args.clear_after,
-                jobs_dir=jobs_record.default_dir(),
+                jobs_dir=getattr(args, "jobs_dir", None) or jobs_record.default_dir(),
             )
         )
     textfile = getattr(args, "textfile", None)
