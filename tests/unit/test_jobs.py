@@ -272,7 +272,7 @@ def fake_agent(tmp_path: Path, status: int) -> Path:
 @pytest.mark.parametrize("script", [PROLOG, EPILOG])
 def test_prolog_and_epilog_exit_0_when_the_agent_fails_unless_strict(tmp_path: Path, script: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "FLEETOPS_AGENT": str(fake_agent(tmp_path, 1)), "SLURM_JOB_ID": "77",
-           "FLEETOPS_JOBS_ENV": str(tmp_path / "none.env")}
+           "FLEETOPS_JOBS_ENV": str(tmp_path / "none.env"), "FLEETOPS_JOBS_SYSLOG": "0"}
     done = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=30, check=False)
     verb = "start" if script == PROLOG else "end"
     assert done.returncode == 0

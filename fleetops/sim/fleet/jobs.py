@@ -64,7 +64,9 @@ def _slurm_env(job_id: str, uid: int, user: str, gpus: str, context: str, state:
     env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(uid), "SLURM_JOB_USER": user,
            "SLURM_SCRIPT_CONTEXT": context, "SLURM_JOB_PARTITION": "gpu",
            # the node's own settings file, none by default (a real node's is /etc/fleetops/jobs.env)
-           "FLEETOPS_JOBS_ENV": os.path.join(sim.run_dir(state), "jobs.env")}
+           "FLEETOPS_JOBS_ENV": os.path.join(sim.run_dir(state), "jobs.env"),
+           # the simulated node has no syslog of its own: a failure is on the prolog's stderr only
+           "FLEETOPS_JOBS_SYSLOG": "0"}
     if gpus:
         env["SLURM_JOB_GPUS"] = gpus
         env["CUDA_VISIBLE_DEVICES"] = gpus

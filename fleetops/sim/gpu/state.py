@@ -141,6 +141,6 @@ def load_scenario(path: str) -> dict[str, Any]:
 def init_state(path: str, hostname: str, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
     state = build_state(hostname, scenario)
     write_state(path, state)
-    make_devices(path, len(state["gpus"]))
+    make_devices(path, len(state["gpus"]), [int(g["minor_number"]) for g in state["gpus"]])
     sync_tree(path, state, time.time())
     return state

@@ -80,10 +80,11 @@ def locked_state(path: str) -> Iterator[dict[str, Any]]:
         write_state(path, state)
 
 
-def make_devices(path: str, count: int) -> None:
+def make_devices(path: str, count: int, minors: list[int] | None = None) -> None:
     """The simulated node's device files, as the driver makes a node's at load: ``nvidiactl``,
-    ``nvidia-uvm`` and ``nvidia0`` .. ``nvidia<count-1>`` (0666, as on a node)."""
-    for name in ("ctl", "-uvm", *map(str, range(count))):
+    ``nvidia-uvm`` and one ``nvidia<minor>`` per GPU (``minors``; default ``nvidia0`` ..
+    ``nvidia<count-1>``), 0666 as on a node."""
+    for name in ("ctl", "-uvm", *map(str, range(count) if minors is None else minors)):
         os.close(open_device(path, name))
 
 

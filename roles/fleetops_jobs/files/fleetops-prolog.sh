@@ -13,14 +13,18 @@
 # agent cannot hold the job's start either.
 #
 # Settings come from the environment or from /etc/fleetops/jobs.env (the role writes it):
-# FLEETOPS_AGENT (the agent's path), FLEETOPS_JOBS_STRICT, FLEETOPS_JOBS_TIMEOUT and whatever
-# the agent reads (FLEETOPS_JOBS_DIR, FLEETOPS_GRES_CONF).
+# FLEETOPS_AGENT (the agent's path), FLEETOPS_JOBS_STRICT, FLEETOPS_JOBS_TIMEOUT,
+# FLEETOPS_JOBS_SYSLOG (0: no syslog line) and what the agent reads (FLEETOPS_JOBS_DIR,
+# FLEETOPS_GRES_CONF).
 env_file="${FLEETOPS_JOBS_ENV:-/etc/fleetops/jobs.env}"
 if [ -r "$env_file" ]; then
   set -a
   . "$env_file"
   set +a
 fi
+# slurmd gives its scripts little of an environment: the system's folders after whatever PATH came
+PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+export PATH
 agent="${FLEETOPS_AGENT:-fleetops-agent}"
 limit="${FLEETOPS_JOBS_TIMEOUT:-10}"
 if command -v timeout >/dev/null 2>&1; then
@@ -33,7 +37,7 @@ if [ "$rc" -ne 0 ]; then
   [ "$rc" -eq 124 ] && err="no answer within ${limit} s"
   msg="job ${SLURM_JOB_ID:-unknown}: fleetops-agent job start failed (exit $rc): $err"
   printf 'fleetops-prolog: %s\n' "$msg" >&2
-  if command -v logger >/dev/null 2>&1; then
+  if [ "${FLEETOPS_JOBS_SYSLOG:-1}" = 1 ] && command -v logger >/dev/null 2>&1; then
     logger -t fleetops-prolog -- "$msg" || :
   fi
   if [ "${FLEETOPS_JOBS_STRICT:-0}" = 1 ]; then
