@@ -40,7 +40,9 @@ where that passthrough VM reported NVLink as Not Supported.
 The package (``from fleetops.sim import gpu as sim``; every name below is ``sim.X``): ``base``
 (defaults, fault names, shared rules), ``statefile``, ``traffic`` (NVLink counters), ``mig``,
 ``validation``, ``fabric`` (the HCAs' sysfs tree), ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
-(inject and clear) and ``state`` (a node from a scenario), each importing only those before it.
+(inject and clear), ``state`` (a node from a scenario) and ``slurm`` (the node's gres.conf, the
+driver's mig-minors table and its jobs' cgroups, in its run folder), each importing only those
+before it. A scenario's ``gpu_minor_numbers`` gives each GPU its device minor (default: its index).
 """
 
 from __future__ import annotations
