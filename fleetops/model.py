@@ -100,6 +100,10 @@ class XidEvent:
     uptime_s: float | None = None  # dmesg "[  123.456]" form
     source: str = "kernel"  # "dmesg" | "journal" | "sim" | "kernel"
     raw: str = ""
+    # The ids of the jobs on this GPU (or one of its MIG instances) at the XID's time, from the
+    # node's job records (``fleetops.jobs``); set only by the daemon, None when not attributed
+    # (a cold collect, an XID without a wall-clock time). Optional in fleetops.snapshot/v1.
+    jobs: list[str] | None = None
 
 
 @dataclass
@@ -170,6 +174,10 @@ class Gpu:
     # none recorded, which proves nothing (a reset made outside fleetops is not seen). Optional
     # in fleetops.snapshot/v1.
     last_reset_at: float | None = None
+    # The device file's minor number (``/dev/nvidia<minor>``, NVML's nvmlDeviceGetMinorNumber):
+    # what Slurm's gres.conf names a GPU by. It can differ from ``index``; job attribution
+    # (``fleetops.jobs``) resolves by it, never by index. Optional in fleetops.snapshot/v1.
+    minor_number: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -255,6 +263,22 @@ class Fabric:
 
 
 @dataclass
+class NodeJob:
+    """A job on the node as its record (``fleetops.jobs.record``) gives it: the daemon lists the
+    jobs running now and those that ended within its window (``ended_at`` set). ``gpus`` are the
+    job's devices by UUID: the GPU's, or the MIG device's for a MIG instance."""
+
+    job_id: str
+    uid: int | None = None
+    user: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    gpus: list[str] = field(default_factory=list)
+    cgroup: str | None = None
+    cpus: int | None = None
+
+
+@dataclass
 class Node:
     hostname: str
     schema: str = SCHEMA_ID
@@ -290,6 +314,9 @@ class Node:
     # The RDMA devices beside the GPUs (``fabric/``). Optional in fleetops.snapshot/v1: None in a
     # snapshot written before it existed.
     fabric: Fabric | None = None
+    # The jobs on the node (``NodeJob``), set only by the daemon from the job records; None in a
+    # cold collect and in a snapshot written before it existed. Optional in fleetops.snapshot/v1.
+    jobs: list[NodeJob] | None = None
 
     def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:
         key = normalize_bus_id(bus_id)

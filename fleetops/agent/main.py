@@ -112,6 +112,8 @@ def build_parser() -> Any:
                    "flags; re-read on SIGHUP)")
     p.add_argument("--baseline", help="baseline YAML the daemon's findings are judged by (as fleetops audit "
                    "--baseline); re-read on SIGHUP")
+    p.add_argument("--jobs-dir", help="the node's job records (default $FLEETOPS_JOBS_DIR, else /run/fleetops/jobs; "
+                   "sim: each node's <state>.agent/jobs)")
     p.add_argument("--clear-after", type=int, default=30, metavar="N",
                    help="a throttle seen in a sample is reported until N consecutive clean samples (default 30)")
 
@@ -119,9 +121,11 @@ def build_parser() -> Any:
     common(p)
     p.add_argument("--socket", help="the daemon's socket (default /run/fleetops/agent.sock; sim: by the state)")
 
-    p = sub.add_parser("history", help="print the daemon's recent samples of one GPU: {field: [[t, v], ...]}")
+    p = sub.add_parser("history", help="print the daemon's recent samples of one GPU or job: {field: [[t, v], ...]}")
     common(p)
-    p.add_argument("--gpu", required=True, metavar="UUID", help="the GPU's UUID")
+    p.add_argument("--gpu", metavar="UUID", help="the GPU's UUID")
+    p.add_argument("--job", metavar="JOBID", help="instead of --gpu: a job's samples (field cpu_usage_usec: its "
+                   "cgroup's CPU time in µs, exact; the default field for a job)")
     p.add_argument("--fields", help="comma-separated ring fields (default temp_gpu_c,temp_memory_c,power_draw_w,clock_sm_mhz)")
     p.add_argument("--seconds", type=duration_arg("--seconds"), default=3600.0, metavar="DURATION",
                    help=f"how far back ({GRAMMAR}; default 3600)")
@@ -227,9 +231,10 @@ def build_parser() -> Any:
     p.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     p.add_argument("--lock-file", help="maintenance lock (default /run/fleetops/maintenance.lock; sim: by the state)")
 
-    from fleetops.agent import check, holders_cli, slurm_healthcheck
+    from fleetops.agent import check, holders_cli, job_cli, slurm_healthcheck
 
     holders_cli.register(sub)
+    job_cli.add_parser(sub, common)
 
     slurm_healthcheck.add_parser(sub, common)
     check.add_parser(sub)
@@ -358,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetops.agent import holders_cli
 
         return holders_cli.run(args)
+    if args.command == "job":
+        from fleetops.agent import job_cli
+
+        return job_cli.run(args)
     if args.command == "history":
         from fleetops.agent.serve import history_cli
 

@@ -45,6 +45,21 @@ def register(sub: Any) -> None:
     q = ssub.add_parser("status", help="nodes, addresses, up/down/hung, faults")
     q.add_argument("--dir", required=True)
     q.add_argument("--json", action="store_true")
+    q = ssub.add_parser("job", help="start or stop a Slurm job on a node: the shipped prolog/epilog over SSH")
+    jsub = q.add_subparsers(dest="job_command", required=True, parser_class=Parser)
+    for verb in ("start", "stop"):  # fleetops/sim/fleet/jobs.py (imported when run: it loads sim.fleet)
+        j = jsub.add_parser(verb, help=f"{verb} a job: runs the {'prolog' if verb == 'start' else 'epilog'}")
+        j.add_argument("--dir", required=True)
+        j.add_argument("node")
+        j.add_argument("job_id", metavar="JOBID")
+        j.add_argument("--user", default="alice", help="SLURM_JOB_USER (default alice)")
+        j.add_argument("--uid", type=int, default=1000, help="SLURM_JOB_UID (default 1000)")
+        if verb == "start":
+            j.add_argument("--gpus", help="gres ids, SLURM_JOB_GPUS (0,3): they index the node's gres.conf, "
+                           "in device-minor order")
+            j.add_argument("--mig", action="append", metavar="INDEX:GI", help="a MIG device: GPU index and GPU "
+                           "instance id (repeat for more)")
+            j.add_argument("--cpus", type=int, help="the job's CPUs (its cgroup's cpuset)")
     p.set_defaults(func=cmd_sim)
 
 
@@ -93,4 +108,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 faults = ", ".join(row.get("faults") or []) or "-"
                 print(f"{row['node']:10} {row['address']:16} {row['status']:6} {faults}")
         return 0
+    if args.sim_command == "job":
+        from fleetops.sim.fleet import jobs as sim_jobs
+
+        return sim_jobs.main(args)
     raise UsageError(f"unknown sim command {args.sim_command!r}")

@@ -246,6 +246,7 @@ def _nvml_daemon(tmp_path: Path, mode: str = "ok", full_interval_s: float = 0.5,
         "FLEETOPS_AGENT_NVML_MODULE": "fake_nvml",
         "FAKE_NVML_CONTROL": str(control),
         "FLEETOPS_AGENT_STATE_DIR": str(tmp_path / "lib"),
+        "FLEETOPS_JOBS_DIR": str(tmp_path / "jobs"),  # the node's job records: none, not this machine's
         "FLEETOPS_AGENT_KMSG": str(kmsg_file),
         "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
     }

@@ -213,6 +213,9 @@ class FakeNvml:
     def nvmlDeviceGetSerial(self, h):
         return self.g(h)["serial"]
 
+    def nvmlDeviceGetMinorNumber(self, h):
+        return h.index  # the device file /dev/nvidia<N>: as a node enumerates them, in index order
+
     def nvmlDeviceGetBoardPartNumber(self, h):
         return self.g(h)["part"]
 

@@ -85,7 +85,9 @@ COMPARED: dict[str, str] = {
 
 # Fields not compared, and why. "unsupported" ones are checked below to be Not Supported / N/A in
 # the capture, so the reason cannot go stale silently.
-IDENTITY = ("index", "uuid", "bus_id", "serial")
+# minor_number: the device file's minor (/dev/nvidia<N>), identity as the index is (the capture
+# predates the field; job attribution resolves by it, no check reads it)
+IDENTITY = ("index", "uuid", "bus_id", "serial", "minor_number")
 EXCEPTED: dict[str, str] = {
     "nvlinks": "unsupported: NVLink is Not Supported in the passthrough VM; the simulator models a "
     "bare-metal HGX H200 with 18 NVLinks up per GPU through NVSwitch (read by nvlink.*)",

@@ -82,6 +82,9 @@ def test_the_daemon_and_the_cold_collect_build_the_same_nvml_snapshot(tmp_path: 
     from fleetops.gpu import instances
 
     assert served.pop("mig") == instances.table(collected["gpus"])
+    # the daemon reads the node's job records (none here); a cold collect reads none
+    assert served.pop("jobs") == []
+    assert collected.pop("jobs") is None
     mine, theirs = _node_fields(served), _node_fields(collected)
     assert mine.keys() == theirs.keys(), sorted(set(mine) ^ set(theirs))
     different = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}

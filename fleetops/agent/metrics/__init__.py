@@ -8,7 +8,9 @@ always renders the same page, and the HTTP server only reads.
 Naming follows what ``promtool check metrics`` enforces: counters end in ``_total``, gauges do
 not, values are in base units (seconds, bytes, hertz, watts, celsius, ratios). Label values are
 bounded: GPU identity, check ids, severities, XID codes, link numbers, clocks-event reason names.
-No process, job or message text ever becomes a label, so the series count stays fixed per node.
+No process or message text ever becomes a label, so the series count stays fixed per node; the one
+exception, ``fleetops_gpu_job_info`` (Slurm job id and user), lists only the jobs running now, so
+it is bounded by what a node can run at once and shrinks back as jobs end.
 
 Standard library only, and little of it: the daemon imports this and must stay small, so the
 endpoint is written over ``socketserver`` (``http.server`` and ``importlib.metadata`` would

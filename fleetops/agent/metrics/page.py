@@ -423,8 +423,35 @@ def render(state: MetricsInput) -> str:
         if uuid in by_uuid and direction in ("tx", "rx"):
             page.add("fleetops_gpu_nvlink_bytes_total", "counter", "",
                      [*_gpu_labels(by_uuid[uuid]), ("link", int(link_no)), ("direction", direction)], int(value))
+    _jobs(page, node)
     _rdma(page, node, state.compute_ports)
     return page.text()
+
+
+def _jobs(page: _Page, node: model.Node) -> None:
+    """``fleetops_gpu_job_info``: 1 per (GPU, job) for the jobs running now; a series goes when
+    its job ends, so the count is bounded by the jobs a node can run at once. No per-GPU series
+    carries a job label (that multiplies every series by the jobs: join on ``uuid`` instead). A MIG
+    job is on its GPU's series (``uuid`` is the GPU's)."""
+    help_text = "1 for each job running on the GPU now (a MIG job on its GPU), by Slurm job id and user."
+    page.family("fleetops_gpu_job_info", "gauge", help_text)
+    owner: dict[str, model.Gpu] = {}
+    for gpu in node.gpus:
+        owner[gpu.uuid] = gpu
+        for inst in gpu.mig_instances or []:
+            if inst.uuid:
+                owner[inst.uuid] = gpu
+    rows: set[tuple[int, str, str, str]] = set()
+    for job in node.jobs or []:
+        if job.ended_at is not None:
+            continue
+        for device in job.gpus:
+            held = owner.get(device)
+            if held is not None:
+                rows.add((held.index, held.uuid, job.job_id, job.user or ""))
+    for index, uuid, job_id, user in sorted(rows, key=lambda r: (r[0], int(r[2]) if r[2].isdigit() else 0, r[2])):
+        page.add("fleetops_gpu_job_info", "gauge", help_text,
+                 (("uuid", uuid), ("gpu", index), ("job", job_id), ("user", user)), 1)
 
 
 def write_textfile(path: str, text: str) -> None:

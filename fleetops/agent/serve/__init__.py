@@ -222,10 +222,12 @@ def run(args: Any) -> int:
                     args.hang_timeout,
                     baseline,
                     args.clear_after,
+                    jobs_dir=os.path.join(backend.run_dir, "jobs"),
                 )
             )
     else:
         from fleetops.gpu.nvml.access import NvmlAccess
+        from fleetops.jobs import record as jobs_record
 
         nvml_access = NvmlAccess()
         nvml_access.N  # noqa: B018 - loads NVML now: without nvidia-ml-py the start fails, not a sample
@@ -241,6 +243,7 @@ def run(args: Any) -> int:
                 args.hang_timeout,
                 baseline,
                 args.clear_after,
+                jobs_dir=getattr(args, "jobs_dir", None) or jobs_record.default_dir(),
             )
         )
     textfile = getattr(args, "textfile", None)

@@ -29,13 +29,13 @@ def socket_for(backend: str, state_path: str | None, explicit: str | None) -> st
     if explicit:
         return explicit
     state = state_path or os.environ.get("FLEETOPS_SIM_STATE")
-    if state and _simulated(backend, state):
+    if state and simulated(backend, state):
         base = state[:-5] if state.endswith(".json") else state
         return os.path.join(base + ".agent", "agent.sock")
     return DEFAULT_SOCKET
 
 
-def _simulated(backend: str, state: str) -> bool:
+def simulated(backend: str, state: str) -> bool:
     """Whether ``backend`` is the simulator here (``backend_choice.choose``: auto never is on a
     node with an NVIDIA driver, so its snapshot comes from the real daemon's socket). Raises
     ``backend_choice.BackendRefused`` for ``sim`` on such a node without consent."""

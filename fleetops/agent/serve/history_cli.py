@@ -1,4 +1,5 @@
-"""``fleetops-agent history``: the daemon's last hour of a GPU's samples, as one JSON object.
+"""``fleetops-agent history``: the daemon's last hour of a GPU's samples, as one JSON object; with
+``--job``, a job's (its cgroup's CPU time, ``cpu_usage_usec``, to compute the job's CPU share).
 
 Stdlib only and one short unix-socket request per field: the TUI runs this over SSH every few
 seconds while a node's charts are open, so it must cost next to nothing on the node.
@@ -15,6 +16,7 @@ from typing import Any
 from fleetops.agent.serve import client
 
 DEFAULT_FIELDS = ("temp_gpu_c", "temp_memory_c", "power_draw_w", "clock_sm_mhz")
+JOB_FIELDS = ("cpu_usage_usec",)  # a job's: its cgroup's CPU time (serve/jobs.py)
 DEFAULT_SECONDS = 3600.0
 REQUEST_TIMEOUT_S = 5.0
 
@@ -69,7 +71,13 @@ def history(path: str, uuid: str, fields: list[str], seconds: float) -> dict[str
 
 
 def run(args: Any) -> int:
-    fields = [f.strip() for f in (args.fields or ",".join(DEFAULT_FIELDS)).split(",") if f.strip()]
+    job = getattr(args, "job", None)
+    if (args.gpu is None) == (job is None):
+        return _fail("usage", "history: give one of --gpu UUID or --job JOBID", 2)
+    if job is not None and not str(job).isdigit():
+        return _fail("usage", f"--job: expected a Slurm job number, got {job!r}", 2)
+    default = JOB_FIELDS if job is not None else DEFAULT_FIELDS
+    fields = [f.strip() for f in (args.fields or ",".join(default)).split(",") if f.strip()]
     bad = [f for f in fields if not f.replace("_", "").isalnum()]
     if not fields or bad:
         return _fail("usage", f"--fields: expected names like {','.join(DEFAULT_FIELDS)}, got {args.fields!r}", 2)
@@ -77,7 +85,7 @@ def run(args: Any) -> int:
         return _fail("usage", f"--seconds must be a positive number, got {args.seconds:g}", 2)
     path = client.socket_for(args.backend, args.state, args.socket)
     try:
-        doc = history(path, args.gpu, fields, args.seconds)
+        doc = history(path, args.gpu if job is None else f"job:{job}", fields, args.seconds)
     except HistoryError as exc:
         return _fail(exc.kind, str(exc), exc.code)
     sys.stdout.write(json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n")

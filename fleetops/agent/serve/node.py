@@ -18,6 +18,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from fleetops.agent.serve.jobs import JobBook
 from fleetops.agent.serve.ring import GPU_FIELDS, Ring, Value
 from fleetops.checks.thermal_power import ThrottleHold, held_throttle_findings
 from fleetops.gpu import instances
@@ -67,6 +68,7 @@ class NodeService:
         hang_s: float = 10.0,
         baseline: Any = None,
         clear_after: int = 30,
+        jobs_dir: str | None = None,
     ) -> None:
         self.backend = backend
         self.socket_path = socket_path
@@ -125,6 +127,8 @@ class NodeService:
         os.chmod(state_dir, 0o700)
         self.book = kmsg.XidBook(os.path.join(state_dir, "xid-state.json"), self._boot_id())
         self.follower = kmsg.Follower(kmsg_path, self.book, backend.boot_epoch, self._on_xid, self.stop)
+        # the node's job records (serve/jobs.py): read each tick, the snapshot tagged with them
+        self.jobs: JobBook | None = JobBook(jobs_dir, HISTORY_S, interval_s) if jobs_dir else None
 
     def _boot_id(self) -> str:
         return self.backend.boot_id()
@@ -250,6 +254,10 @@ class NodeService:
                 self.degraded_reason = None
         except Exception as exc:  # a failed tick is reported, the next one tries again  # noqa: BLE001
             self.degraded_reason = f"sample failed: {type(exc).__name__}: {exc}"
+        if self.jobs is not None:
+            if self.jobs.scan(now):
+                self._next_full = 0.0  # a job started or ended: the snapshot's jobs change now
+            self.jobs.sample_cpu(now)
         if time.monotonic() >= self._next_full:
             self._next_full = time.monotonic() + self.full_interval_s
             self._full()
@@ -301,6 +309,8 @@ class NodeService:
             return
         if self.backend.name == "nvml":
             node.xids = self._xid_models(node)
+        if self.jobs is not None:
+            node = self.jobs.tag(node)
         previous = self._previous(node)
         self._checked = checks.run_node_checks(node, self.baseline, previous)
         self.rate_since = float(previous.collected_at) if previous is not None and previous.collected_at else None
@@ -521,6 +531,10 @@ class NodeService:
             "xid_paired": book["paired"],
             "printk_offset_s": book["printk_offset_s"],
             "nvml_events": events,
+            # the job records' folder and the records in it that do not read (serve/jobs.py)
+            "job_records": None if self.jobs is None else {
+                "dir": self.jobs.directory, "errors": sorted(self.jobs.errors.values()),
+                "list_error": self.jobs.list_error},
         }
         return doc
 

@@ -1,4 +1,5 @@
-"""The node's unix socket: line requests ``snapshot``, ``history UUID FIELD SECONDS``, ``watch``,
+"""The node's unix socket: line requests ``snapshot``, ``history UUID FIELD SECONDS`` (a job's:
+``history job:ID cpu_usage_usec SECONDS``), ``watch``,
 ``resample`` and ``quiesce SECONDS [WHO]``.
 
 Root-only: the socket is 0600 in a 0700 directory. Nothing that changes the GPUs is reachable:
@@ -131,6 +132,8 @@ def _client(svc: NodeService, conn: socket.socket) -> None:
 
 
 def _history(svc: NodeService, uuid: str, name: str, seconds: str) -> str:
+    if uuid.startswith("job:"):  # a job's cgroup CPU time (serve/jobs.py), as a GPU's field
+        return _job_history(svc, uuid[4:], name, seconds)
     ring = svc.rings.get(uuid)
     if ring is None:
         return json.dumps({"error": f"no such GPU {uuid!r}", "kind": "no-such-gpu"})
@@ -142,6 +145,20 @@ def _history(svc: NodeService, uuid: str, name: str, seconds: str) -> str:
     except KeyError:
         return json.dumps({"error": f"no field {name!r}; fields: {', '.join(ring.columns)}", "kind": "usage"})
     return json.dumps({"gpu": uuid, "field": name, "interval_s": svc.interval_s, "samples": samples})
+
+
+def _job_history(svc: NodeService, job_id: str, name: str, seconds: str) -> str:
+    if svc.jobs is None:
+        return json.dumps({"error": "this daemon reads no job records", "kind": "no-such-job"})
+    try:
+        samples = svc.jobs.history(job_id, name, time.time() - float(seconds))
+    except ValueError:
+        return json.dumps({"error": f"SECONDS must be a number, got {seconds!r}", "kind": "usage"})
+    except KeyError:
+        return json.dumps({"error": f"no field {name!r} for a job; fields: cpu_usage_usec", "kind": "usage"})
+    except LookupError:
+        return json.dumps({"error": f"no job {job_id!r} within the daemon's window", "kind": "no-such-job"})
+    return json.dumps({"job": job_id, "field": name, "interval_s": svc.interval_s, "samples": samples})
 
 
 def _changes(old: dict[str, object], new: dict[str, object]) -> dict[str, object]:

@@ -285,6 +285,7 @@ def _finish_gpu(r: GpuReader) -> None:
 def _read_identity(r: GpuReader) -> None:
     N = r.nv.N
     r.read("serial", "nvmlDeviceGetSerial", conv=as_text)
+    r.read("minor_number", "nvmlDeviceGetMinorNumber", conv=int)
     r.read("board_part_number", "nvmlDeviceGetBoardPartNumber", conv=as_text)
     r.read("vbios_version", "nvmlDeviceGetVbiosVersion", conv=as_text)
     r.read("inforom_image", "nvmlDeviceGetInforomImageVersion", conv=as_text)

@@ -126,14 +126,14 @@ def node_scenarios(scenario: dict[str, Any], names: list[str], source: str) -> d
         overrides = overrides or {}
         if not isinstance(overrides, dict):
             raise SimFleetError(f"{source}: nodes: {key}: expected a mapping of node, gpu, gpu_count, faults")
-        unknown = set(overrides) - {"node", "gpu", "gpu_count", "uptime_s", "faults"}
+        unknown = set(overrides) - {"node", "gpu", "gpu_count", "gpu_minor_numbers", "uptime_s", "faults"}
         if unknown:
             raise SimFleetError(f"{source}: nodes: {key}: unknown keys {sorted(unknown)}")
         merged = out[name]
         for field in ("node", "gpu"):
             if field in overrides:
                 merged[field] = {**(merged.get(field) or {}), **(overrides[field] or {})}
-        for field in ("gpu_count", "uptime_s"):
+        for field in ("gpu_count", "gpu_minor_numbers", "uptime_s"):
             if field in overrides:
                 merged[field] = overrides[field]
         if "faults" in overrides:

@@ -45,8 +45,10 @@ where that passthrough VM reported NVLink as Not Supported.
 
 The package (``from fleetops.sim import gpu as sim``; every name below is ``sim.X``): ``base``
 (defaults, fault names, shared rules), ``statefile``, ``traffic`` (NVLink counters), ``mig``,
-``validation``, ``fabric`` (the HCAs' sysfs tree), ``workloads``, ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
-(inject and clear) and ``state`` (a node from a scenario), each importing only those before it.
+``validation``, ``fabric`` (the HCAs' sysfs tree), ``workloads`` (simulated jobs' telemetry), ``snapshot``, ``ops`` (setters, resets, processes, services, reboot), ``faults``
+(inject and clear), ``state`` (a node from a scenario) and ``slurm`` (the node's gres.conf, the
+driver's mig-minors table and its jobs' cgroups, in its run folder), each importing only those
+before it. A scenario's ``gpu_minor_numbers`` gives each GPU its device minor (default: its index).
 """
 
 from __future__ import annotations
@@ -141,6 +143,13 @@ from fleetops.sim.gpu.ops import (
     set_reset_duration,
     set_service,
 )
+from fleetops.sim.gpu.slurm import (
+    gres_devices,
+    job_cgroup,
+    make_job_cgroup,
+    remove_job_cgroup,
+    write_slurm_files,
+)
 from fleetops.sim.gpu.snapshot import (
     driver_branch_of,
     lost_gpu,
@@ -164,6 +173,7 @@ from fleetops.sim.gpu.statefile import (
     printk_uptime,
     read_state,
     read_state_text,
+    run_dir,
     write_state,
 )
 from fleetops.sim.gpu.traffic import (
@@ -197,6 +207,12 @@ from fleetops.sim.gpu.workloads import (
 )
 
 __all__ = [
+    "gres_devices",
+    "job_cgroup",
+    "make_job_cgroup",
+    "remove_job_cgroup",
+    "run_dir",
+    "write_slurm_files",
     "CLOCK_FIELDS",
     "CONDITION_FAULTS",
     "CRC_STORM_BASE",

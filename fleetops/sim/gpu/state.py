@@ -47,6 +47,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
     node["boot_time"] = time.time() - float(scenario.get("uptime_s", DEFAULT_UPTIME_S))
     count = int(scenario.get("gpu_count", 8))
     gpu_overrides = scenario.get("gpu") or {}
+    minors = _minor_numbers(scenario.get("gpu_minor_numbers"), count)
     gpus = []
     for index in range(count):
         gpu = copy.deepcopy(DEFAULT_GPU)
@@ -55,6 +56,7 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
         gpu["index"] = index
         gpu["bus_id"] = f"0000:{bus}:00.0"
         gpu["uuid"] = _uuid(hostname, index)
+        gpu["minor_number"] = minors[index]
         gpu["serial"] = str(1654024197000 + int(digest("serial", hostname, index)[:6], 16) % 10**9)
         gpu["numa_node"] = 0 if index < count / 2 else 1
         gpu["cpu_affinity"] = "0-55,112-167" if index < count / 2 else "56-111,168-223"
@@ -75,6 +77,20 @@ def build_state(hostname: str, scenario: dict[str, Any] | None = None) -> dict[s
         name, gpu_index, peer = _parse_fault_entry(entry)
         inject_into(state, name, gpu_index, peer)
     return state
+
+
+def _minor_numbers(given: Any, count: int) -> list[int]:
+    """Each GPU's device minor (``/dev/nvidia<minor>``), by index: the index itself unless the
+    scenario's ``gpu_minor_numbers`` lists them (one distinct integer per GPU), as on a node whose
+    driver numbered its device files in another order than NVML enumerates (by PCI bus id): the
+    trap that attributes a job to the wrong GPU when a gres.conf index is taken for an NVML index."""
+    if given is None:
+        return list(range(count))
+    if (not isinstance(given, list) or len(given) != count or len(set(given)) != count
+            or not all(type(m) is int and 0 <= m < 256 for m in given)):
+        raise SimError(f"gpu_minor_numbers: expected {count} distinct integers 0..255 (one per GPU, by index), "
+                       f"got {given!r}")
+    return list(given)
 
 
 def _parse_fault_entry(entry: Any) -> tuple[str, int | None, int | None]:
@@ -112,7 +128,7 @@ def load_scenario(path: str) -> dict[str, Any]:
         raise SimError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise SimError(f"{path}: a scenario is a mapping")
-    allowed = {"node", "gpu", "gpu_count", "uptime_s", "faults", "nodes"}
+    allowed = {"node", "gpu", "gpu_count", "gpu_minor_numbers", "uptime_s", "faults", "nodes"}
     unknown = set(data) - allowed
     if unknown:
         raise SimError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
@@ -125,6 +141,6 @@ def load_scenario(path: str) -> dict[str, Any]:
 def init_state(path: str, hostname: str, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
     state = build_state(hostname, scenario)
     write_state(path, state)
-    make_devices(path, len(state["gpus"]))
+    make_devices(path, len(state["gpus"]), [int(g["minor_number"]) for g in state["gpus"]])
     sync_tree(path, state, time.time())
     return state

@@ -80,10 +80,11 @@ def locked_state(path: str) -> Iterator[dict[str, Any]]:
         write_state(path, state)
 
 
-def make_devices(path: str, count: int) -> None:
+def make_devices(path: str, count: int, minors: list[int] | None = None) -> None:
     """The simulated node's device files, as the driver makes a node's at load: ``nvidiactl``,
-    ``nvidia-uvm`` and ``nvidia0`` .. ``nvidia<count-1>`` (0666, as on a node)."""
-    for name in ("ctl", "-uvm", *map(str, range(count))):
+    ``nvidia-uvm`` and one ``nvidia<minor>`` per GPU (``minors``; default ``nvidia0`` ..
+    ``nvidia<count-1>``), 0666 as on a node."""
+    for name in ("ctl", "-uvm", *map(str, range(count) if minors is None else minors)):
         os.close(open_device(path, name))
 
 
@@ -124,6 +125,15 @@ def in_use_message(bus_id: str, holders: list[Any]) -> str:
     named = "; ".join(h.describe() for h in holders)
     return (f"GPU {bus_id}: in use by another client: {len(holders)} process(es) hold the device "
             f"files ({named}); stop every process using the GPU, monitoring ones included, and retry")
+
+
+def run_dir(state_path: str) -> str:
+    """The simulated node's ``/run/fleetops``: ``<state>.agent/``, where its daemon keeps its
+    socket and XID state, and where the node's job records (``jobs/``), Slurm's view of its GPUs
+    (``gres.conf``), the driver's ``mig-minors`` table and its jobs' cgroups (``cgroup/job_<id>/``)
+    live (``fleetops.sim.gpu.slurm``)."""
+    base = state_path[:-5] if state_path.endswith(".json") else state_path
+    return base + ".agent"
 
 
 def kmsg_path(state_path: str) -> str:

@@ -1,0 +1,227 @@
+"""``fleetops-agent job start|end|list``: the node's job records (``fleetops.jobs.record``).
+
+``start`` is what the Slurm prolog runs (the collection's ``fleetops-prolog.sh``): it reads the
+job from slurmd's environment (SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURM_JOB_GPUS;
+CUDA_VISIBLE_DEVICES only when SLURM_JOB_GPUS is unset, and ``source`` says so), flags
+overriding each, resolves the GPUs by device minor (``fleetops.jobs.resolve``), finds the job's
+cgroup, and writes the record atomically. Anything that cannot be resolved is exit 1 with one
+JSON error line naming the id and why, and nothing is written. Whether that fails the prolog is
+the prolog script's decision (it does not, by default: a failed prolog drains the node).
+
+``end`` (the epilog) sets ``ended_at``; both prune records ended more than 24 h ago. ``list``
+prints every record; a record that does not read is named on stderr and makes the exit 1.
+
+Paths: records in ``--jobs-dir``, else $FLEETOPS_JOBS_DIR, else ``/run/fleetops/jobs``; gres.conf
+in ``--gres-conf``, else $FLEETOPS_GRES_CONF, else ``/etc/slurm/gres.conf``; the MIG minors in
+``--mig-minors``, else ``/proc/driver/nvidia-caps/mig-minors``; cgroups under ``--cgroup-root``,
+else ``/sys/fs/cgroup``. On a simulated node (``--backend sim`` or auto with its state) each
+default is the node's own, in its run folder ``<state>.agent/`` (the simulated ``/run/fleetops``,
+where its daemon keeps its socket): ``jobs/``, ``gres.conf``, ``mig-minors``, ``cgroup/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+SNAPSHOT_MAX_AGE_S = 30.0
+
+
+class JobCliError(Exception):
+    def __init__(self, kind: str, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.code = code
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    about = "job records for attribution: start (the Slurm prolog), end (the epilog), list"
+    p = sub.add_parser("job", help=about, description=about)
+    jsub = p.add_subparsers(dest="job_command", required=True, parser_class=type(p))
+
+    def paths(q: Any) -> None:
+        common(q)
+        q.add_argument("--jobs-dir", help="the job records' folder (default $FLEETOPS_JOBS_DIR, else "
+                       "/run/fleetops/jobs; sim: <state>.agent/jobs)")
+
+    q = jsub.add_parser("start", help="record a job's GPUs and cgroup (the prolog)")
+    paths(q)
+    q.add_argument("--job-id", help="default $SLURM_JOB_ID (a plain job number; steps and ARRAY_TASK refused)")
+    q.add_argument("--uid", help="default $SLURM_JOB_UID")
+    q.add_argument("--user", help="default $SLURM_JOB_USER")
+    q.add_argument("--gpus", help="gres ids (0,3) or UUIDs; default $SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES")
+    q.add_argument("--cpus", type=int, help="CPUs of the job on this node (default $SLURM_CPUS_ON_NODE, else the "
+                   "cgroup's cpuset)")
+    q.add_argument("--gres-conf", help="Slurm's gres.conf (default $FLEETOPS_GRES_CONF, else /etc/slurm/gres.conf)")
+    q.add_argument("--mig-minors", help="the driver's MIG minors (default /proc/driver/nvidia-caps/mig-minors)")
+    q.add_argument("--cgroup-root", help="where to find the job's cgroup (default /sys/fs/cgroup)")
+    q.add_argument("--node-name", help="this node's name for gres.conf NodeName= lines (default: the hostname)")
+    q.add_argument("--socket", help="the daemon's socket, asked for the snapshot first (default: by the backend)")
+
+    q = jsub.add_parser("end", help="mark a job ended (the epilog)")
+    paths(q)
+    q.add_argument("--job-id", help="default $SLURM_JOB_ID")
+
+    q = jsub.add_parser("list", help="print the job records as JSON")
+    paths(q)
+
+
+def _sim_run_dir(args: Any) -> str | None:
+    from fleetops.agent.serve import client
+
+    state = args.state or os.environ.get("FLEETOPS_SIM_STATE")
+    if not state or not client.simulated(args.backend, state):
+        return None
+    # the simulated node's run folder holds its daemon's socket (sim.run_dir; not imported here: the
+    # simulator's package costs more than this whole command)
+    return os.path.dirname(client.socket_for(args.backend, state, None))
+
+
+def _jobs_dir(args: Any, sim_dir: str | None) -> str:
+    from fleetops.jobs import record
+
+    if args.jobs_dir:
+        return str(args.jobs_dir)
+    if os.environ.get(record.DIR_ENV):
+        return os.environ[record.DIR_ENV]
+    return os.path.join(sim_dir, "jobs") if sim_dir else record.DEFAULT_DIR
+
+
+def _env(flag: Any, name: str) -> str | None:
+    if flag is not None:
+        return str(flag)
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _job_id(args: Any) -> str:
+    from fleetops.jobs.record import JobRecordError, check_job_id
+
+    text = _env(args.job_id, "SLURM_JOB_ID")
+    if text is None:
+        raise JobCliError("usage", "no job id: pass --job-id or set SLURM_JOB_ID", EXIT_USAGE)
+    try:
+        return check_job_id(text)
+    except JobRecordError as exc:
+        raise JobCliError("usage", str(exc), EXIT_USAGE) from None
+
+
+def _snapshot(args: Any, fresh: bool) -> Any:
+    """The node's snapshot: the daemon's when it answers with one at most 30 s old (cheap),
+    else a cold collect; ``fresh`` always collects (the daemon's may predate a MIG change)."""
+    from fleetops import model
+    from fleetops.agent.collect import collect
+    from fleetops.agent.serve import client
+
+    if not fresh:
+        served = client.fetch_snapshot(client.socket_for(args.backend, args.state, args.socket), SNAPSHOT_MAX_AGE_S)
+        if served is not None:
+            return model.node_from_json(served)
+    return collect(args.backend, args.state)
+
+
+def _resolve(args: Any, ids_text: str, from_env: str, sim_dir: str | None, fresh: bool) -> tuple[list[Any], str]:
+    from fleetops.jobs import gres, resolve
+
+    ids = resolve.parse_ids(ids_text, from_env)
+    node = _snapshot(args, fresh)
+    if not all(i.isdigit() for i in ids):
+        return resolve.resolve_uuids(ids, node.gpus), f"UUIDs from {from_env}"
+    conf_path = (args.gres_conf or os.environ.get(gres.GRES_CONF_ENV)
+                 or (os.path.join(sim_dir, "gres.conf") if sim_dir else gres.DEFAULT_GRES_CONF))
+    minors_path = args.mig_minors or (os.path.join(sim_dir, "mig-minors") if sim_dir else gres.DEFAULT_MIG_MINORS)
+    conf = gres.parse(conf_path, args.node_name or node.hostname)
+    gpus, how = resolve.resolve_gres(ids, conf, node.gpus, lambda: gres.parse_mig_minors(minors_path))
+    return gpus, f"{from_env}={ids_text}: {how}"
+
+
+def start(args: Any) -> dict[str, Any]:
+    from fleetops.jobs import cgroup, record, resolve
+
+    job_id = _job_id(args)
+    uid_text = _env(args.uid, "SLURM_JOB_UID")
+    try:
+        uid = int(uid_text) if uid_text is not None else None
+    except ValueError:
+        raise JobCliError("usage", f"uid {uid_text!r} (--uid or SLURM_JOB_UID): expected a number", EXIT_USAGE) from None
+    user = _env(args.user, "SLURM_JOB_USER")
+    sim_dir = _sim_run_dir(args)
+    if args.gpus is not None:
+        ids_text, from_env = str(args.gpus), "--gpus"
+    elif os.environ.get("SLURM_JOB_GPUS"):
+        ids_text, from_env = os.environ["SLURM_JOB_GPUS"], "SLURM_JOB_GPUS"
+    elif os.environ.get("CUDA_VISIBLE_DEVICES"):
+        ids_text, from_env = os.environ["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES (fallback: SLURM_JOB_GPUS unset)"
+    else:
+        ids_text, from_env = "", ""
+    gpus: list[Any] = []
+    source = "no GPUs: SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset"
+    if ids_text.strip():
+        try:
+            try:
+                gpus, source = _resolve(args, ids_text, from_env, sim_dir, fresh=False)
+            except resolve.ResolveError:  # the daemon's snapshot may predate a change: once more, cold
+                gpus, source = _resolve(args, ids_text, from_env, sim_dir, fresh=True)
+        except resolve.ResolveError as exc:
+            raise JobCliError("unresolved", f"job {job_id}: {exc}") from None
+    root = args.cgroup_root or (os.path.join(sim_dir, "cgroup") if sim_dir else cgroup.DEFAULT_ROOT)
+    found = cgroup.find(root, job_id, uid)
+    cpus = args.cpus
+    if cpus is None and (os.environ.get("SLURM_CPUS_ON_NODE") or "").isdigit():
+        cpus = int(os.environ["SLURM_CPUS_ON_NODE"])
+    if cpus is None and found is not None:
+        cpus = cgroup.cpu_count(found)
+    rec = record.JobRecord(job_id=job_id, uid=uid, user=user, started_at=time.time(), ended_at=None, cgroup=found,
+                           cpus=cpus, gpus=tuple(gpus), source=source)
+    directory = _jobs_dir(args, sim_dir)
+    record.prune(directory)
+    path = record.write(directory, rec)
+    return {"kind": "fleetops.job/v1", "path": path, "job": rec.to_dict()}
+
+
+def end(args: Any) -> dict[str, Any]:
+    from fleetops.jobs import record
+
+    job_id = _job_id(args)
+    directory = _jobs_dir(args, _sim_run_dir(args))
+    done = record.end(directory, job_id)
+    record.prune(directory)
+    return {"kind": "fleetops.job/v1", "path": record.path_for(directory, job_id), "job": done.to_dict()}
+
+
+def run(args: Any) -> int:
+    from fleetops.jobs import gres, record
+
+    try:
+        if args.job_command == "start":
+            doc = start(args)
+        elif args.job_command == "end":
+            doc = end(args)
+        else:
+            directory = _jobs_dir(args, _sim_run_dir(args))
+            records, errors = record.read_all(directory)
+            doc = {"kind": "fleetops.jobs/v1", "dir": directory, "jobs": [r.to_dict() for r in records],
+                   "errors": errors}
+            _emit(doc, args.pretty)
+            if errors:
+                return _fail("job-record", "; ".join(errors), EXIT_FAIL)
+            return EXIT_OK
+    except JobCliError as exc:
+        return _fail(exc.kind, str(exc), exc.code)
+    except (record.JobRecordError, gres.GresError) as exc:
+        return _fail("job-record" if isinstance(exc, record.JobRecordError) else "gres", str(exc), EXIT_FAIL)
+    _emit(doc, args.pretty)
+    return EXIT_OK
+
+
+def _emit(doc: dict[str, Any], pretty: bool) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2 if pretty else None) + "\n")
+
+
+def _fail(kind: str, message: str, code: int) -> int:
+    sys.stderr.write(json.dumps({"error": message, "kind": kind}) + "\n")
+    return code

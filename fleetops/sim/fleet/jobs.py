@@ -1,0 +1,152 @@
+"""``fleetops sim job start|stop``: a Slurm job on a simulated node, started and ended the way
+slurmd does it: the job's cgroup made first (as with ``PrologFlags=Contain``), then the SAME
+prolog and epilog scripts the collection ships (``roles/fleetops_jobs/files``) run on the node
+over SSH, with the environment slurmd gives them (SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER,
+SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, SLURM_SCRIPT_CONTEXT), and the cgroup removed after the
+epilog. The node's ``gres.conf`` and ``mig-minors`` are written from its state first
+(``sim.write_slurm_files``), as a site keeps gres.conf in step with its MIG layout.
+
+The prolog exits 0 whatever the agent answered (a failed attribution must not drain a node), so
+success is judged here as an operator would: the job's record exists (start) or is ended (stop);
+otherwise the prolog's stderr says why, and the command fails with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fleetops.jobs import record
+from fleetops.sim import gpu as sim
+from fleetops.sim.fleet.base import SimFleetError
+from fleetops.sim.fleet.record import read_fleet, resolve_node
+
+SCRIPTS = ("roles", "fleetops_jobs", "files")
+ANSIBLE_DIR_ENV = "FLEETOPS_ANSIBLE_DIR"
+SSH_TIMEOUT_S = 30.0
+
+
+def script(name: str) -> str:
+    """The shipped script ``name``: in $FLEETOPS_ANSIBLE_DIR, the collection the wheel carries, or
+    this checkout (the repository root is the collection)."""
+    package = Path(__file__).resolve().parents[2]
+    roots = [Path(os.environ[ANSIBLE_DIR_ENV])] if os.environ.get(ANSIBLE_DIR_ENV) else []
+    roots += [package / "collections" / "ansible_collections" / "fleetops" / "gpu", package.parent]
+    for root in roots:
+        path = root.joinpath(*SCRIPTS, name)
+        if path.is_file():
+            return str(path)
+    raise SimFleetError(f"{name}: not found under {', '.join(str(r.joinpath(*SCRIPTS)) for r in roots)}")
+
+
+def _host(fleet: dict[str, Any], name: str) -> Any:
+    from fleetops.fleet.inventory import Host
+
+    node = fleet["nodes"][name]
+    return Host(name=name, address=node["address"], port=int(node["port"]), user="root",
+                key_file=fleet["client_key"])
+
+
+def _run(fleet: dict[str, Any], name: str, path: str, env: dict[str, str]) -> Any:
+    from fleetops.fleet.transport.oneshot import run_all
+
+    host = _host(fleet, name)
+    result = run_all([host], ["/bin/sh", path], known_hosts=fleet["known_hosts"], env=env,
+                     command_timeout=SSH_TIMEOUT_S, global_known_hosts="")[name]
+    if result.exit_status is None:
+        raise SimFleetError(f"{name}: {os.path.basename(path)} did not run: {result.error or result.error_kind}")
+    return result
+
+
+def _slurm_env(job_id: str, uid: int, user: str, gpus: str, context: str, state: str) -> dict[str, str]:
+    env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(uid), "SLURM_JOB_USER": user,
+           "SLURM_SCRIPT_CONTEXT": context, "SLURM_JOB_PARTITION": "gpu",
+           # the node's own settings file, none by default (a real node's is /etc/fleetops/jobs.env)
+           "FLEETOPS_JOBS_ENV": os.path.join(sim.run_dir(state), "jobs.env"),
+           # the simulated node has no syslog of its own: a failure is on the prolog's stderr only
+           "FLEETOPS_JOBS_SYSLOG": "0"}
+    if gpus:
+        env["SLURM_JOB_GPUS"] = gpus
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def _mig_ids(devices: list[dict[str, Any]], specs: list[str]) -> list[int]:
+    """``INDEX:GI`` (the GPU's NVML index, its GPU instance id) -> that MIG device's gres id."""
+    out = []
+    for spec in specs:
+        index, sep, gi = spec.partition(":")
+        if not sep or not index.isdigit() or not gi.isdigit():
+            raise SimFleetError(f"--mig {spec!r}: expected INDEX:GI (a GPU's index and a GPU instance id)")
+        found = [d for d in devices if d["index"] == int(index) and d["gi"] == int(gi)]
+        if not found:
+            have = ", ".join(f"{d['index']}:{d['gi']}" for d in devices if d["gi"] is not None) or "none"
+            raise SimFleetError(f"--mig {spec}: no MIG device in GPU instance {gi} of GPU {index} (MIG devices: {have})")
+        out.append(int(found[0]["gres_id"]))
+    return out
+
+
+def start(directory: str, node: str | int, job_id: str, gpus: str | None = None, user: str = "alice",
+          uid: int = 1000, mig: list[str] | None = None, cpus: int | None = None) -> dict[str, Any]:
+    """Start job ``job_id`` on ``node`` with gres ids ``gpus`` (``0,3``: SLURM_JOB_GPUS, which
+    index the node's gres.conf) and/or MIG devices ``mig`` (``INDEX:GI``); returns its record."""
+    fleet = read_fleet(directory)
+    assert fleet is not None
+    name = resolve_node(fleet, node)
+    state = fleet["nodes"][name]["state"]
+    try:
+        job_id = record.check_job_id(job_id)
+    except record.JobRecordError as exc:
+        raise SimFleetError(str(exc)) from None
+    devices = sim.write_slurm_files(state)
+    ids = [p.strip() for p in (gpus or "").split(",") if p.strip()]
+    ids += [str(i) for i in _mig_ids(devices, mig or [])]
+    sim.make_job_cgroup(state, job_id, cpus)
+    env = _slurm_env(job_id, uid, user, ",".join(ids), "prolog_slurmd", state)
+    result = _run(fleet, name, script("fleetops-prolog.sh"), env)
+    path = record.path_for(os.path.join(sim.run_dir(state), "jobs"), job_id)
+    try:
+        rec = record.read(path)
+    except record.JobRecordError as exc:
+        sim.remove_job_cgroup(state, job_id)
+        raise SimFleetError(f"{name}: job {job_id}: the prolog recorded nothing (exit {result.exit_status}): "
+                            f"{result.stderr.strip() or exc}") from None
+    if rec.ended_at is not None:  # an old record of this number, not overwritten: the start failed
+        raise SimFleetError(f"{name}: job {job_id}: the prolog left the ended record in place: {result.stderr.strip()}")
+    return {"node": name, "path": path, "job": rec.to_dict(), "prolog_stderr": result.stderr}
+
+
+def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid: int = 1000) -> dict[str, Any]:
+    """End job ``job_id`` on ``node``: the epilog over SSH, then its cgroup removed."""
+    fleet = read_fleet(directory)
+    assert fleet is not None
+    name = resolve_node(fleet, node)
+    state = fleet["nodes"][name]["state"]
+    try:
+        job_id = record.check_job_id(job_id)
+    except record.JobRecordError as exc:
+        raise SimFleetError(str(exc)) from None
+    env = _slurm_env(job_id, uid, user, "", "epilog_slurmd", state)
+    result = _run(fleet, name, script("fleetops-epilog.sh"), env)
+    sim.remove_job_cgroup(state, job_id)
+    path = record.path_for(os.path.join(sim.run_dir(state), "jobs"), job_id)
+    try:
+        rec = record.read(path)
+    except record.JobRecordError as exc:
+        raise SimFleetError(f"{name}: job {job_id}: {exc} ({result.stderr.strip()})") from None
+    if rec.ended_at is None:
+        raise SimFleetError(f"{name}: job {job_id}: the epilog did not end the record: {result.stderr.strip()}")
+    return {"node": name, "path": path, "job": rec.to_dict(), "epilog_stderr": result.stderr}
+
+
+def main(args: Any) -> int:
+    """``fleetops sim job``'s front end (its options are cli.py's)."""
+    if args.job_command == "start":
+        doc = start(args.dir, args.node, args.job_id, args.gpus, args.user, args.uid, args.mig, args.cpus)
+    else:
+        doc = stop(args.dir, args.node, args.job_id, args.user, args.uid)
+    print(json.dumps(doc["job"], indent=2))
+    return 0
+
