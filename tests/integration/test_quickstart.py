@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,14 +155,18 @@ def test_quickstart_commands_run_as_the_page_says(tmp_path: Path) -> None:
         pytest.skip(
             f"{address}:{port} is in use (a quickstart fleet left running? fleetops sim down --dir ...)"
         )
-    fleet_dir = tmp_path / "fleet"
+    # the fleet and HOME in a short folder, as the page's /tmp/fleetops-quickstart is: the daemon's
+    # sockets and ansible's SSH control sockets live under them (unix socket paths are at most 107
+    # bytes), and tmp_path is longer under pytest-xdist
+    top = Path(tempfile.mkdtemp(prefix="fo-qs-", dir="/tmp"))
+    fleet_dir = top / "fleet"
     page = page.replace(PAGE_FLEET_DIR, str(fleet_dir))
     cmds = page_commands(page)
     bindir = Path(sys.executable).parent
     activate = bindir / "activate"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    home = tmp_path / "home"
+    home = top / "home"
     home.mkdir()
     rc_file = tmp_path / "rc"
     script = tmp_path / "quickstart.sh"
@@ -175,6 +181,7 @@ def test_quickstart_commands_run_as_the_page_says(tmp_path: Path) -> None:
             timed_out = True
     finally:
         fleet.down(str(fleet_dir))
+        shutil.rmtree(top, ignore_errors=True)
     codes = {}
     for row in rc_file.read_text().splitlines():
         n, rc = row.split()

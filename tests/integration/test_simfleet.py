@@ -329,10 +329,27 @@ def test_hundred_nodes_start_and_answer(root_sshd, tmp_path):
         assert fleet.down(d) == 100
 
 
-def test_up_daemon_serves_every_node_and_down_stops_it(root_sshd, tmp_path):
+def test_a_folder_too_long_for_the_daemon_s_sockets_is_refused_before_anything_starts(root_sshd, tmp_path):
+    d = str(tmp_path / ("f" * 90))
+    sock = os.path.join(d, "state", "node002.agent", "agent.sock")
+    with pytest.raises(fleet.SimFleetError) as err:
+        fleet.up(2, d, first_address=block(6), port=free_port(block(6)), daemon=True)
+    assert str(err.value) == (
+        f"{d}: too long a folder for the daemon's sockets: {sock} is {len(sock)} bytes, "
+        "a unix socket's path at most 107; use a shorter --dir"
+    )
+    assert not os.path.exists(os.path.join(d, "fleet.json"))
+
+
+def test_up_daemon_serves_every_node_and_down_stops_it(root_sshd):
+    import shutil
+    import tempfile
     import time
 
-    d = str(tmp_path / "fleet")
+    # a short folder of its own: the daemon's sockets live under it (at most 107 bytes), and a
+    # worker's tmp_path under pytest-xdist is longer than one alone
+    top = tempfile.mkdtemp(prefix="fo-simd-", dir="/tmp")
+    d = os.path.join(top, "fleet")
     info = fleet.up(2, d, first_address=block(6), port=free_port(block(6)), daemon=True,
                     metrics_port=free_port(block(6)))
     pid = info["daemon"]["pid"]
@@ -353,3 +370,4 @@ def test_up_daemon_serves_every_node_and_down_stops_it(root_sshd, tmp_path):
         assert fleet.down(d) == 2
     assert _stat(pid) is None or _stat(pid)[0] == "Z"
     assert not os.path.exists(os.path.join(d, "state", "node001.agent", "agent.sock"))
+    shutil.rmtree(top)

@@ -12,7 +12,7 @@ from fleetops import model
 from fleetops.checks import run_node_checks
 from fleetops.checks.verdict import NodeResult
 from fleetops.fleet.audit import AuditResult
-from fleetops.fleet.store import Store
+from fleetops.fleet.store.database import Store
 from fleetops.sim import gpu as sim
 
 

@@ -49,6 +49,7 @@ from fleetops.sim.fleet.base import (
     SSHD_SEARCH,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    UNIX_PATH_MAX,
     SimFleetError,
     addresses,
     agent_bin_dir,
@@ -122,6 +123,15 @@ def up(
         raise SimFleetError(INSTALL_HINT)
     agent_bin = agent_bin_dir()
     names = node_names(nodes)
+    if daemon:
+        # the daemon's socket for each node sits beside its state file; a unix socket's path is at
+        # most 107 bytes, and past that the daemon could serve no collect at all
+        sock = os.path.join(os.path.abspath(directory), "state", f"{names[-1]}.agent", "agent.sock")
+        if len(os.fsencode(sock)) > UNIX_PATH_MAX:
+            raise SimFleetError(
+                f"{directory}: too long a folder for the daemon's sockets: {sock} is "
+                f"{len(os.fsencode(sock))} bytes, a unix socket's path at most {UNIX_PATH_MAX}; use a shorter --dir"
+            )
     addrs = addresses(first_address, nodes)
     scenario: dict[str, Any] = {}
     if scenario_path:

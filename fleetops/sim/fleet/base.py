@@ -19,6 +19,7 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 START_TIMEOUT_S = 30.0
 # The agent's metrics port on every node unless ``up`` is given another (= prom_targets.DEFAULT_PORT)
 METRICS_PORT = 9401
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes with its NUL
 STOP_TIMEOUT_S = 5.0
 SSHD_SEARCH = "/usr/sbin:/usr/local/sbin:/sbin"
 INSTALL_HINT = "sshd not found: apt-get install -y openssh-server"
