@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 # behind lazy imports, so this module needs nothing else from them; tests/unit/test_frontends.py
 # holds this package to that.
 ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.reset_cli", "fleetops.remedy.cli", "fleetops.drain_cli", "fleetops.tui.cli", "fleetops.docgen.cli",
-                "fleetops.validation.cli")
+                "fleetops.validation.cli", "fleetops.job_cli")
 
 
 def _feature_modules() -> list[Any]:
