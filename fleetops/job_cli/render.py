@@ -5,7 +5,6 @@ gathered facts and the ``Diagnosis``, nothing read here."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -83,13 +82,30 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def _evidence(ev: Mapping[str, Any]) -> str:
-    parts = []
-    for k, v in ev.items():
-        if isinstance(v, dict):
-            v = json.dumps(v, separators=(",", ":"), sort_keys=True)
-        parts.append(f"{k}={v}")
-    return ", ".join(parts)
+def _value(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if v is not None else "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 1e4 else str(v)
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k} {_value(x)}" for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return ",".join(_value(x) for x in v)
+    return str(v)
+
+
+def evidence_lines(ev: Mapping[str, Any]) -> list[str]:
+    """A verdict's evidence as operator text: a per-GPU part (``gpus``: index -> figures) one line
+    per GPU, the rest on one line."""
+    lines = []
+    flat = {k: v for k, v in ev.items() if k != "gpus"}
+    if flat:
+        lines.append(_value(flat))
+    for index, figures in (ev.get("gpus") or {}).items():
+        lines.append(f"GPU {index}: {_value(figures)}")
+    return lines
 
 
 def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]) -> str:
@@ -118,7 +134,7 @@ def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]) -
             gpus = ",".join(str(g["index"]) for g in v.gpus)
             lines.append(f"  {v.code}  {v.node} GPU {gpus}  confidence {v.confidence:.2f}")
             lines.append(f"    {v.message}")
-            lines.append(f"    evidence: {_evidence(v.evidence)}")
+            lines += [f"    evidence: {line}" for line in evidence_lines(v.evidence)]
     else:
         lines.append("VERDICTS  none: nothing found wrong with this job")
     notes = list(d.notes)
