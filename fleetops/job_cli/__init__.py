@@ -86,7 +86,10 @@ def cmd_job(args: argparse.Namespace) -> int:
     job = gather.build_job(got)
     d = diagnose.diagnose(job)
     facts = gather.job_facts(got)
-    util = {f"{g.node}:{g.index}": list(g.series.get("utilization_gpu_pct", []))
+    end = facts["ended_at"] if facts["ended_at"] is not None else facts["started_at"] + facts["duration_s"]
+    # the job's own samples: the nodes send a few seconds more (the first may predate the record)
+    util = {f"{g.node}:{g.index}": [(t, v) for t, v in g.series.get("utilization_gpu_pct", [])
+                                    if job.started_at <= t <= end]
             for g in sorted(job.gpus, key=lambda g: (g.node, g.index))}
     code = exit_code(True, len(d.verdicts), len(got.unreachable))
     if args.format == "json":
@@ -96,7 +99,6 @@ def cmd_job(args: argparse.Namespace) -> int:
         return code
     out = render.table(facts, d, nodes)
     if args.plot:
-        end = facts["ended_at"] if facts["ended_at"] is not None else facts["started_at"] + facts["duration_s"]
         out += "\n" + render.plot(util, facts["started_at"], end)
     sys.stdout.write(out)
     return code

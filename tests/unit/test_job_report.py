@@ -161,3 +161,27 @@ def test_the_job_spans_its_nodes_earliest_start_and_ends_only_when_every_part_en
     assert gather.build_job(got).ended_at == T0 + 350.0
     assert gather.job_facts(got) == {"job_id": "4242", "user": "alice", "nodes": ["node001", "node002"], "gpus": 2,
                                      "started_at": T0, "ended_at": T0 + 350.0, "running": False, "duration_s": 350.0}
+
+
+def test_a_job_id_that_is_no_plain_job_number_is_a_usage_error(capsys: Any) -> None:
+    from fleetops import cli
+
+    assert cli.main(["job", "1234_7", "-i", "inventory.yml"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("fleetops: error: ")
+    assert "1234_7" in err
+
+
+def test_sim_job_start_refuses_an_unknown_profile_and_a_seed_without_one_before_anything_runs() -> None:
+    import pytest
+
+    from fleetops.sim.fleet import SimFleetError
+    from fleetops.sim.fleet import jobs as sim_jobs
+
+    with pytest.raises(SimFleetError) as bad:
+        sim_jobs.start("/nonexistent", "node001", "1234", "0", profile="slow")
+    assert str(bad.value) == ("--profile 'slow': known profiles: steady, input-bound, straggler, nvlink-unused, "
+                              "cpu-starved")
+    with pytest.raises(SimFleetError) as seedless:
+        sim_jobs.start("/nonexistent", "node001", "1234", "0", seed=3)
+    assert str(seedless.value) == "--seed seeds a workload: give --profile too"
