@@ -22,6 +22,7 @@ from typing import Any
 import polling
 import pytest
 
+from fleetops.agent.serve import client
 from fleetops.sim import fleet
 from fleetops.sim import gpu as sim
 
@@ -40,6 +41,7 @@ JOBS = {
     "304": ("node002", "5", "input-bound"),
     "305": ("node003", "2,3", "cpu-starved"),
 }
+XID_JOB = ("306", "node004", "0")  # a steady job whose GPU logs an XID just before it ends: xid_end
 CODES = {"steady": None, "straggler": "straggler", "nvlink-unused": "nvlink_unused", "input-bound": "input_bound",
          "cpu-starved": "cpu_starved"}
 
@@ -85,6 +87,9 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[s
             done = cli(info, "sim", "job", "start", "--dir", d, node, job_id, "--gpus", gpus, "--profile", profile,
                        "--seed", "7")
             assert done.returncode == 0, done.stderr
+        job_id, node, gpus = XID_JOB
+        done = cli(info, "sim", "job", "start", "--dir", d, node, job_id, "--gpus", gpus, "--profile", "steady")
+        assert done.returncode == 0, done.stderr
         docs = polling.until("120 s and 30 samples of every job", lambda: ready(info), deadline_s=WAIT_S, step_s=10.0)
         yield info, docs
     finally:
@@ -188,6 +193,31 @@ def test_an_ended_job_is_judged_over_its_life_and_its_workload_is_gone(diagnosed
     assert doc["job"]["ended_at"] == json.loads(stopped.stdout)["ended_at"]
     assert verdicts(doc) == {("input_bound", "node002", (5,))}
     assert code == 1
+
+
+def xid_of_job(info: dict[str, Any], node: str, job_id: str) -> list[dict[str, Any]]:
+    text = client.fetch_snapshot(client.socket_for("sim", info["nodes"][node]["state"], None), max_age_s=3600)
+    assert text is not None
+    return [x for x in json.loads(text).get("xids") or [] if job_id in (x.get("jobs") or [])]
+
+
+def test_an_xid_just_before_the_end_is_named_as_why_the_job_ended(diagnosed: tuple[dict[str, Any], Any]) -> None:
+    info, _ = diagnosed
+    job_id, node, gpu = XID_JOB
+    fleet.inject(info["directory"], node, "xid:31", int(gpu))
+    [xid] = polling.until("the XID tagged with the job", lambda: xid_of_job(info, node, job_id), deadline_s=60.0,
+                          step_s=1.0)
+    assert xid["code"] == 31
+    stopped = cli(info, "sim", "job", "stop", "--dir", info["directory"], node, job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    code, doc = job_json(info, job_id)
+    assert verdicts(doc) == {("xid_end", node, (0,))}
+    assert code == 1
+    [verdict] = doc["diagnosis"]["verdicts"]
+    assert verdict["evidence"]["xid"] == 31
+    table = cli(info, "job", job_id, "-i", info["inventory"])
+    [row] = [line.split() for line in table.stdout.splitlines() if line.startswith(f"{node}  ")]
+    assert row[-1] == "31"
 
 
 def test_an_unreachable_node_outranks_the_verdicts(diagnosed: tuple[dict[str, Any], Any]) -> None:
