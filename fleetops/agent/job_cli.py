@@ -11,6 +11,12 @@ the prolog script's decision (it does not, by default: a failed prolog drains th
 ``end`` (the epilog) sets ``ended_at``; both prune records ended more than 24 h ago. ``list``
 prints every record; a record that does not read is named on stderr and makes the exit 1.
 
+``show JOBID`` is what ``fleetops job`` asks every node (``job_show.py``): one JSON document
+(``fleetops.job-show/v1``) with the record and, from the resident daemon, the job's GPUs' samples
+over its life, their static facts, the XIDs on them during the job and the cgroup's CPU time.
+A job this node never ran is a quiet answer, not an error: ``fleetops.job-absent/v1`` on stdout,
+exit 3 (EXIT_ABSENT), nothing on stderr.
+
 Paths: records in ``--jobs-dir``, else $FLEETOPS_JOBS_DIR, else ``/run/fleetops/jobs``; gres.conf
 in ``--gres-conf``, else $FLEETOPS_GRES_CONF, else ``/etc/slurm/gres.conf``; the MIG minors in
 ``--mig-minors``, else ``/proc/driver/nvidia-caps/mig-minors``; cgroups under ``--cgroup-root``,
@@ -28,6 +34,7 @@ import time
 from typing import Any
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_ABSENT = 3  # show: no record of the job on this node (a quiet answer: the job ran elsewhere)
 SNAPSHOT_MAX_AGE_S = 30.0
 
 
@@ -68,6 +75,12 @@ def add_parser(sub: Any, common: Any) -> None:
 
     q = jsub.add_parser("list", help="print the job records as JSON")
     paths(q)
+
+    q = jsub.add_parser("show", help="one job's record, its GPUs' samples, facts and XIDs and its CPU, from the "
+                        "daemon (what fleetops job asks); exit 3 when the node has no record of it")
+    paths(q)
+    q.add_argument("job_id", metavar="JOBID", help="the Slurm job number")
+    q.add_argument("--socket", help="the daemon's socket (default: by the backend)")
 
 
 def _sim_run_dir(args: Any) -> str | None:
@@ -201,6 +214,12 @@ def run(args: Any) -> int:
             doc = start(args)
         elif args.job_command == "end":
             doc = end(args)
+        elif args.job_command == "show":
+            from fleetops.agent import job_show
+
+            doc = job_show.show(args, _jobs_dir(args, _sim_run_dir(args)), _job_id(args))
+            _emit(doc, args.pretty)
+            return EXIT_OK if doc["kind"] == job_show.KIND else EXIT_ABSENT
         else:
             directory = _jobs_dir(args, _sim_run_dir(args))
             records, errors = record.read_all(directory)

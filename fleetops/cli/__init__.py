@@ -1,7 +1,8 @@
 """``fleetops``: the controller command.
 
 Exit codes (audit): 0 ok, 1 warn, 2 crit, 3 any node unreachable (whatever else was found) or
-only unknown values, 4 usage or input error (``model.HEALTH_ORDER``). Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
+only unknown values, 4 usage or input error (``model.HEALTH_ORDER``). ``job``: 0 no verdict, 1 verdicts, 3
+a node not asked, 4 usage or the job on no node (``fleetops.job_cli``). Other commands: 0 success, 1 failure, 4 usage or input error. The table lives in
 ``fleetops.common.errors``, shared by every command.
 
 Each command family builds its own parser and runs its own command (``audit``, ``history``,
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 # behind lazy imports, so this module needs nothing else from them; tests/unit/test_frontends.py
 # holds this package to that.
 ENTRY_POINTS = ("fleetops.rollout.cli", "fleetops.reset_cli", "fleetops.remedy.cli", "fleetops.drain_cli", "fleetops.tui.cli", "fleetops.docgen.cli",
-                "fleetops.validation.cli")
+                "fleetops.validation.cli", "fleetops.job_cli")
 
 
 def _feature_modules() -> list[Any]:

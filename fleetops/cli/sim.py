@@ -59,7 +59,11 @@ def register(sub: Any) -> None:
                            "in device-minor order")
             j.add_argument("--mig", action="append", metavar="INDEX:GI", help="a MIG device: GPU index and GPU "
                            "instance id (repeat for more)")
-            j.add_argument("--cpus", type=int, help="the job's CPUs (its cgroup's cpuset)")
+            j.add_argument("--cpus", type=int, help="the job's CPUs (its cgroup's cpuset; with --profile, "
+                           "default 16)")
+            j.add_argument("--profile", help="also run a simulated workload on the job's GPUs: steady, input-bound, "
+                           "straggler, nvlink-unused or cpu-starved (stop ends it)")
+            j.add_argument("--seed", type=int, help="the workload's seed (default: fixed by the job id)")
     p.set_defaults(func=cmd_sim)
 
 

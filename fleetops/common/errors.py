@@ -14,10 +14,10 @@ EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
-    EXIT_WARN: "warnings (audit) / the action failed or was refused",
+    EXIT_WARN: "warnings (audit) / verdicts (job) / the action failed or was refused",
     EXIT_CRIT: "critical findings (audit) / the run failed (rollout)",
-    EXIT_UNKNOWN: "an unreachable host, or nothing worse than unknowns (audit)",
-    EXIT_USAGE: "usage or input error; nothing was done",
+    EXIT_UNKNOWN: "an unreachable host, or nothing worse than unknowns (audit) / a node not asked (job)",
+    EXIT_USAGE: "usage or input error; nothing was done (job: also the job on no node)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 

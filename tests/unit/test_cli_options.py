@@ -63,6 +63,7 @@ INVENTORY_COMMANDS = {
     "fleetops resume": ["resume", "node001", "--dry-run"],
     "fleetops tui": ["tui"],
     "fleetops validate": ["validate"],
+    "fleetops job": ["job", "1234"],
 }
 
 
@@ -133,7 +134,7 @@ def test_tui_sim_watches_a_simulated_fleet_and_refuses_an_inventory_beside_it(
 
 # --- the same flag, the same words and default --------------------------------------------
 
-SSH_COLLECT = ("fleetops audit", "fleetops remediate", "fleetops tui", "fleetops validate")
+SSH_COLLECT = ("fleetops audit", "fleetops remediate", "fleetops tui", "fleetops validate", "fleetops job")
 ANSIBLE = ("fleetops rollout driver", "fleetops apply")
 
 
@@ -159,7 +160,7 @@ def test_connect_timeout_and_the_ssh_options_read_the_same_everywhere() -> None:
     timeouts = with_option("--connect-timeout")
     assert sorted(timeouts) == sorted(
         ["fleetops audit", "fleetops reset", "fleetops remediate", "fleetops drain", "fleetops resume",
-         "fleetops tui", "fleetops validate"]
+         "fleetops tui", "fleetops validate", "fleetops job"]
     )
     for command, arg in timeouts.items():
         assert arg["default"] == 5.0, command
@@ -173,7 +174,8 @@ def test_connect_timeout_and_the_ssh_options_read_the_same_everywhere() -> None:
 
 def test_limit_db_and_format_say_their_default_in_the_same_words() -> None:
     limits = with_option("--limit")
-    assert sorted(limits) == ["fleetops apply", "fleetops audit", "fleetops baseline vars", "fleetops prometheus targets",
+    assert sorted(limits) == ["fleetops apply", "fleetops audit", "fleetops baseline vars", "fleetops job",
+                              "fleetops prometheus targets",
                               "fleetops remediate", "fleetops rollout driver", "fleetops tui", "fleetops validate"]
     for command, arg in limits.items():
         assert arg["help"] == "Ansible host pattern, as ansible's --limit (default: every host of the inventory)", command
@@ -183,11 +185,12 @@ def test_limit_db_and_format_say_their_default_in_the_same_words() -> None:
     for command, arg in dbs.items():
         assert arg["help"].endswith(f" {DB_DEFAULT}"), command
     formats = with_option("--format")
-    assert sorted(formats) == ["fleetops audit", "fleetops history", "fleetops remediate", "fleetops validate"]
+    assert sorted(formats) == ["fleetops audit", "fleetops history", "fleetops job", "fleetops remediate",
+                               "fleetops validate"]
     for command, arg in formats.items():
         assert arg["help"].startswith("output format"), command
         assert arg["help"].endswith(f"(default {arg['default']})"), command
-    assert [formats[c]["default"] for c in sorted(formats)] == ["table", "text", "text", "table"]
+    assert [formats[c]["default"] for c in sorted(formats)] == ["table", "text", "table", "text", "table"]
 
 
 # --- every default in the help ------------------------------------------------------------

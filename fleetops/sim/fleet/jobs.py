@@ -9,12 +9,19 @@ epilog. The node's ``gres.conf`` and ``mig-minors`` are written from its state f
 The prolog exits 0 whatever the agent answered (a failed attribution must not drain a node), so
 success is judged here as an operator would: the job's record exists (start) or is ended (stop);
 otherwise the prolog's stderr says why, and the command fails with it.
+
+``--profile`` also runs a simulated workload (``sim.set_job_workload``: steady, input-bound,
+straggler, nvlink-unused, cpu-starved) on the job's GPUs once its record exists, with the record's
+cgroup and CPUs, so the fleet's daemon samples the pathology (its GPUs' rings, the cgroup's
+``cpu.stat``) as it would a real job's; ``stop`` ends the workload before the epilog runs (the
+job's processes are gone when slurmd runs it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +95,23 @@ def _mig_ids(devices: list[dict[str, Any]], specs: list[str]) -> list[int]:
     return out
 
 
+DEFAULT_PROFILE_CPUS = 16  # a profiled job's CPUs when --cpus is not given (the workload's default)
+
+
 def start(directory: str, node: str | int, job_id: str, gpus: str | None = None, user: str = "alice",
-          uid: int = 1000, mig: list[str] | None = None, cpus: int | None = None) -> dict[str, Any]:
+          uid: int = 1000, mig: list[str] | None = None, cpus: int | None = None,
+          profile: str | None = None, seed: int | None = None) -> dict[str, Any]:
     """Start job ``job_id`` on ``node`` with gres ids ``gpus`` (``0,3``: SLURM_JOB_GPUS, which
-    index the node's gres.conf) and/or MIG devices ``mig`` (``INDEX:GI``); returns its record."""
+    index the node's gres.conf) and/or MIG devices ``mig`` (``INDEX:GI``); returns its record.
+    ``profile`` (with ``seed``, default fixed by the job id) runs that simulated workload on the
+    job's GPUs; without ``cpus`` the job then gets DEFAULT_PROFILE_CPUS, in its cgroup's cpuset
+    and its record, so the record's CPUs and the workload's are the same number."""
+    if profile is not None and profile not in sim.PROFILES:
+        raise SimFleetError(f"--profile {profile!r}: known profiles: {', '.join(sim.PROFILES)}")
+    if seed is not None and profile is None:
+        raise SimFleetError("--seed seeds a workload: give --profile too")
+    if profile is not None and cpus is None:
+        cpus = DEFAULT_PROFILE_CPUS
     fleet = read_fleet(directory)
     assert fleet is not None
     name = resolve_node(fleet, node)
@@ -115,7 +135,11 @@ def start(directory: str, node: str | int, job_id: str, gpus: str | None = None,
                             f"{result.stderr.strip() or exc}") from None
     if rec.ended_at is not None:  # an old record of this number, not overwritten: the start failed
         raise SimFleetError(f"{name}: job {job_id}: the prolog left the ended record in place: {result.stderr.strip()}")
-    return {"node": name, "path": path, "job": rec.to_dict(), "prolog_stderr": result.stderr}
+    if profile is not None:
+        with sim.locked_state(state) as st:
+            sim.set_job_workload(st, [g.uuid for g in rec.gpus], profile, job_id, time.time(), seed=seed,
+                                 cpus=rec.cpus or cpus, cgroup=rec.cgroup)
+    return {"node": name, "path": path, "job": rec.to_dict(), "prolog_stderr": result.stderr, "profile": profile}
 
 
 def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid: int = 1000) -> dict[str, Any]:
@@ -128,6 +152,10 @@ def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid:
         job_id = record.check_job_id(job_id)
     except record.JobRecordError as exc:
         raise SimFleetError(str(exc)) from None
+    with sim.locked_state(state) as st:  # the job's processes end before slurmd runs the epilog
+        now = time.time()
+        for g in sim.job_gpus(st, job_id):
+            sim.set_workload(st, g["uuid"], None, None, now)
     env = _slurm_env(job_id, uid, user, "", "epilog_slurmd", state)
     result = _run(fleet, name, script("fleetops-epilog.sh"), env)
     sim.remove_job_cgroup(state, job_id)
@@ -144,7 +172,8 @@ def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid:
 def main(args: Any) -> int:
     """``fleetops sim job``'s front end (its options are cli.py's)."""
     if args.job_command == "start":
-        doc = start(args.dir, args.node, args.job_id, args.gpus, args.user, args.uid, args.mig, args.cpus)
+        doc = start(args.dir, args.node, args.job_id, args.gpus, args.user, args.uid, args.mig, args.cpus,
+                    args.profile, args.seed)
     else:
         doc = stop(args.dir, args.node, args.job_id, args.user, args.uid)
     print(json.dumps(doc["job"], indent=2))
