@@ -63,6 +63,7 @@ from fleetops.agent.reset.preconditions import (
     check_fabric_manager,
     check_holders,
     check_identity,
+    check_jobs,
     check_mig,
     check_nvlink_peers,
     check_processes,
@@ -429,6 +430,7 @@ class _Attempt:
             check_nvlink_peers(node, gpu),
             check_fabric_manager(node, gpu),
             check_processes(gpu, opts.kill_processes, opts.grace_s, opts.expect_pids),
+            check_jobs(gpu, *backend.job_records(), opts.kill_processes),
             check_clients(states, reason, self.clients, left_stopped),
         ]
         checks.append(self._holders_check(checks[-1], opts.expect_pids if opts.kill_processes else []))
