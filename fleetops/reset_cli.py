@@ -2,10 +2,11 @@
 
 GPU is a UUID, a bus id or an index; an index is first resolved to its UUID (``fleetops-agent
 collect``) and the agent is then given both the UUID and the bus id, so a GPU renumbered in
-between is refused, never reset by mistake. It shows the GPU and the processes on it (a fresh
-snapshot) and asks (default No) on a terminal; without a terminal it needs ``--yes``. With
-``--kill-processes`` the agent may end exactly the processes shown (``--expect-pids``) and
-refuses if others appeared. The action itself is ``fleetops.ops.reset``; ``fleetops
+between is refused, never reset by mistake. It shows the GPU, the processes on it (a fresh
+snapshot) and the Slurm jobs on it (the daemon's job records, where a daemon answers) and asks
+(default No) on a terminal; without a terminal it needs ``--yes``. With ``--kill-processes`` the
+agent may end exactly the processes shown (``--expect-pids``), refuses if others appeared, and
+resets under the GPU's jobs (which it refuses otherwise, also between job steps). The action itself is ``fleetops.ops.reset``; ``fleetops
 remediate`` (``remedy/cli.py``) resets through the same functions.
 """
 
