@@ -270,6 +270,8 @@ def _line(r: dict[str, Any]) -> str:
     if r.get("processes") and r["result"] in ("reset", "would-reset"):
         text += " (ended: " if r["result"] == "reset" else " (would end: "
         text += ", ".join(f"pid {p['pid']} {p.get('name') or '?'}" for p in r["processes"]) + ")"
+    if r.get("jobs") and r["result"] in ("reset", "would-reset"):
+        text += " (under jobs " + ", ".join(str(j["job_id"]) for j in r["jobs"]) + ")"
     if r["result"] not in ("reset", "would-reset"):
         text += f": {r.get('message')}"
         if r.get("remedy"):

@@ -115,3 +115,12 @@ def test_findings_the_plan_and_the_reset_name_the_job_on_the_gpu(jobs_fleet: dic
     assert doc["result"] == "would-reset"
     [ok] = [p for p in doc["preconditions"] if p["name"] == "slurm_jobs"]
     assert ok["detail"] == "no running job on the GPU"
+
+    stopped = fleetops("sim", "job", "stop", "--dir", info["directory"], NODE, "1234")
+    assert stopped.returncode == 0, stopped.stderr
+    after = fleetops("reset", NODE, uuid, "-i", inv, "--dry-run", "--json")
+    assert after.returncode == 0, after.stdout + after.stderr
+    doc = json.loads(after.stdout)
+    assert doc["result"] == "would-reset"
+    [ended] = [p for p in doc["preconditions"] if p["name"] == "slurm_jobs"]
+    assert ended["detail"] == "no running job on the GPU (1 ended)"
