@@ -79,12 +79,16 @@ def test_findings_the_plan_and_the_reset_name_the_job_on_the_gpu(jobs_fleet: dic
     def dbe() -> dict[str, Any] | None:
         proc = fleetops("audit", "-i", inv, "--db", db, "-q", "--format", "json")
         doc = json.loads(proc.stdout)
-        return next((f for f in doc["findings"] if f["check"] == "memory.ecc_dbe_volatile"), None)
+        checks = {f["check"]: f for f in doc["findings"] if f["node"] == NODE}
+        return checks if {"memory.ecc_dbe_volatile", "xid.recent"} <= set(checks) else None
 
-    finding = polling.until("the ECC error in the daemon's snapshot", dbe)
-    assert finding["node"] == NODE
+    found = polling.until("the ECC error and its XID in the daemon's snapshot", dbe)
+    finding = found["memory.ecc_dbe_volatile"]
     assert finding["gpu"]["uuid"] == uuid
     assert finding["jobs"] == ["1234"]
+    xid = found["xid.recent"]  # the simulator logs XID 48 with the error: the job it hit
+    assert xid["gpu"]["uuid"] == uuid
+    assert xid["jobs"] == ["1234"]
 
     proc = fleetops("remediate", "-i", inv, "--db", db, "--format", "json")
     plan = json.loads(proc.stdout)["plan"]
