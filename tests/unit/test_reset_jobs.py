@@ -111,3 +111,23 @@ def test_the_preview_lists_the_gpus_running_jobs_and_the_command_resets_under_th
     under = ops_reset.command(host, gpu, kill_pids=[], under_jobs=True)
     at = under.index("--kill-processes")
     assert under[at: at + 3] == ["--kill-processes", "--expect-pids", ""]
+
+
+def test_mig_reset_is_refused_while_a_job_holds_one_of_the_gpus_instances(state):
+    with sim.locked_state(str(state)) as st:
+        st["gpus"][0]["mig_mode_current"] = st["gpus"][0]["mig_mode_pending"] = True
+        sim.set_mig_instances(st, 0, ["3g.71gb", "3g.71gb"])
+    job(state, "start", "1300", "--uid", "1002", "--user", "carol", "--gpus", uuid_of(state, 0))
+    before = state.read_bytes()
+    proc = run_agent(["mig", "reset", "--gpu", uuid_of(state, 0)], state)
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["result"] == "refused"
+    [entry] = doc["gpus"]
+    assert entry["detail"] == "running Slurm job(s) on the GPU: job 1300 (user carol)"
+    assert entry["jobs"] == ["1300"]
+    assert state.read_bytes() == before
+    job(state, "end", "1300")
+    proc = run_agent(["mig", "reset", "--gpu", uuid_of(state, 0)], state)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["result"] == "recreated"
