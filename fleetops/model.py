@@ -339,6 +339,12 @@ class Finding:
     # The HCA port a fabric finding is about ("mlx5_3/1"), or the HCA alone ("mlx5_3") for one
     # about the whole card (its firmware): a node's ports have no GPU to tell them apart.
     port: str | None = None
+    # The ids of the Slurm jobs this finding hits, from the daemon's job records: for a fault seen
+    # now, the jobs running on its GPU (or the GPU's MIG instances); for an XID, the jobs its
+    # events carry (on the GPU at the XID's time, named also after they ended). None where the
+    # snapshot has no job records (a cold collect) or the finding is on no GPU; [] where it has
+    # them and no job was there.
+    jobs: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -353,6 +359,8 @@ class Finding:
         }
         if self.port is not None:
             out["port"] = self.port  # only where set: every other finding's JSON stays as it was
+        if self.jobs is not None:
+            out["jobs"] = list(self.jobs)  # likewise: only where the node's job records were read
         return out
 
     @classmethod
@@ -367,6 +375,7 @@ class Finding:
             expected=data.get("expected"),
             action=data.get("action"),
             port=data["port"] if "port" in data else cls._stored_port(data),
+            jobs=_job_ids(data.get("jobs")),
         )
 
     @property
@@ -388,6 +397,41 @@ class Finding:
         if not isinstance(device, str):
             return None
         return f"{device}/{port}" if isinstance(port, int) and not isinstance(port, bool) else device
+
+
+def _job_ids(value: Any) -> list[str] | None:
+    """A stored finding's ``jobs``: a list of job ids, None when absent or not a list."""
+    if not isinstance(value, list):
+        return None
+    return [str(v) for v in value]
+
+
+def running_jobs(node: Node) -> list[NodeJob] | None:
+    """The jobs running on the node now (no ``ended_at``); None when the snapshot has no job
+    records (a cold collect): unknown, never "none"."""
+    if node.jobs is None:
+        return None
+    return [j for j in node.jobs if j.ended_at is None]
+
+
+def gpu_jobs(node: Node, gpu_uuid: str | None) -> list[NodeJob] | None:
+    """The jobs running now on the GPU ``gpu_uuid``, whole or on one of its MIG instances (a job
+    names a MIG instance by its MIG device's UUID); None when the snapshot has no job records."""
+    running = running_jobs(node)
+    if running is None:
+        return None
+    if not gpu_uuid:
+        return []
+    devices = {gpu_uuid}
+    gpu = node.gpu_by_uuid(gpu_uuid)
+    if gpu is not None:
+        devices.update(m.uuid for m in gpu.mig_instances or () if m.uuid)
+    return [j for j in running if devices.intersection(j.gpus)]
+
+
+def job_text(jobs: typing.Iterable[NodeJob]) -> str:
+    """``1234 (alice), 1240`` for a person: each job id with its user where known."""
+    return ", ".join(f"{j.job_id} ({j.user})" if j.user else j.job_id for j in jobs)
 
 
 def gpu_ref(gpu: Gpu) -> dict[str, Any]:

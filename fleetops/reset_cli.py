@@ -2,10 +2,11 @@
 
 GPU is a UUID, a bus id or an index; an index is first resolved to its UUID (``fleetops-agent
 collect``) and the agent is then given both the UUID and the bus id, so a GPU renumbered in
-between is refused, never reset by mistake. It shows the GPU and the processes on it (a fresh
-snapshot) and asks (default No) on a terminal; without a terminal it needs ``--yes``. With
-``--kill-processes`` the agent may end exactly the processes shown (``--expect-pids``) and
-refuses if others appeared. The action itself is ``fleetops.ops.reset``; ``fleetops
+between is refused, never reset by mistake. It shows the GPU, the processes on it (a fresh
+snapshot) and the Slurm jobs on it (the daemon's job records, where a daemon answers) and asks
+(default No) on a terminal; without a terminal it needs ``--yes``. With ``--kill-processes`` the
+agent may end exactly the processes shown (``--expect-pids``), refuses if others appeared, and
+resets under the GPU's jobs (which it refuses otherwise, also between job steps). The action itself is ``fleetops.ops.reset``; ``fleetops
 remediate`` (``remedy/cli.py``) resets through the same functions.
 """
 
@@ -16,6 +17,7 @@ import json
 import sys
 from typing import Any
 
+from fleetops import model
 from fleetops.common import selectors
 from fleetops.common.errors import EXIT_OK, EXIT_WARN, UsageError
 from fleetops.ops import frontend, results
@@ -50,13 +52,17 @@ def cmd_reset(args: argparse.Namespace) -> int:
         sys.stderr.write(f"GPU index {args.gpu} on {host.name} is {shown}\n")
     else:
         sys.stderr.write(f"GPU on {host.name}: {shown}" + ("" if gpu.enumerated else " (not enumerated now)") + "\n")
-    for line in view.process_lines():
+    for line in view.process_lines() + view.job_lines():
         sys.stderr.write(f"  {line}\n")
     kill = list(view.pids) if args.kill_processes else []
     if view.pids and not args.kill_processes:
         sys.stderr.write("  the GPU is busy: without --kill-processes the agent refuses to reset it\n")
+    elif view.jobs and not args.kill_processes:
+        sys.stderr.write("  a Slurm job holds the GPU: without --kill-processes the agent refuses to reset it\n")
     if not args.dry_run and not args.yes:
         ending = f" and end {len(kill)} process(es) (pid {', '.join(map(str, kill))})" if kill else ""
+        if view.jobs:
+            ending += f", under Slurm job(s) {model.job_text(view.jobs)}"
         answer = frontend.confirm(f"Reset {shown} on {host.name}{ending}?")
         if answer is None:
             raise UsageError(
@@ -66,7 +72,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
             sys.stderr.write("not confirmed: nothing done\n")
             return EXIT_WARN
     result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=frontend.action_timeout(args),
-                           planned_backend=view.backend, inventory=path)
+                           planned_backend=view.backend, inventory=path,
+                           # a job between steps (or jobs not known here): the agent reads its records
+                           under_jobs=bool(args.kill_processes) and view.jobs != ())
     if result.detail.get("backend_mismatch"):  # the report is not the planned GPU's: say so, not it
         sys.stderr.write(f"fleetops: {result.message}\n")
         if result.check:

@@ -135,6 +135,22 @@ def plan(node: model.Node, selector: str, profiles: list[str] | None) -> list[di
     return out
 
 
+def _refuse_jobs(entries: list[dict[str, Any]], records: list[Any] | None, errors: list[str], where: str) -> None:
+    """Refuse each ready GPU a running Slurm job holds by the node's job records (the prolog's):
+    recreating the instances takes them from under the job, also between its steps, when no
+    instance is in use. A record folder or a record that cannot be read refuses every ready GPU."""
+    for e in [e for e in entries if e.get("status") == "ready"]:
+        if records is None or errors:
+            e.update(status="refused", detail=f"cannot read every job record in {where}: {'; '.join(errors)}",
+                     remedy="fix or remove the broken records (fleetops-agent job list), then retry")
+            continue
+        running = [r for r in records if r.ended_at is None and any(g.uuid == e["uuid"] for g in r.gpus)]
+        if running:
+            names = ", ".join(f"job {r.job_id} (user {r.user or r.uid})" for r in running)
+            e.update(status="refused", detail=f"running Slurm job(s) on the GPU: {names}", jobs=[r.job_id for r in running],
+                     remedy="drain the GPU's jobs (let them end, or scancel them), then retry")
+
+
 def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, state_path: str | None,
         lock_path: str | None) -> tuple[dict[str, Any], int]:
     from fleetops.agent.reset.backends import ResetError, make_backend
@@ -146,6 +162,7 @@ def run(selector: str, profiles: list[str] | None, dry_run: bool, backend: str, 
         raise MigError(str(exc), exc.kind, exc.exit_code) from exc
     node = back.snapshot()
     entries = plan(node, selector, profiles)
+    _refuse_jobs(entries, *back.job_records())
     doc: dict[str, Any] = {"kind": REPORT_KIND, "action": "mig reset", "node": node.hostname, "backend": back.name, "dry_run": dry_run,
                            "gpus": entries, "refused": False, "result": None, "message": ""}
     refused = [e for e in entries if e["status"] == "refused"]

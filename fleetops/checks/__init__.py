@@ -31,7 +31,7 @@ from fleetops.checks import (
     versions,
     xid,
 )
-from fleetops.checks.base import FAMILIES, CheckSpec, Context, unreadable_spec
+from fleetops.checks.base import FAMILIES, CheckSpec, Context, attribute_jobs, unreadable_spec
 
 _MODULES = {
     "versions": versions,
@@ -108,6 +108,7 @@ def run_fleet_checks(nodes: list[model.Node], baseline: Baseline | None = None) 
     out: list[model.Finding] = []
     for runner in _FLEET_RUNNERS:
         out.extend(runner(list(nodes), baseline))
+    attribute_jobs(nodes, out)
     return out
 
 

@@ -88,6 +88,30 @@ def unreadable_spec(family: str) -> CheckSpec:
     )
 
 
+# ``Context.add``'s default for ``jobs``: the jobs running now on the finding's GPU.
+RUNNING = object()
+
+
+def running_job_ids(node: model.Node, gpu: dict[str, Any] | None) -> list[str] | None:
+    """The ids of the jobs running now on ``gpu`` (a finding's GPU reference, MIG instances
+    included); None for a finding on no GPU or a snapshot without job records."""
+    uuid = (gpu or {}).get("uuid")
+    if not uuid:
+        return None
+    on = model.gpu_jobs(node, uuid)
+    return None if on is None else [j.job_id for j in on]
+
+
+def attribute_jobs(nodes: Iterable[model.Node], findings: Iterable[model.Finding]) -> None:
+    """Name the running jobs on each GPU finding that names none yet (the fleet checks' findings,
+    built without a ``Context``), from its node's snapshot, found by host name."""
+    by_host = {n.hostname: n for n in nodes}
+    for f in findings:
+        node = by_host.get(f.node)
+        if f.jobs is None and node is not None:
+            f.jobs = running_job_ids(node, f.gpu)
+
+
 def gpu_label(gpu: model.Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.bus_id})"
 
@@ -217,12 +241,17 @@ class Context:
         expected: Any = None,
         action: str | None = None,
         port: str | None = None,
+        jobs: list[str] | None | object = RUNNING,
     ) -> None:
+        """One finding. ``jobs``: the ids of the jobs it hits; by default (``RUNNING``) those
+        running now on its GPU, for a fault seen now; an XID passes its events' own."""
         ref = model.gpu_ref(gpu) if isinstance(gpu, model.Gpu) else gpu
+        named = running_job_ids(self.node, ref) if jobs is RUNNING else jobs
         self.findings.append(
             model.Finding(
                 check=check, severity=severity, node=self.host, message=message, gpu=ref,
                 observed=observed, expected=expected, action=action, port=port,
+                jobs=list(named) if isinstance(named, list) else None,
             )
         )
 

@@ -149,7 +149,7 @@ def node_findings(
         node_result.source, node_result.age_s = SOURCE_COLLECT, 0.0
         node_result.rates = RATES_PREVIOUS if previous is not None else None
         return found
-    found += _held(daemon, found, node_result.name)
+    found += _retagged(snap, _held(daemon, found, node_result.name))
     age = daemon.get("age_s")
     node_result.source = SOURCE_DAEMON
     node_result.age_s = float(age) if isinstance(age, (int, float)) else None
@@ -166,4 +166,14 @@ def node_findings(
         # the inventory name is the node's identity in reports
         rate_findings.append(model.Finding.from_dict({**doc, "node": node_result.name}))
     node_result.rates = RATES_DAEMON
-    return [f for f in found if f.check not in RATE_CHECKS] + rate_findings
+    return [f for f in found if f.check not in RATE_CHECKS] + _retagged(snap, rate_findings)
+
+
+def _retagged(snap: model.Node, findings: list[model.Finding]) -> list[model.Finding]:
+    """The daemon's findings with the jobs running on their GPU in the snapshot the audit judges
+    (they are faults seen now), whatever the daemon's answer said, which may predate a job."""
+    from fleetops.checks.base import running_job_ids
+
+    for f in findings:
+        f.jobs = running_job_ids(snap, f.gpu)
+    return findings

@@ -212,6 +212,7 @@ def run(ctx: Context) -> None:
                 continue
             for k in ("count", "new", "in_window"):
                 have[k] += c[k]
+            have["jobs"] = _union(have["jobs"], c["jobs"])
             if _RANK[c["severity"]] > _RANK[have["severity"]]:
                 for k in ("severity", "action", "name", "hold", "escalated"):
                     have[k] = c[k]
@@ -249,7 +250,17 @@ def _code_entry(holds: _Holds, gpu: Any, sxid: bool, events: list[_Seen]) -> dic
         "hold": hold, "count": len(kept), "new": sum(1 for s in kept if s.new),
         "last_age_s": round(min(ages), 1) if ages else None, "sxid": sxid, "escalated": fired,
         "in_window": sum(1 for s in kept if holds.counts(s, "window", gpu)),
+        "jobs": _union(*(s.event.jobs for s in kept)),
     }
+
+
+def _union(*lists: list[str] | None) -> list[str] | None:
+    """The job ids of events (or codes) together, by number; None when none was attributed (a
+    cold collect's events), [] when every one was and no job held the GPU."""
+    known = [ids for ids in lists if ids is not None]
+    if not known:
+        return None
+    return sorted({i for ids in known for i in ids}, key=lambda i: (len(i), i))
 
 
 def _ref_key(gpu: model.Gpu | dict[str, Any] | None) -> str:
@@ -281,9 +292,10 @@ def _report(ctx: Context, gpu: Any, where: str, codes: list[dict[str, Any]]) -> 
     action = _action_text(worst["action"], ctx.host, uuid)
     if worst["escalated"] is not None and worst["escalated"]["fired"]:
         action = f"{_escalation_text(worst)}: {action}"
+    # the jobs the XIDs hit: each event's own (on the GPU at its time), also a job ended since
     ctx.add("xid.recent", worst["severity"],
             f"{where}: " + "; ".join(label(c) for c in codes),
-            gpu=gpu, observed=observed, expected=[], action=action)
+            gpu=gpu, observed=observed, expected=[], action=action, jobs=_union(*(c["jobs"] for c in codes)))
     storms = [c for c in codes if c["in_window"] >= ctx.th.xid_storm_count]
     if storms:
         sev = max((c["severity"] for c in storms), key=lambda s: _RANK[s])
@@ -293,7 +305,7 @@ def _report(ctx: Context, gpu: Any, where: str, codes: list[dict[str, Any]]) -> 
                 f"{where}: XID storm: " + "; ".join(f"{c['in_window']} x XID {c['code']} ({c['name']})" for c in storms)
                 + f" within {window} (storm at {ctx.th.xid_storm_count})",
                 gpu=gpu, observed={str(c["code"]): c["in_window"] for c in storms},
-                expected=f"< {ctx.th.xid_storm_count} per code",
+                expected=f"< {ctx.th.xid_storm_count} per code", jobs=_union(*(c["jobs"] for c in storms)),
                 action="Find what repeats: one job crashing in a loop (stop it) or a failing GPU (drain it). "
                 + action)
 

@@ -89,6 +89,9 @@ class Preview:
     gpu: selectors.ResolvedGpu
     collected_at: float
     backend: str | None = None  # the snapshot's backend: the one the reset must be answered by
+    # the jobs running on the GPU (or its MIG instances) as the snapshot's job records have them:
+    # the daemon's snapshot tags them; None when it has none (a cold collect: no daemon)
+    jobs: tuple[model.NodeJob, ...] | None = None
 
     @property
     def processes(self) -> tuple[model.GpuProcess, ...] | None:
@@ -97,6 +100,15 @@ class Preview:
     @property
     def pids(self) -> tuple[int, ...]:
         return self.gpu.pids
+
+    def job_lines(self) -> list[str]:
+        """The Slurm jobs a reset of the GPU hits, as the daemon's job records name them."""
+        if self.jobs is None:
+            return ["jobs: unknown (no daemon's job records; the agent reads them before the reset)"] \
+                if self.gpu.enumerated else []
+        if not self.jobs:
+            return ["jobs: none running"]
+        return [f"jobs ({len(self.jobs)}): {model.job_text(self.jobs)}"]
 
     def process_lines(self) -> list[str]:
         if self.gpu.processes is None:
@@ -127,7 +139,9 @@ def preview(
     """Resolve ``selector`` on a fresh snapshot of ``host`` (an index to its UUID and bus id)."""
     sel = selectors.parse(selector)
     node = snapshot(host, runner, collect_timeout_s)
-    return Preview(host.name, selectors.resolve(sel, node, host.name), node.collected_at, node.backend)
+    gpu = selectors.resolve(sel, node, host.name)
+    on = model.gpu_jobs(node, gpu.uuid) if gpu.uuid else None
+    return Preview(host.name, gpu, node.collected_at, node.backend, None if on is None else tuple(on))
 
 
 def command(
@@ -137,9 +151,13 @@ def command(
     dry_run: bool = False,
     kill_pids: Sequence[int] | None = None,
     backend: str | None = None,
+    under_jobs: bool = False,
 ) -> list[str]:
     """The agent's argv. ``kill_pids``: the processes the operator agreed to end; empty or None
-    means none, and then ``--kill-processes`` is not passed. ``backend``: the planning
+    means none, and then ``--kill-processes`` is not passed, unless ``under_jobs``: the operator
+    agreed to reset under the GPU's Slurm jobs (``--kill-processes``) where no process runs
+    (between job steps): ``--expect-pids ''`` then confirms none, so a process that appeared
+    meanwhile still refuses the reset. ``backend``: the planning
     snapshot's, passed as ``--backend`` unless the host's argv names one already (a simulated
     node's), so the agent cannot pick another one for the action."""
     target = gpu.uuid or gpu.bus_id or gpu.selector.text
@@ -150,7 +168,7 @@ def command(
     if dry_run:
         argv.append("--dry-run")
     pids = sorted({int(p) for p in kill_pids or ()})
-    if pids:
+    if pids or under_jobs:
         argv += ["--kill-processes", "--expect-pids", ",".join(str(p) for p in pids)]
     full = agent_argv(host, *argv)
     if backend in PINNED_BACKENDS and "--backend" not in full:
@@ -195,12 +213,13 @@ def run(
     timeout_s: float | None = None,
     planned_backend: str | None = None,
     inventory: str | None = None,
+    under_jobs: bool = False,
 ) -> results.ActionResult:
-    """Send the reset once and say what came of it. ``planned_backend``: the backend of the
+    """Send the reset once and say what came of it. ``under_jobs``: see ``command``. ``planned_backend``: the backend of the
     snapshot the reset was planned on (``Preview.backend``, the TUI's snapshot): pinned in the
     command, and an answer from another backend is not taken (see the module's docstring).
     ``inventory``: the one the host came from, for the pasteable ``check`` command."""
-    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend)
+    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend, under_jobs=under_jobs)
     wait = float(timeout_s) if timeout_s is not None else command_timeout_s()
     result = runner(argv, wait)
     return outcome(host, gpu, argv, result, wait, planned_backend, inventory)

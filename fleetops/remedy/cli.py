@@ -60,10 +60,11 @@ def _escalations(args: argparse.Namespace, findings: list[model.Finding]) -> esc
 
 def _results(
     args: argparse.Namespace, hosts: list[Any], inv: str, max_age: float
-) -> tuple[list[model.Finding], fitness_mod.Coverage, bool]:
+) -> tuple[list[model.Finding], fitness_mod.Coverage, bool, dict[str, model.Node]]:
     """Each host's newest recorded result, merged across audits, sorted by age against the limit,
-    and the findings of those within it. A fresh audit (recorded) with ``--fresh`` or when no
-    host was ever audited."""
+    the findings of those within it, and the snapshots of those that answered (their job records
+    name the jobs each action hits). A fresh audit (recorded) with ``--fresh`` or when no host was
+    ever audited."""
     from fleetops.fleet.store.database import Store
 
     names = [h.name for h in hosts]
@@ -93,7 +94,9 @@ def _results(
             latest = store.latest_results(names)
         cov = fitness_mod.coverage(latest, names, max_age, args.max_audit_age)
         findings = [f for name in names if name in cov.recent for f in store.findings(cov.recent[name].audit_id, name)]
-    return findings, cov, fresh
+        # a node's newest snapshot is its recent result's when that one reached it
+        snaps = store.previous_snapshots([n for n, r in cov.recent.items() if r.reachable])
+    return findings, cov, fresh, snaps
 
 
 def parse_expect_pids(values: list[str] | None) -> dict[str, list[tuple[selectors.Selector, tuple[int, ...]]]]:
@@ -225,6 +228,10 @@ def _reset_one(
                            "audit again")
         return out
     out["processes"] = [{"pid": p.pid, "name": p.name} for p in view.processes or ()]
+    # the GPU's Slurm jobs now (the daemon's records; None without): on the node a running one
+    # refuses the reset (slurm_jobs) unless confirmed processes go with --kill-processes (after the
+    # drain); a job between steps, with no process to confirm, refuses it
+    out["jobs"] = None if view.jobs is None else [{"job_id": j.job_id, "user": j.user} for j in view.jobs]
     kill: list[int] = []
     if args.kill_processes:
         if confirmed is None and dry_run:
@@ -263,6 +270,8 @@ def _line(r: dict[str, Any]) -> str:
     if r.get("processes") and r["result"] in ("reset", "would-reset"):
         text += " (ended: " if r["result"] == "reset" else " (would end: "
         text += ", ".join(f"pid {p['pid']} {p.get('name') or '?'}" for p in r["processes"]) + ")"
+    if r.get("jobs") and r["result"] in ("reset", "would-reset"):
+        text += " (under jobs " + ", ".join(str(j["job_id"]) for j in r["jobs"]) + ")"
     if r["result"] not in ("reset", "would-reset"):
         text += f": {r.get('message')}"
         if r.get("remedy"):
@@ -422,7 +431,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     inv = args.inventory = frontend.inventory_path(args.inventory)
     hosts = inventory.load(inv, args.limit)
     by_name = {h.name: h for h in hosts}
-    findings, cov, fresh = _results(args, hosts, inv, max_age)
+    findings, cov, fresh, snaps = _results(args, hosts, inv, max_age)
     plan = plan_mod.build(
         findings,
         [h.name for h in hosts],
@@ -431,6 +440,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
         unaudited=cov.unplanned,
         window=args.max_audit_age,
         escalations=_escalations(args, findings),
+        snapshots=snaps,
     )
     run_id = slurm_rule.new_run_id()
     newest = max(cov.audit_ids) if cov.audit_ids else None

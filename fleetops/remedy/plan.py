@@ -23,7 +23,7 @@ Pure: no SSH, no store. ``fleetops remediate`` (``remedy.cli``) feeds it and car
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,6 +149,9 @@ class Item:
     reasons: list[dict[str, Any]] = field(default_factory=list)  # check, severity, message, action
     superseded_by: str | None = None
     command: str | None = None  # a side fix's command (remediate prints it, never runs it)
+    # the Slurm jobs the action hits (a reset: the GPU's; a drain or reboot: every running job of
+    # the node), from the node's snapshot; None where unknown (no job records) or not an action on jobs
+    jobs: list[dict[str, Any]] | None = None
 
     @property
     def label(self) -> str:
@@ -166,6 +169,7 @@ class Item:
             "severity": self.severity,
             "superseded_by": self.superseded_by,
             "command": self.command,
+            "jobs": self.jobs,
             "reasons": self.reasons,
         }
 
@@ -176,6 +180,8 @@ class NodePlan:
     action: str  # the node-level action: none, drain, drain_and_inspect, reboot_node
     items: list[Item] = field(default_factory=list)
     cannot_plan: list[dict[str, Any]] = field(default_factory=list)  # unknown findings
+    # every job running on the node (what its drain or reboot hits); None: no job records
+    jobs: list[dict[str, Any]] | None = None
 
     @property
     def resets(self) -> list[Item]:
@@ -206,6 +212,7 @@ class NodePlan:
             "items": [i.to_dict() for i in self.items],
             "cannot_plan": self.cannot_plan,
             "blocked": blocked[0] if blocked else None,
+            "jobs": self.jobs,
         }
 
 
@@ -245,13 +252,15 @@ def build(
     unaudited: dict[str, str] | None = None,
     window: str | None = None,
     escalations: Escalating | None = None,
+    snapshots: Mapping[str, model.Node] | None = None,
 ) -> Plan:
     """The plan for ``findings`` (each node's latest result), nodes in ``node_order`` (then the
     others). ``audited``: the nodes the findings come from (a node there with no finding needs
     nothing); ``unaudited``: node -> why there is no result to plan it from (no recent audit),
     said next to the plan and never taken for "nothing to do"; ``window``: the age limit;
     ``escalations``: what the history says (``fleet.escalation``): faults that outlived their
-    repairs go to inspection, application-wide XIDs to the job."""
+    repairs go to inspection, application-wide XIDs to the job. ``snapshots``: each node's snapshot
+    of the same result, whose job records name the jobs each action hits (``Item.jobs``)."""
     per_node: dict[str, dict[str, Item]] = {}
     unknown: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
@@ -322,7 +331,11 @@ def build(
             for it in node_items:
                 if it.action == "reset_gpu":
                     it.superseded_by = "reboot_node"
-        nodes.append(NodePlan(name, node_action, node_items, unknown.get(name, [])))
+        snap = (snapshots or {}).get(name)
+        node_jobs = _job_dicts(model.running_jobs(snap)) if snap is not None else None
+        for it in node_items:
+            it.jobs = _hits(it, snap, node_jobs)
+        nodes.append(NodePlan(name, node_action, node_items, unknown.get(name, []), node_jobs))
     listed = None if audited is None else sorted(set(audited))
     return Plan(
         nodes,
@@ -332,6 +345,33 @@ def build(
         window,
         notes=list(escalations.notes) if escalations is not None else [],
     )
+
+
+JOB_ACTIONS = ("restart_app", "reset_gpu", *NODE_ACTIONS)
+
+
+def _job_dicts(jobs: Iterable[model.NodeJob] | None) -> list[dict[str, Any]] | None:
+    if jobs is None:
+        return None
+    return [{"job_id": j.job_id, "user": j.user} for j in jobs]
+
+
+def _hits(item: Item, snap: model.Node | None, node_jobs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The jobs ``item``'s action hits: a drain, an inspection or a reboot takes the whole node,
+    a reset or an application restart the GPU's jobs; side fixes are commands, not planned here."""
+    if snap is None or item.action not in JOB_ACTIONS:
+        return None
+    if item.action in NODE_ACTIONS:
+        return node_jobs
+    return _job_dicts(model.gpu_jobs(snap, (item.gpu or {}).get("uuid")))
+
+
+def _jobs_text(jobs: list[dict[str, Any]] | None) -> str:
+    """`` (jobs 1234 alice, 1240)`` for a plan line; nothing where no job is known to be hit."""
+    if not jobs:
+        return ""
+    return " (jobs " + ", ".join(f"{j['job_id']} {j['user']}" if j.get("user") else str(j["job_id"])
+                                 for j in jobs) + ")"
 
 
 def _coverage_line(plan: Plan) -> str | None:
@@ -350,7 +390,7 @@ def _head(node: NodePlan) -> str:
         return f"{node.node}: cannot plan: {why} ({u['check']}: {u['message']})"
     if node.action == "none" and node.items and all(i.side for i in node.items):
         return f"{node.node}: " + "; ".join(LABEL[i.action] for i in node.items)
-    return f"{node.node}: " + NODE_HEAD[node.action]
+    return f"{node.node}: " + NODE_HEAD[node.action] + (_jobs_text(node.jobs) if node.action in NODE_ACTIONS else "")
 
 
 def render(plan: Plan) -> str:
@@ -373,7 +413,8 @@ def render(plan: Plan) -> str:
             g = item.gpu
             where = f"GPU {g.get('index')} {g.get('uuid')} {g.get('bus_id')}" if g else "node"
             note = f" (superseded: {LABEL[item.superseded_by]})" if item.superseded_by else ""
-            lines.append(f"  {where:60} {item.label}{note}")
+            hits = _jobs_text(item.jobs) if item.action not in NODE_ACTIONS else ""  # the head names the node's
+            lines.append(f"  {where:60} {item.label}{note}{hits}")
             for r in item.reasons:
                 on = r.get("gpu") or {}
                 at = f" (GPU {on.get('index')})" if on else ""

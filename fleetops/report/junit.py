@@ -66,4 +66,6 @@ def render(result: Any, exit_code: int) -> str:
 def _line(f: Any, at: float | None) -> str:
     gpu = f" gpu {f.gpu['index']} {f.gpu['uuid']} {f.gpu['bus_id']}" if f.gpu else ""
     shown = values.values_text(f, at)
-    return f"[{f.severity}] {f.node}{gpu}: {f.message}" + (f" ({shown})" if shown else "") + f" -> {f.action}"
+    jobs = values.jobs_text(f)
+    return (f"[{f.severity}] {f.node}{gpu}: {f.message}" + (f" ({shown})" if shown else "")
+            + (f" [{jobs}]" if jobs else "") + f" -> {f.action}")

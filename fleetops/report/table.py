@@ -64,6 +64,9 @@ def render(result: Any, exit_code: int, console: Any) -> None:
             line = Text("  ")
             line.append(f"{where}", style="bold")
             line.append(f"  [{f.check}] {f.message}")
+            jobs = values.jobs_text(f)
+            if jobs:
+                line.append(f"  ({jobs})", style="bold")
             console.print(line, soft_wrap=piped)
             shown = values.values_text(f, at.get(f.node) or getattr(result, "started_at", None))
             if shown is not None:

@@ -137,3 +137,11 @@ def values_text(f: model.Finding, at: float | None = None) -> str | None:
     if f.expected is not None:
         parts.append(f"expected {expected_text(f)}")
     return "; ".join(parts) or None
+
+
+def jobs_text(f: model.Finding) -> str | None:
+    """``jobs 1234,1240``: the jobs a finding hits, compactly; None where it names none (no job
+    records, no job on the GPU), so a report line is unchanged then."""
+    if not f.jobs:
+        return None
+    return "jobs " + ",".join(f.jobs)

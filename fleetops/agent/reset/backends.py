@@ -123,6 +123,18 @@ class Backend(DryRunGuard):
         """pid -> unit for the running client units (their processes hold the device files)."""
         return self.host.service_pids(units)
 
+    def job_records(self) -> tuple[list[Any] | None, list[str], str]:
+        """(the node's job records, or None when the folder cannot be listed; the errors of those
+        that do not read; the folder): which Slurm jobs hold which GPUs, as the prolog wrote it."""
+        from fleetops.jobs import record
+
+        where = self.host.jobs_dir()
+        try:
+            records, errors = record.read_all(where)
+        except record.JobRecordError as exc:
+            return None, [str(exc)], where
+        return records, errors, where
+
     def release_own(self) -> int:
         """Let go of whatever this process holds of the GPUs (NVML's device files) right before
         the reset; how many NVML initialisations were shut down."""

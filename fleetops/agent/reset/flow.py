@@ -8,9 +8,10 @@ The order never changes:
    GPU is an error before anything is touched.
 2. *Preconditions* (``preconditions.py``), evaluated on the snapshot taken under the node's
    maintenance lock (``agent.lock``): row-remap failure, MIG instances in use, NVLink peers that
-   must be reset together, the fabric manager on NVSwitch systems, compute processes, and the GPU
-   clients that hold the device. A busy GPU is refused unless ``--kill-processes`` comes with
-   ``--expect-pids``, the processes the operator was shown, and the GPU runs exactly those.
+   must be reset together, the fabric manager on NVSwitch systems, compute processes, the Slurm
+   jobs the node's job records put on the GPU, and the GPU clients that hold the device. A busy GPU
+   is refused unless ``--kill-processes`` comes with ``--expect-pids``, the processes the operator
+   was shown, and the GPU runs exactly those; a running job, with no process between two steps, too.
 3. *Act*, only when every precondition is ok and this is not a dry run: end the confirmed
    processes (SIGTERM, SIGKILL after ``--grace``), stop the clients, reset (``nvidia-smi -r``; the
    simulator models it), restart the clients (always, also after a failure or a signal).
@@ -63,6 +64,7 @@ from fleetops.agent.reset.preconditions import (
     check_fabric_manager,
     check_holders,
     check_identity,
+    check_jobs,
     check_mig,
     check_nvlink_peers,
     check_processes,
@@ -429,6 +431,7 @@ class _Attempt:
             check_nvlink_peers(node, gpu),
             check_fabric_manager(node, gpu),
             check_processes(gpu, opts.kill_processes, opts.grace_s, opts.expect_pids),
+            check_jobs(gpu, *backend.job_records(), opts.kill_processes),
             check_clients(states, reason, self.clients, left_stopped),
         ]
         checks.append(self._holders_check(checks[-1], opts.expect_pids if opts.kill_processes else []))

@@ -139,6 +139,12 @@ class HostServices:
         """The resident agent's socket on this node (it is paused for the reset)."""
         raise NotImplementedError
 
+    def jobs_dir(self) -> str:
+        """Where the Slurm prolog writes this node's job records (``fleetops.jobs.record``)."""
+        from fleetops.jobs import record
+
+        return record.default_dir()
+
     # changing
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -210,6 +216,12 @@ class SimHost(HostServices):
     def default_log(self) -> str:
         stem = os.path.splitext(os.path.abspath(self.path))[0]
         return stem + ".reset.jsonl"
+
+    def jobs_dir(self) -> str:
+        """The node's run folder's ``jobs/`` (as ``fleetops-agent job`` writes them there)."""
+        from fleetops.jobs import record
+
+        return os.environ.get(record.DIR_ENV) or os.path.join(os.path.dirname(self.daemon_socket()), "jobs")
 
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         from fleetops.sim import gpu as sim

@@ -49,6 +49,7 @@ PRECONDITIONS = (
     "nvlink_peers",
     "fabric_manager",
     "compute_processes",
+    "slurm_jobs",
     "gpu_clients",
     "device_holders",
 )
@@ -286,6 +287,55 @@ def check_processes(
         f"drain the GPU's jobs first, or rerun with --kill-processes --expect-pids {pids} to end exactly these",
         data,
     )
+
+
+def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], where: str, kill: bool) -> Check:
+    """``slurm_jobs``: the jobs the node's job records (``fleetops.jobs.record``, written by the
+    prolog) put on this GPU, whole or one of its MIG instances. A running job refuses the reset
+    even with no process on the GPU (between two steps of the job: resetting would kill the next
+    one) unless the operator passed ``--kill-processes``; a record that does not read, or a folder
+    that cannot be listed, refuses the same way, since it may be this GPU's job."""
+    if records is None:
+        why = "; ".join(errors) or "unknown"
+        if kill:
+            return Check("slurm_jobs", "ok", f"cannot read the job records ({why}); --kill-processes given",
+                         data={"jobs": [], "jobs_dir": where})
+        return Check("slurm_jobs", "failed", f"cannot read the job records in {where} ({why}): a job may hold the GPU",
+                     "make sure no job uses the GPU (drain it), or rerun with --kill-processes", {"jobs_dir": where})
+    on = [r for r in records if any(g.uuid == gpu.uuid for g in r.gpus)]
+    running = [r for r in on if r.ended_at is None]
+    listed = [{"job_id": r.job_id, "user": r.user, "uid": r.uid, "started_at": r.started_at,
+               "mig": sorted(g.mig_uuid for g in r.gpus if g.uuid == gpu.uuid and g.mig_uuid)} for r in running]
+    data: dict[str, Any] = {"jobs": listed, "jobs_dir": where}
+    names = ", ".join(f"job {r.job_id} ({_owner(r)})" for r in running)
+    if errors:
+        data["record_errors"] = list(errors)
+        if not kill:
+            return Check("slurm_jobs", "failed",
+                         f"job records that do not read (they may be this GPU's jobs): {'; '.join(errors)}"
+                         + (f"; running on the GPU: {names}" if running else ""),
+                         "fix or remove the broken records (fleetops-agent job list), or drain the GPU and rerun "
+                         "with --kill-processes", data)
+    if not running:
+        ended = len(on)
+        return Check("slurm_jobs", "ok", "no running job on the GPU" + (f" ({ended} ended)" if ended else ""), data=data)
+    if kill:
+        return Check("slurm_jobs", "ok", f"{len(running)} running job(s) on the GPU lose it (--kill-processes): {names}",
+                     data=data)
+    return Check(
+        "slurm_jobs",
+        "failed",
+        f"{len(running)} running job(s) on the GPU: {names}" + (
+            "" if gpu.processes else " (no process on the GPU now: between job steps, the next step would fail)"),
+        "drain the GPU's jobs first (let them end, or scancel them), or rerun with --kill-processes to reset under them",
+        data,
+    )
+
+
+def _owner(rec: Any) -> str:
+    if rec.user:
+        return f"user {rec.user}"
+    return f"uid {rec.uid}" if rec.uid is not None else "user unknown"
 
 
 def check_clients(
