@@ -351,7 +351,23 @@ def test_the_legend_explains_the_jobs_columns_the_job_view_and_the_j_key() -> No
     text = help_screen.help_text(False).plain
     assert "  j            job filter: a Slurm job id" in text
     assert "gpus view of one job (j)" in text
-    assert "  job       N=NODE  I=GPU  G=MIG  L=UTIL  K=SM MHZ  P=POWER  T=TEMP  O=THROTTLE  X=XIDS  H=HEALTH  W=WORST CHECK" in text
+    assert "  job       N=NODE  I=GPU  H=HEALTH  L=UTIL  K=SM MHZ  P=POWER  T=TEMP  X=XIDS  O=THROTTLE  G=MIG  W=WORST CHECK" in text
     for cols in (data.COLUMNS["nodes"], data.COLUMNS["gpus"], data.DETAIL_XID_COLUMNS):
         jobs = next(c for c in cols if c.key == "jobs")
         assert f"    JOBS          {jobs.doc}" in text
+
+
+def test_on_a_narrow_screen_the_job_line_wraps_between_phrases_never_inside_one() -> None:
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        await _job(pilot, "1199")
+        # (the screenshot's text drops runs of blanks at style changes: compared word by word)
+        lines = [" ".join(line.split()) for line in screen_lines(app)[1:4]]
+        assert lines[:2] == [
+            "JOB job 1199 user erin started 2027-01-15 05:00:00 UTC (3h00m ago)",
+            "8 GPUs on 1 node ENDED 2027-01-15 07:50:00 UTC (10m05s ago) Esc clears",
+        ]
+        assert lines[2].startswith("╭─ nodes [1/1]")
+
+    drive(app, body, ENTRIES, size=(80, 45))

@@ -315,15 +315,15 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
     "job": (
         Column("node", "NODE", 12, "N", doc=_NODE_DOC),
         Column("idx", "GPU", 3, "I", doc="the GPU's index (as nvidia-smi numbers it)"),
-        Column("mig", "MIG", 6, "G", doc="the MIG instances of the GPU the job holds (GPU instance ids), - the whole GPU"),
+        Column("health", "HEALTH", 7, "H", doc=_HEALTH_DOC),
         Column("util", "UTIL", 4, "L", doc=_UTIL_DOC),
         Column("sm", "SM MHZ", 6, "K", doc="SM clock now, MHz (its maximum on the node screen's GPU tab)"),
         Column("power", "POWER", 9, "P", doc=_POWER_DOC),
         Column("temp", "TEMP", 4, "T", doc=_TEMP_DOC),
-        Column("throttle", "THROTTLE", 13, "O", doc=_THROTTLE_DOC),
         Column("xids", "XIDS", 8, "X",
                doc="XIDs on the GPU the daemon attributed to the job (their jobs name it): count (codes)"),
-        Column("health", "HEALTH", 7, "H", doc=_HEALTH_DOC),
+        Column("throttle", "THROTTLE", 13, "O", doc=_THROTTLE_DOC),
+        Column("mig", "MIG", 6, "G", doc="the MIG instances of the GPU the job holds (GPU instance ids), - the whole GPU"),
         Column("check", "WORST CHECK", 22, "W", grow=1, min_width=12, doc="the check of the GPU's worst finding"),
     ),
     "findings": (

@@ -130,16 +130,20 @@ class JobView:
 
     def header(self, now: float) -> str:
         """The job view's line: job, user, start (UTC and how long ago), GPUs and nodes, and its end."""
-        user = self.user or (f"uid {self.uid}" if self.uid is not None else "user ?")
-        text = f"job {self.job_id}  user {user}"
-        text += f"  started {clock_text(self.started_at, now)}" if self.started_at is not None else "  started ?"
+        return "  ".join(self.header_phrases(now))
+
+    def header_phrases(self, now: float) -> list[str]:
+        """The header's phrases, which a narrow screen wraps between, never inside."""
+        user = self.user or (f"uid {self.uid}" if self.uid is not None else "?")
+        out = [f"job {self.job_id}", f"user {user}"]
+        out.append(f"started {clock_text(self.started_at, now)}" if self.started_at is not None else "started ?")
         n, m = len(self.gpus), len(self.nodes)
-        text += f"  {n} GPU{'s' if n != 1 else ''} on {m} node{'s' if m != 1 else ''}"
+        out.append(f"{n} GPU{'s' if n != 1 else ''} on {m} node{'s' if m != 1 else ''}")
         if self.ended_at is not None:
-            text += f"  ENDED {clock_text(self.ended_at, now)}"
+            out.append(f"ENDED {clock_text(self.ended_at, now)}")
         elif self.ended_on:
-            text += f"  ended on {', '.join(self.ended_on)}"
-        return text
+            out.append(f"ended on {', '.join(self.ended_on)}")
+        return out
 
 
 def find(job_id: str, nodes: Iterable[tuple[str, model.Node | None]]) -> JobView | None:

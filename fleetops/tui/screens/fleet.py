@@ -122,14 +122,31 @@ class FleetScreen(GatedScreen):
             return
         now = self.state.clock()
         job = self.state.job()
+        if job is None:
+            phrases = [f"job {job_id}: on no node now (its records are gone from every snapshot)"]
+        else:
+            phrases = job.header_phrases(now)
+        phrases.append("Esc clears")
+        style = "yellow" if job is None else "bold yellow" if job.ended else "bold"
+        # wrapped between phrases, never inside one, to the screen's width
+        width = max(20, self.size.width or self.app.size.width)
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" JOB ", style="bold reverse")
-        if job is None:
-            t.append(f" job {job_id}: on no node now (its records are gone from every snapshot)", style="yellow")
-        else:
-            t.append(f" {job.header(now)}", style="bold yellow" if job.ended else "bold")
-        t.append("   Esc clears", style="dim")
+        t.append(" ")
+        used = 6
+        for i, phrase in enumerate(phrases):
+            last = i == len(phrases) - 1
+            gap = "" if i == 0 else "   " if last else "  "
+            if i and used + len(gap) + len(phrase) > width:
+                t.append("\n      ")
+                used, gap = 6, ""
+            t.append(gap + phrase, style="dim" if last else style)
+            used += len(gap) + len(phrase)
         header.update(t)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.ready:
+            self.show_job()
 
     def update_titles(self, shown: int) -> None:
         state = self.state
