@@ -16,7 +16,7 @@ from fleetops.tui.screens import help as help_screen
 from fleetops.tui.screens.confirm import ConfirmScreen
 from fleetops.tui.screens.drain import DrainScreen
 from fleetops.tui.screens.node import NodeScreen
-from fleetops.tui.widgets.fleet_table import FleetTable
+from fleetops.tui.widgets.fleet_table import PADDING, FleetTable
 
 from .conftest import NAMES, FakeSource, drive, fed_app, fed_entries, screen_lines, wait_for
 from .jobfleet import job_entries
@@ -78,6 +78,18 @@ def test_jobs_column_names_running_jobs_dash_without_records_and_empty_for_none(
         assert cells(gpus, f"node002:{uuid_of('node002', 0)}")["jobs"] == "-"
 
     drive(app, body, ENTRIES)
+
+
+def test_at_120_columns_the_nodes_view_with_jobs_fits_without_scrolling_sideways() -> None:
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        nodes = app.screen.table()
+        widths = dict(zip((c.key for c in nodes.spec), nodes.widths, strict=True))
+        assert sum(widths[k] + 2 * PADDING for k in nodes.shown_columns) <= nodes.scrollable_content_region.width
+        assert (widths["jobs"], widths["worst"]) == (9, 19)
+
+    drive(app, body, ENTRIES, size=(120, 45))
 
 
 def test_a_fleet_without_job_records_shows_no_jobs_column() -> None:
