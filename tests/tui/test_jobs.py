@@ -383,3 +383,32 @@ def test_on_a_narrow_screen_the_job_line_wraps_between_phrases_never_inside_one(
         assert lines[2].startswith("╭─ nodes [1/1]")
 
     drive(app, body, ENTRIES, size=(80, 45))
+
+
+def test_the_job_tables_rows_are_kept_while_nothing_they_show_changed() -> None:
+    state = data.FleetState(clock=lambda: ENTRIES[0].seen_at or 0.0)
+    state.set_hosts(NAMES)
+    state.update(ENTRIES)
+    state.view, state.job_id = "gpus", "1234"
+    first = state.rows()
+    assert [r.key for r in first] == [r.key for r in state.rows()]
+    assert all(a is b for a, b in zip(first, state.rows(), strict=True))
+    # a new snapshot of node005 (its GPU 2 cooled down): its rows are built again
+    state.update([data.summarize("node005", BY_NAME["node005"].snapshot, [], BY_NAME["node005"].seen_at or 0.0)])  # type: ignore[arg-type]
+    again = state.rows()
+    assert again[0].cells == first[0].cells
+    assert cells_of(again[10])["health"] == "OK" and cells_of(first[10])["health"] == "CRIT"
+
+
+def cells_of(row: data.Row) -> dict[str, str]:
+    return dict(zip((c.key for c in data.COLUMNS["job"]), row.cells, strict=True))
+
+
+def test_a_slash_filter_takes_the_letter_j_as_text() -> None:
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        await pilot.press("slash", "j", "enter")
+        assert app.state.filter.text == "j" and app.state.job_id is None
+
+    drive(app, body, ENTRIES)

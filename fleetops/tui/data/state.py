@@ -117,6 +117,8 @@ class FleetState:
     # The job filter (``j``): the fleet shows only this job's nodes, and the GPUs view exactly
     # its GPUs (the "job" table); None: no job filter.
     job_id: str | None = None
+    # the job table's rows and what they were built from (the job, each of its nodes' entry)
+    _job_rows_cache: tuple[tuple[object, ...], list[Row]] | None = field(default=None, repr=False)
     # name -> (entry, XIDs in the window, age text, age style, bad-since text, the row built from them)
     _node_rows: dict[str, tuple[NodeEntry, int, str, str, str, Row]] = field(default_factory=dict, repr=False)
 
@@ -185,6 +187,15 @@ class FleetState:
         rows: list[Row] = []
         if job is None:
             return rows
+        # the same row objects while nothing they show changed: the table skips them unread
+        stamp = (job, *(self.entries.get(n) for n in job.nodes))  # entries held: compared by identity
+        cached = self._job_rows_cache
+        same = (
+            cached is not None and len(cached[0]) == len(stamp) and cached[0][0] == job
+            and all(a is b for a, b in zip(cached[0][1:], stamp[1:], strict=True))
+        )  # fmt: skip
+        if same and cached is not None:
+            return list(cached[1])
         cols = COLUMNS["job"]
         for jg in job.gpus:
             e = self.entries.get(jg.node)
@@ -209,7 +220,8 @@ class FleetState:
                 hay = " ".join([e.name, gv.uuid, gv.bus_id, *(f"{f.check} {f.message}" for f in gv.findings)]).lower()
             cells["node"] = (jg.node, "", natural_key(jg.node))
             rows.append(make_row(f"job:{jg.node}:{jg.uuid}", cells, cols, fault, hay, jg.node, jg.uuid))
-        return rows
+        self._job_rows_cache = (stamp, rows)
+        return list(rows)
 
     def sort_by(self, view: str, column: str) -> None:
         """Sorting by the column already sorted on flips the direction."""
