@@ -334,6 +334,8 @@ def test_the_gpu_tab_names_the_gpus_jobs_and_the_jobs_its_xids_hit() -> None:
         detail = str(app.screen.query_one("#node-gpu-detail", Static).render())
         assert "\njobs 1 running\n  job 1260  user dave  started 2027-01-15 07:10:00 UTC (50m00s ago)\n" in detail, detail
         assert "\nXIDs on this GPU 1, with the jobs each hit\n  07:58:00 UTC  XID 79  job 1260" in detail, detail
+        header = str(app.screen.query_one("#node-header", Static).render())
+        assert "  fabric IB 8/8  jobs 1260  " in header, header
         xids = app.screen.query_one("#node-xids", FleetTable)
         assert "jobs" in xids.shown_columns
         assert [cells(xids, k)["jobs"] for k in xids.keys] == ["1260"]
@@ -354,6 +356,7 @@ def test_a_node_without_job_records_keeps_its_gpu_tab_and_xids_table_as_before()
         await pilot.pause()
         detail = str(app.screen.query_one("#node-gpu-detail", Static).render())
         assert "jobs " not in detail and "XIDs on this GPU" not in detail
+        assert " jobs " not in str(app.screen.query_one("#node-header", Static).render())
         assert "jobs" not in app.screen.query_one("#node-xids", FleetTable).shown_columns
 
     drive(app, body, ENTRIES)

@@ -20,7 +20,7 @@ from fleetops.tui.widgets import charts
 KEYS = (
     (":", "switch view (nodes, gpus, findings, xids; prefixes work; :q quits); 1-4 also switch"),
     ("/", "filter: regex over node names and findings text, !regex inverts; Enter applies"),
-    ("Esc", "clear the filter / close the prompt / back from a node"),
+    ("Esc", "clear the filter and the job filter / close the prompt / back from a node"),
     ("j", "job filter: a Slurm job id (prefilled with the job under the cursor); the fleet shows that job's "
           "nodes, the GPUs view exactly its GPUs side by side, a line names the job; Esc clears"),
     ("f, ctrl+z", "faults only (unhealthy or unreachable nodes, faulty GPUs, warn/crit findings)"),
@@ -29,7 +29,8 @@ KEYS = (
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain (asks the reason Slurm keeps) / resume the node in Slurm (asks first)"),
-    ("ctrl+d", "drain every node the filter shows, through the capacity guard (asks the reason; shows what the guard allows first)"),
+    ("ctrl+d", "drain every node the filter (/ or j) shows, through the capacity guard (asks the reason; shows the "
+               "jobs on them and what the guard allows first)"),
     ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
     ("c", "copy the command for the row or the selected GPU: fleetops reset -i INVENTORY NODE UUID, or the "
           "node's fleetops drain (a lost GPU, a node row); C on a node screen: its drain"),

@@ -63,6 +63,11 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         t.append("fabric ")
         t.append(fab_text, style=STYLES.get(fab_style, STYLES[""]))
         t.append("  ")
+        running = entry.running_jobs
+        if running is not None:  # only where the node has job records: a cold collect's reads as before
+            t.append("jobs ")
+            t.append(", ".join(j.job_id for j in running) or "none", style="bold" if running else STYLES["dim"])
+            t.append("  ")
         services = "  ".join(
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
         )
