@@ -92,15 +92,31 @@ def test_at_120_columns_the_nodes_view_with_jobs_fits_without_scrolling_sideways
     drive(app, body, ENTRIES, size=(120, 45))
 
 
+def test_the_xids_view_names_the_jobs_each_xid_hit() -> None:
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        await pilot.press("4")
+        table = app.screen.table()
+        assert "jobs" in table.shown_columns
+        assert sorted((cells(table, k)["node"], cells(table, k)["code"], cells(table, k)["jobs"]) for k in table.keys) == [
+            ("node003", "48", "1250"),
+            ("node011", "79", "1260"),
+        ]
+
+    drive(app, body, ENTRIES)
+
+
 def test_a_fleet_without_job_records_shows_no_jobs_column() -> None:
     app = fed_app()
 
     async def body(pilot: Any) -> None:
         assert "jobs" not in app.screen.table().shown_columns
         assert not any(" JOBS " in line for line in screen_lines(app))
-        await pilot.press("2")
-        assert "jobs" not in app.screen.table().shown_columns
-        assert not any(" JOBS " in line for line in screen_lines(app))
+        for view in ("2", "4"):
+            await pilot.press(view)
+            assert "jobs" not in app.screen.table().shown_columns
+            assert not any(" JOBS " in line for line in screen_lines(app))
 
     drive(app, body, fed_entries())
 

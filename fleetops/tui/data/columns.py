@@ -340,6 +340,8 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("gpu", "GPU", 3, "G", doc="the GPU's index, found by its bus id (also for a GPU lost since)"),
         Column("code", "XID", 5, "X", doc=_XID_DOC),
         Column("severity", "SEV", 5, "S", doc=_XSEV_DOC),
+        Column("jobs", "JOBS", 9, "J", doc="the jobs on the GPU at the XID's time, as the daemon attributed them "
+               "(shown once a node reports jobs; - not attributed: a cold collect, or no wall-clock time)"),
         Column("name", "MEANING", 32, "M", grow=1, min_width=20, doc=_MEANING_DOC),
         Column("action", "ACTION", 18, "C", doc=_XACTION_DOC),
         Column("message", "LOG MESSAGE", 58, "L", grow=2, min_width=30, doc="the driver's own words in the kernel log"),
