@@ -10,6 +10,7 @@ from typing import Any
 
 from textual.widgets import Input, Static
 
+from fleetops import model
 from fleetops.ops import results
 from fleetops.tui import data
 from fleetops.tui.screens import help as help_screen
@@ -431,3 +432,14 @@ def test_a_slash_filter_takes_the_letter_j_as_text() -> None:
         assert app.state.filter.text == "j" and app.state.job_id is None
 
     drive(app, body, ENTRIES)
+
+
+def test_a_node_running_many_jobs_lists_the_first_twelve_in_the_drain_dialog() -> None:
+    node = BY_NAME["node001"].snapshot
+    assert node is not None
+    many = [model.NodeJob(str(2000 + i), 1000, "alice", 0.0, None, [node.gpus[0].uuid]) for i in range(14)]
+    lines = data.jobs.running_lines(model.Node("node001", jobs=many, gpus=node.gpus), 0.0)
+    assert len(lines) == 14
+    assert lines[0] == "Running jobs (14), which a drain lets finish:"
+    assert lines[1].startswith("  job 2000  user alice  started 1970-01-01 00:00:00 UTC (0s ago)  1 GPU")
+    assert lines[-1] == "  and 2 more"

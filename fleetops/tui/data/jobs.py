@@ -89,14 +89,16 @@ def job_line(job: model.NodeJob, now: float, gpu: model.Gpu | None = None) -> st
     return text
 
 
-def running_lines(node: model.Node | None, now: float, indent: str = "  ") -> list[str]:
-    """The drain dialog's words for one node's running jobs."""
+def running_lines(node: model.Node | None, now: float, indent: str = "  ", listed: int = 12) -> list[str]:
+    """The drain dialog's words for one node's running jobs (the first ``listed``, then a count:
+    a node of MIG instances may run dozens, and the reason prompt must stay in view)."""
     jobs = running(node)
     if jobs is None:
         return ["Running jobs: unknown (its snapshot carries no job records: no daemon, or an older agent)"]
     if not jobs:
         return ["Running jobs: none"]
-    return [f"Running jobs ({len(jobs)}), which a drain lets finish:"] + [f"{indent}{job_line(j, now)}" for j in jobs]
+    out = [f"Running jobs ({len(jobs)}), which a drain lets finish:"] + [f"{indent}{job_line(j, now)}" for j in jobs[:listed]]
+    return out + ([f"{indent}and {len(jobs) - listed} more"] if len(jobs) > listed else [])
 
 
 # --- one job across the fleet: the job filter ----------------------------------------------
