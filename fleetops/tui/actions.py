@@ -117,7 +117,7 @@ class ActionHandlers(ActionGates):
             self.notify(f"{name}: reset refused: {refusal}", severity="warning", timeout=8)
             self.action_log.add(name, "reset", "refused", refusal, gpu=uuid)
             return
-        question = reset_question(entry, uuid, self.state.clock())
+        question = reset_question(entry, uuid, self.state.clock(), fleet_jobs=self.state.jobs_known)
         bus_id = entry.gpu(uuid).bus_id  # type: ignore[union-attr]
         shown = question.pids or ()
 
@@ -148,6 +148,7 @@ class ActionHandlers(ActionGates):
             "",
             "Slurm stops scheduling jobs on it; running jobs finish.",
             "A drain someone else set stays as it is (theirs, named).",
+            *self.drain_job_lines([name]),
         ]
 
         def answered(purpose: str | None) -> None:
@@ -159,6 +160,33 @@ class ActionHandlers(ActionGates):
         self.push_screen(self._drain_screen(f"Drain {name}?", lines, self.drain_purpose([name])), answered)
 
     # --- the drain's reason prompt and the drain of a filtered set ------------------------
+
+    def drain_job_lines(self, names: list[str], listed: int = 12) -> list[str]:
+        """The running jobs a drain of ``names`` would hit (they finish; nothing new starts), by
+        the nodes' last snapshots; nothing where no node of the fleet reports jobs (the dialog
+        reads as it did)."""
+        if not self.state.jobs_known:
+            return []
+        now = self.state.clock()
+        if len(names) == 1:
+            entry = self.state.entries.get(names[0])
+            return ["", *data.jobs.running_lines(entry.snapshot if entry else None, now)]
+        hit: list[str] = []
+        unknown: list[str] = []
+        for name in names:
+            entry = self.state.entries.get(name)
+            jobs = entry.running_jobs if entry is not None else None
+            if jobs is None:
+                unknown.append(name)
+            elif jobs:
+                hit.append(f"  {name}: " + ", ".join(f"{j.job_id} ({j.user or j.uid or '?'})" for j in jobs))
+        count = len({j.job_id for n in names for j in (getattr(self.state.entries.get(n), "running_jobs", None) or [])})
+        out = ["", f"Running jobs on these nodes: {count}" + (", which a drain lets finish:" if count else "")]
+        out += hit[:listed] + ([f"  and {len(hit) - listed} more nodes with jobs"] if len(hit) > listed else [])
+        if unknown:
+            shown = ", ".join(unknown[:listed]) + (f" and {len(unknown) - listed} more" if len(unknown) > listed else "")
+            out.append(f"Jobs unknown (no job records in the snapshot): {shown}")
+        return out
 
     def drain_purpose(self, names: list[str]) -> str:
         """The reason the prompt starts with: the check of the nodes' worst finding (the one most
@@ -192,18 +220,20 @@ class ActionHandlers(ActionGates):
         for name in names:
             self.action_log.add(name, "drain", action_log.CANCELLED, "cancelled at the reason prompt: nothing sent")
 
-    def request_drain_set(self, names: list[str], filter_text: str) -> None:
+    def request_drain_set(self, names: list[str], filter_text: str, job: str | None = None) -> None:
         """Drain the nodes the filter shows, through the capacity guard: one dialog with the
         count, the reason prompt and the guard's answer (asked before anything is sent); the
         allowed nodes are then drained once each, the others are not sent, and every node's
-        outcome goes to the action log. Without a filter nothing is offered."""
+        outcome goes to the action log. Without a filter (``/``, or the job filter ``j``) nothing
+        is offered."""
         if self.refuse_readonly("drain"):
             return
-        if not filter_text:
+        if not filter_text and not job:
             self.notify("filter first (/): a drain of every node the screen shows is not offered", severity="warning")
             return
+        described = " ".join(([f"/{filter_text}/"] if filter_text else []) + ([f"job {job}"] if job else []))
         if not names:
-            self.notify(f"the filter /{filter_text}/ shows no node: nothing to drain", severity="warning")
+            self.notify(f"the filter {described} shows no node: nothing to drain", severity="warning")
             return
         if self.source is None or not hasattr(self.source, "drain_plan"):
             self.notify("no live source to drain through", severity="warning")
@@ -212,9 +242,10 @@ class ActionHandlers(ActionGates):
 
         shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
         lines = [
-            f"Filter /{filter_text}/: {len(names)} node{'s' if len(names) != 1 else ''} ({shown})",
+            f"Filter {described}: {len(names)} node{'s' if len(names) != 1 else ''} ({shown})",
             "Each allowed node is drained once, in turn; refused nodes are not sent.",
             "Slurm stops scheduling jobs on them; running jobs finish. A drain someone else set stays as it is.",
+            *self.drain_job_lines(list(names)),
         ]
         purpose = self.drain_purpose(names)
         screen = self._drain_screen(

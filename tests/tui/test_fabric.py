@@ -259,7 +259,8 @@ def test_at_120_columns_the_fabric_column_and_the_ports_link_health_are_not_cut(
     async def body(pilot: Any) -> None:
         nodes = app.screen.table()
         width = nodes.scrollable_content_region.width
-        assert sum(nodes.widths) + 2 * PADDING * len(nodes.spec) <= width
+        shown = [w + 2 * PADDING for c, w in zip(nodes.spec, nodes.widths, strict=True) if c.key in nodes.shown_columns]
+        assert sum(shown) <= width  # (JOBS is not drawn: no node of this fleet reports jobs)
         assert dict(zip((c.key for c in nodes.spec), nodes.widths, strict=True))["worst"] >= 30
         assert "IB 7/8" in "\n".join(screen_lines(app))
         nodes.select_key("node002")

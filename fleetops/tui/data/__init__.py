@@ -13,11 +13,12 @@ how long ago, with an unreachable mark.
 
 The modules: ``columns`` (formatters, ``Column``, ``Row``, cells), ``entry`` (``NodeEntry``,
 ``summarize``, ``mark_failed``), ``state`` (``FleetState``, ``Filter``), ``fabric`` (the
-FABRIC cell and the Fabric tab's port rows). Callers import this
+FABRIC cell and the Fabric tab's port rows), ``jobs`` (the JOBS cells and one job across the
+fleet, for the job filter). Callers import this
 package; the submodules import one another directly.
 """
 
-from fleetops.tui.data import fabric
+from fleetops.tui.data import fabric, jobs
 from fleetops.tui.data.columns import (
     COLUMNS,
     DETAIL_FABRIC_COLUMNS,
@@ -124,6 +125,7 @@ __all__ = [
     "format_age",
     "gpu_cells",
     "health_label",
+    "jobs",
     "kernel_line",
     "make_row",
     "mark_failed",

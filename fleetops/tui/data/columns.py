@@ -264,6 +264,11 @@ _FABRIC_DOC = (
     "InfiniBand, RoCE Ethernet, RDMA both; red when fewer are active, yellow for a fabric warning; none: no "
     "RDMA device (or no compute port), - the agent sent no fabric section (older agent), n/a not readable"
 )
+_JOBS_DOC = (
+    "the Slurm jobs running on {what} (the daemon's job records): the lowest id and how many more (1234 +2); "
+    "empty: none; - the node's snapshot has no job records (cold collect, older agent). Shown once a node "
+    "reports jobs; j filters the fleet to one job"
+)
 _XID_DOC = "the XID code (S prefix: an NVSwitch SXid)"
 _XSEV_DOC = "the catalog's severity of that XID"
 _MEANING_DOC = "what the XID code means (the XID catalog)"
@@ -275,14 +280,16 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("health", "HEALTH", 8, "H", doc="the node's state (see States below)"),
         Column("gpus", "GPUS", 5, "G", doc="GPUs fit for work / GPUs the driver attached (a lost GPU counts in the second)"),
         Column("fabric", "FABRIC", 8, "F", doc=_FABRIC_DOC),
+        Column("jobs", "JOBS", 9, "J", doc=_JOBS_DOC.format(what="the node")),
         Column("driver", "DRIVER", 11, "D", doc="NVIDIA driver version"),
         Column("xids", "XID/1H", 6, "X", doc="XIDs in the last hour"),
         Column("seen", "SEEN", 7, "A", clock=True, doc="how long ago the node's last good snapshot arrived"),
         Column("bad", "BAD SINCE", 9, "B", clock=True,
                doc="since when the node is in its fault state, UTC, and for how long (03:12 14m; the date past a "
                "day); kept through STALE, empty when OK"),
-        # min 30: with FABRIC beside GPUS the whole row still fits 120 columns
-        Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=30,
+        # min 30: with FABRIC beside GPUS the whole row still fits 120 columns; with JOBS too,
+        # min 19 (the JOBS column is shown only where some node reports jobs)
+        Column("worst", "WORST FINDING", 88, "W", grow=1, min_width=19,
                doc="check: message of its worst finding, or why the latest poll gave no snapshot"),
     ),
     "gpus": (
@@ -300,7 +307,24 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("replays", "REPLAY", 6, "Y", doc=_REPLAY_DOC),
         Column("nvlink", "NVL", 5, "V", doc=_NVL_DOC),
         Column("throttle", "THROTTLE", 13, "O", doc=_THROTTLE_DOC),
+        Column("jobs", "JOBS", 9, "J", doc=_JOBS_DOC.format(what="the GPU or its MIG instances")),
         Column("check", "WORST CHECK", 22, "W", grow=1, min_width=22, doc="the check of the GPU's worst finding"),
+    ),
+    # The GPUs view filtered to one job (``j``): exactly the job's GPUs, across its nodes, side
+    # by side; the header line above names the job (``jobs.JobView.header``).
+    "job": (
+        Column("node", "NODE", 12, "N", doc=_NODE_DOC),
+        Column("idx", "GPU", 3, "I", doc="the GPU's index (as nvidia-smi numbers it)"),
+        Column("health", "HEALTH", 7, "H", doc=_HEALTH_DOC),
+        Column("util", "UTIL", 4, "L", doc=_UTIL_DOC),
+        Column("sm", "SM MHZ", 6, "K", doc="SM clock now, MHz (its maximum on the node screen's GPU tab)"),
+        Column("power", "POWER", 9, "P", doc=_POWER_DOC),
+        Column("temp", "TEMP", 4, "T", doc=_TEMP_DOC),
+        Column("xids", "XIDS", 8, "X",
+               doc="XIDs on the GPU the daemon attributed to the job (their jobs name it): count (codes)"),
+        Column("throttle", "THROTTLE", 13, "O", doc=_THROTTLE_DOC),
+        Column("mig", "MIG", 6, "G", doc="the MIG instances of the GPU the job holds (GPU instance ids), - the whole GPU"),
+        Column("check", "WORST CHECK", 22, "W", grow=1, min_width=12, doc="the check of the GPU's worst finding"),
     ),
     "findings": (
         Column("severity", "SEV", 7, "S", doc="the finding's severity (see States below)"),
@@ -316,6 +340,8 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("gpu", "GPU", 3, "G", doc="the GPU's index, found by its bus id (also for a GPU lost since)"),
         Column("code", "XID", 5, "X", doc=_XID_DOC),
         Column("severity", "SEV", 5, "S", doc=_XSEV_DOC),
+        Column("jobs", "JOBS", 9, "J", doc="the jobs on the GPU at the XID's time, as the daemon attributed them "
+               "(shown once a node reports jobs; - not attributed: a cold collect, or no wall-clock time)"),
         Column("name", "MEANING", 32, "M", grow=1, min_width=20, doc=_MEANING_DOC),
         Column("action", "ACTION", 18, "C", doc=_XACTION_DOC),
         Column("message", "LOG MESSAGE", 58, "L", grow=2, min_width=30, doc="the driver's own words in the kernel log"),
@@ -353,6 +379,8 @@ DETAIL_XID_COLUMNS: tuple[Column, ...] = (
     Column("severity", "SEV", 5, doc=_XSEV_DOC),
     Column("escalated", "ESCALATED", 9, doc="whether the repeat policy escalated the code (yes/no, - without a policy)"),
     Column("name", "MEANING", 30, grow=1, min_width=20, doc=_MEANING_DOC),
+    Column("jobs", "JOBS", 9, doc="the jobs on the GPU at the XID's time, as the daemon attributed them (shown "
+           "where the node reports jobs; - not attributed: no wall-clock time, or no records)"),
     Column("kernel", "KERNEL LINE", 70, grow=2, min_width=40, doc="the kernel's own line (NVRM: Xid (PCI:...): code, ...)"),
 )
 # The node screen's audit history (from the history database).
@@ -581,4 +609,9 @@ def xid_cells(x: XidView, now: float) -> dict[str, tuple[str, str, Any]]:
         "action": (x.action, "dim", x.action),
         "message": (ev.message.strip(), "", ev.message),
         "kernel": (kernel_line(x), "", kernel_line(x)),
+        "jobs": (
+            "-" if ev.jobs is None else ", ".join(ev.jobs),
+            "dim" if ev.jobs is None else "",
+            tuple(ev.jobs or ()),
+        ),
     }

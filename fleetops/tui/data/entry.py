@@ -11,6 +11,7 @@ from typing import Any
 
 from fleetops import model
 from fleetops.tui.data import fabric as fabric_data
+from fleetops.tui.data import jobs as jobs_data
 from fleetops.tui.data.columns import (
     COLUMNS,
     FAULT_SEVERITIES,
@@ -154,23 +155,26 @@ class NodeEntry:
             worst_text, worst_style = "", ""
         ok, n = self.gpu_tally
         fab_text, fab_style, fab_sort = fabric_data.node_cell(self.fabric, self.findings)
+        job_text, job_style, job_sort = jobs_data.cell(self.running_jobs)
         cells = (
             self.name,
             self.mark or health_label(health),
             f"{ok}/{n}" if n else "-",
             fab_text,
+            job_text,
             (snap.driver_version or "n/a") if snap else "-",
             "",
             "",
             "",
             worst_text,
         )
-        styles = ("", health, "warn" if ok < n else "", fab_style, "", "", "", health, worst_style)
+        styles = ("", health, "warn" if ok < n else "", fab_style, job_style, "", "", "", health, worst_style)
         sort = (
             natural_key(self.name),
             HEALTH_RANK.get(health, 0),
             (ok - n, ok),
             fab_sort,
+            job_sort,
             natural_key(snap.driver_version or "") if snap else (),
             0,
             0.0,
@@ -178,6 +182,16 @@ class NodeEntry:
             (-model.SEVERITY_RANK.get(self.worst.severity, 0), self.worst.check) if self.worst else (1, ""),
         )
         return cells, styles, sort
+
+    @cached_property
+    def running_jobs(self) -> list[model.NodeJob] | None:
+        """The jobs running on the node by its last good snapshot; None: it has no job records."""
+        return jobs_data.running(self.snapshot)
+
+    def gpu_jobs(self, uuid: str) -> list[model.NodeJob] | None:
+        """The running jobs on the GPU (whole, or one of its MIG instances); None: not known."""
+        gv = self.gpu(uuid)
+        return jobs_data.on_gpu(self.running_jobs, uuid, gv.gpu if gv is not None else None)
 
     @property
     def all_findings(self) -> tuple[model.Finding, ...]:
@@ -438,6 +452,7 @@ def _gpu_row(entry: NodeEntry, g: GpuView) -> Row:
     cells = gpu_cells(g)
     cells["node"] = (entry.name, "", natural_key(entry.name))
     cells["uuid"] = (short_uuid(g.uuid), "", g.uuid)
+    cells["jobs"] = jobs_data.cell(jobs_data.on_gpu(entry.running_jobs, g.uuid, g.gpu))
     cols = COLUMNS["gpus"]
     hay = " ".join([entry.name, g.uuid, g.bus_id, *(f"{f.check} {f.message}" for f in g.findings)]).lower()
     if entry.problem:

@@ -7,8 +7,9 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from fleetops.tui.data import fabric
+from fleetops.tui.data import fabric, jobs
 from fleetops.tui.data.columns import (
     COLUMNS,
     DETAIL_GPU_COLUMNS,
@@ -96,7 +97,7 @@ class ViewState:
     reverse: bool = False
 
 
-DEFAULT_SORT = {"nodes": "node", "gpus": "node", "findings": "severity", "xids": "age"}
+DEFAULT_SORT = {"nodes": "node", "gpus": "node", "findings": "severity", "xids": "age", "job": "node"}
 
 
 @dataclass
@@ -113,6 +114,11 @@ class FleetState:
     )
     stale_after: float | None = None  # a reachable node's age beyond this is shown as stale
     last_total: int = 0  # rows of the last ``rows()`` view before filtering
+    # The job filter (``j``): the fleet shows only this job's nodes, and the GPUs view exactly
+    # its GPUs (the "job" table); None: no job filter.
+    job_id: str | None = None
+    # the job table's rows and what they were built from (the job, each of its nodes' entry)
+    _job_rows_cache: tuple[tuple[object, ...], list[Row]] | None = field(default=None, repr=False)
     # name -> (entry, XIDs in the window, age text, age style, bad-since text, the row built from them)
     _node_rows: dict[str, tuple[NodeEntry, int, str, str, str, Row]] = field(default_factory=dict, repr=False)
 
@@ -157,6 +163,65 @@ class FleetState:
                 self.entries[name] = with_fleet_findings(e, want)
                 changed.append(name)
         return changed
+
+    @property
+    def table_view(self) -> str:
+        """The table the current view draws: the GPUs view under a job filter is the job's table."""
+        return "job" if self.view == "gpus" and self.job_id is not None else self.view
+
+    @property
+    def jobs_known(self) -> bool:
+        """Whether any node's snapshot carries job records: the JOBS columns are shown only then,
+        so a fleet without them (cold collects, older agents) looks as it did."""
+        return any(e.snapshot is not None and e.snapshot.jobs is not None for e in self.entries.values())
+
+    def job(self, job_id: str | None = None) -> jobs.JobView | None:
+        """The job (the filter's, by default) as the nodes' latest snapshots tell it."""
+        job_id = self.job_id if job_id is None else job_id
+        if job_id is None:
+            return None
+        return jobs.find(job_id, ((e.name, e.snapshot) for e in self.entries.values()))
+
+    def _job_rows(self, job: jobs.JobView | None) -> list[Row]:
+        """The job's GPUs side by side, in node then bus order: a row per (node, GPU)."""
+        rows: list[Row] = []
+        if job is None:
+            return rows
+        # the same row objects while nothing they show changed: the table skips them unread
+        stamp = (job, *(self.entries.get(n) for n in job.nodes))  # entries held: compared by identity
+        cached = self._job_rows_cache
+        same = (
+            cached is not None and len(cached[0]) == len(stamp) and cached[0][0] == job
+            and all(a is b for a, b in zip(cached[0][1:], stamp[1:], strict=True))
+        )  # fmt: skip
+        if same and cached is not None:
+            return list(cached[1])
+        cols = COLUMNS["job"]
+        for jg in job.gpus:
+            e = self.entries.get(jg.node)
+            gv = e.gpu(jg.uuid) if e is not None else None
+            if e is None or gv is None:  # a device no GPU of the snapshot reports
+                cells: dict[str, tuple[str, str, Any]] = {c.key: ("?", "dim", -1) for c in cols}
+                cells["check"] = (f"no GPU {jg.uuid} in the snapshot", "unknown", "")
+                cells["idx"] = ("?", "dim", -1)
+                fault, hay = True, f"{jg.node} {jg.uuid}".lower()
+            else:
+                cells = gpu_cells(gv)
+                g = gv.gpu if not gv.lost else None
+                sm = g.clock_sm_mhz if g is not None else None
+                cells["sm"] = ("-" if g is None else "n/a" if sm is None else str(sm), "dim" if g is None else "", sm or -1)
+                insts = [jobs.mig_instance(gv.gpu, d) for d in jg.mig]
+                mig = ",".join(str(m.gpu_instance_id) for m in insts if m is not None)
+                cells["mig"] = (f"GI {mig}" if mig else "-", "" if mig else "dim", mig)
+                xids = jobs.xids_of(job.job_id, e.snapshot, gv.gpu, gv.uuid, gv.bus_id)
+                codes = ",".join(str(c) for c in sorted({x.code for x in xids}))
+                cells["xids"] = (f"{len(xids)} ({codes})" if xids else "0", "crit" if xids else "dim", len(xids))
+                fault = gv.lost or gv.health in FAULT_SEVERITIES or bool(xids)
+                hay = " ".join([e.name, gv.uuid, gv.bus_id, *(f"{f.check} {f.message}" for f in gv.findings)]).lower()
+            cells["node"] = (jg.node, "", natural_key(jg.node))
+            rows.append(make_row(f"job:{jg.node}:{jg.uuid}", cells, cols, fault, hay, jg.node, jg.uuid))
+        self._job_rows_cache = (stamp, rows)
+        return list(rows)
 
     def sort_by(self, view: str, column: str) -> None:
         """Sorting by the column already sorted on flips the direction."""
@@ -224,11 +289,12 @@ class FleetState:
         has_data = e.snapshot is not None
         aged = self.health_at(e, now) == "stale" and e.status == STATUS_OK  # old data its source kept as OK
         health_cell = health_label("stale") if aged else cells[1]
-        cells = (cells[0], health_cell, *cells[2:5], str(xids) if has_data else "-", seen, bad, cells[8])
-        styles = (styles[0], "stale" if aged else styles[1], *styles[2:5], "warn" if xids else "dim", seen_style,
-                  styles[7], styles[8])  # fmt: skip
-        sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:5], xids,
-                age if age is not None else float("inf"), sort[7], sort[8])  # fmt: skip
+        # NODE HEALTH | GPUS FABRIC JOBS DRIVER | XID/1H SEEN BAD SINCE (the clock's) | WORST FINDING
+        cells = (cells[0], health_cell, *cells[2:6], str(xids) if has_data else "-", seen, bad, cells[9])
+        styles = (styles[0], "stale" if aged else styles[1], *styles[2:6], "warn" if xids else "dim", seen_style,
+                  styles[8], styles[9])  # fmt: skip
+        sort = (sort[0], HEALTH_RANK["stale"] if aged else sort[1], *sort[2:6], xids,
+                age if age is not None else float("inf"), sort[8], sort[9])  # fmt: skip
         placeholder = e.status == STATUS_PENDING and not has_data
         row = Row(e.name, cells, styles, sort, e.fault or aged, e.haystack, e.name, placeholder=placeholder)
         self._node_rows[e.name] = (e, xids, seen, seen_style, bad, row)
@@ -266,13 +332,21 @@ class FleetState:
             return [r for e in entries for r in e.finding_rows]
         if view == "xids":
             return [r for e in entries for r in self._xid_rows(e, now)]
+        if view == "job":
+            return self._job_rows(self.job())
         raise ValueError(f"unknown view {view!r}; views: {', '.join(VIEWS)}")
 
     def rows(self, view: str | None = None, now: float | None = None) -> list[Row]:
         """The rows of a view as the operator asked to see them: filtered, faults only or
         not, sorted (stable: ties keep inventory order)."""
-        view = view or self.view
+        view = view or self.table_view
+        if view == "gpus" and self.job_id is not None:
+            view = "job"
         rows = self.all_rows(view, now)
+        if self.job_id is not None and view != "job":  # the job's nodes only
+            job = self.job()
+            on = set(job.nodes) if job is not None else set()
+            rows = [r for r in rows if r.node in on]
         self.last_total = len(rows)
         flt = self.filter
         if self.faults_only or flt.active:

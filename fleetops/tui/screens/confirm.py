@@ -26,10 +26,12 @@ class Question:
     pids: tuple[int, ...] | None = None
 
 
-def reset_question(entry: data.NodeEntry, uuid: str, now: float) -> Question:
-    """What a GPU reset will do, named exactly: node, GPU (UUID, index, bus id) and every
-    process the last snapshot saw on it. Those PIDs travel with the answer (``pids``): the reset
-    ends exactly them and is refused if the GPU's processes differ by then."""
+def reset_question(entry: data.NodeEntry, uuid: str, now: float, fleet_jobs: bool = False) -> Question:
+    """What a GPU reset will do, named exactly: node, GPU (UUID, index, bus id), the jobs on it
+    (where the node's snapshot has job records, or ``fleet_jobs``: some node's has, so their
+    absence here is said) and every process the last snapshot saw on it. Those PIDs travel with
+    the answer (``pids``): the reset ends exactly them and is refused if the GPU's processes
+    differ by then."""
     gv = entry.gpu(uuid)
     assert gv is not None
     age = data.format_age(now - entry.seen_at) if entry.seen_at is not None else "never"
@@ -39,6 +41,14 @@ def reset_question(entry: data.NodeEntry, uuid: str, now: float) -> Question:
         f"          index {gv.index}, bus {gv.bus_id}"
         + ("  (LOST: NVML answers GpuIsLost; fallen off the bus)" if gv.lost else ""),
     ]
+    jobs = entry.gpu_jobs(uuid)
+    if jobs:
+        lines.append(f"Jobs it would hit ({len(jobs)}):")
+        lines += [f"  {data.jobs.job_line(j, now, gv.gpu)}" for j in jobs]
+    elif jobs is not None:
+        lines.append(f"Jobs:     none running on it (as of the snapshot {age} ago)")
+    elif fleet_jobs:
+        lines.append("Jobs:     unknown (the node's snapshot has no job records: no daemon, or an older agent)")
     procs = (gv.gpu.processes or []) if gv.gpu is not None and not gv.lost else None
     if procs is None:
         lines.append("Processes: unknown (no current data for this GPU)")

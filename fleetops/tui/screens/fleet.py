@@ -1,19 +1,22 @@
 """The fleet screen: one table per view (nodes, gpus, findings, xids), k9s keys.
 
-``:`` switches view, ``/`` filters (regex, ``!`` inverts; Enter applies, Esc clears), ``f`` or
-ctrl+z shows faults only, a shift-letter sorts by a column (again: reverse), Enter drills down.
-Each view keeps its own table, so switching back finds the cursor where it was.
+``:`` switches view, ``/`` filters (regex, ``!`` inverts; Enter applies, Esc clears), ``j``
+filters the fleet to one Slurm job (its nodes; the GPUs view then lists exactly its GPUs side by
+side, under a line naming the job), ``f`` or ctrl+z shows faults only, a shift-letter sorts by a
+column (again: reverse), Enter drills down. Each view keeps its own table, so switching back
+finds the cursor where it was.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.suggester import SuggestFromList
-from textual.widgets import ContentSwitcher, Footer, Input
+from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from fleetops.tui import data
 from fleetops.tui.screens.gates import GatedScreen, note_widget
@@ -37,6 +40,7 @@ class FleetScreen(GatedScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("colon", "command", "View", key_display=":", priority=True),
         Binding("slash", "filter", "Filter", key_display="/", priority=True),
+        Binding("j", "job", "Job", show=False, priority=True),  # in the help; the footer is full
         Binding("f", "faults", "Faults"),
         Binding("ctrl+z", "faults", "Faults", show=False),
         Binding("escape", "escape", "Clear", show=False),
@@ -69,8 +73,9 @@ class FleetScreen(GatedScreen):
 
     def compose(self) -> ComposeResult:
         yield SummaryBar(id="summary")
+        yield Static(id="job-header")
         with ContentSwitcher(id="views", initial="view-nodes"):
-            for view in data.VIEWS:
+            for view in (*data.VIEWS, "job"):  # "job": the GPUs view under a job filter
                 yield FleetTable(data.COLUMNS[view], id=f"view-{view}", highlight_s=self.app.highlight_s)  # type: ignore[attr-defined]
         yield Input(id="prompt", suggester=SuggestFromList(list(data.VIEWS) + ["quit"]))
         yield note_widget()
@@ -78,6 +83,7 @@ class FleetScreen(GatedScreen):
 
     def on_mount(self) -> None:
         self.query_one("#prompt", Input).display = False
+        self.query_one("#job-header", Static).display = False
         self.ready = True
         self.refresh_data(None)
         self.table().focus()
@@ -91,28 +97,68 @@ class FleetScreen(GatedScreen):
     # --- drawing -----------------------------------------------------------------------
 
     def table(self, view: str | None = None) -> FleetTable:
-        return self.query_one(f"#view-{view or self.state.view}", FleetTable)
+        return self.query_one(f"#view-{view or self.state.table_view}", FleetTable)
 
     def refresh_data(self, changed: list[str] | None) -> None:
         if not self.ready:
             return
         state = self.state
         table = self.table()
+        # JOBS only once some node reports jobs: a fleet without job records looks as it did
+        table.set_hidden(() if state.jobs_known else ("jobs",))
         rows = state.rows()
         table.apply(rows)
         self.update_titles(len(rows))
+        self.show_job()
         self.query_one(SummaryBar).show(state, self.app)
         self.update_gates()
 
+    def show_job(self) -> None:
+        """The job filter's line above the table: the job, its user, start, GPUs and end."""
+        header = self.query_one("#job-header", Static)
+        job_id = self.state.job_id
+        header.display = job_id is not None
+        if job_id is None:
+            return
+        now = self.state.clock()
+        job = self.state.job()
+        if job is None:
+            phrases = [f"job {job_id}: on no node now (its records are gone from every snapshot)"]
+        else:
+            phrases = job.header_phrases(now)
+        phrases.append("Esc clears")
+        style = "yellow" if job is None else "bold yellow" if job.ended else "bold"
+        # wrapped between phrases, never inside one, to the screen's width
+        width = max(20, self.size.width or self.app.size.width)
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" JOB ", style="bold reverse")
+        t.append(" ")
+        used = 6
+        for i, phrase in enumerate(phrases):
+            last = i == len(phrases) - 1
+            gap = "" if i == 0 else "   " if last else "  "
+            if i and used + len(gap) + len(phrase) > width:
+                t.append("\n      ")
+                used, gap = 6, ""
+            t.append(gap + phrase, style="dim" if last else style)
+            used += len(gap) + len(phrase)
+        header.update(t)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.ready:
+            self.show_job()
+
     def update_titles(self, shown: int) -> None:
         state = self.state
-        view = state.view
+        view = state.table_view
         table = self.table()
-        title = f" {view} [{shown}/{state.last_total}] "
+        title = f" {state.view}{' of job ' + state.job_id if view == 'job' and state.job_id else ''} [{shown}/{state.last_total}] "
         table.border_title = title
         sort = state.sorts[view]
         label = next(c.label for c in data.COLUMNS[view] if c.key == sort.sort_column)
         bits = [f"sort {label} {'▼' if sort.reverse else '▲'}"]
+        if state.job_id is not None and view != "job":
+            bits.append(f"job {state.job_id}")
         if state.filter.active:
             bits.append(f"filter /{state.filter.text}/")
         if state.faults_only:
@@ -126,7 +172,7 @@ class FleetScreen(GatedScreen):
             self.notify(f"no view {view!r}; views: {', '.join(data.VIEWS)}", severity="warning")
             return
         self.state.view = view
-        self.query_one(ContentSwitcher).current = f"view-{view}"
+        self.query_one(ContentSwitcher).current = f"view-{self.state.table_view}"
         self.refresh_data(None)
         self.table().focus()
         self.refresh_bindings()
@@ -137,15 +183,50 @@ class FleetScreen(GatedScreen):
     def action_filter(self) -> None:
         self._open_prompt("filter", self.state.filter.text)
 
+    def action_job(self) -> None:
+        """``j``: ask for a job id, prefilled with the job under the cursor (Enter applies)."""
+        self._open_prompt("job", self.cursor_job() or "")
+
+    def cursor_job(self) -> str | None:
+        """The job under the cursor: the job view's own, else the lowest running job on the row's
+        GPU (a GPU row), or on its node."""
+        if self.state.job_id is not None and self.state.table_view == "job":
+            return self.state.job_id
+        row = self.current_row()
+        if row is None or not row.node:
+            return None
+        entry = self.state.entries.get(row.node)
+        if entry is None:
+            return None
+        jobs = entry.gpu_jobs(row.gpu) if row.gpu else None
+        if not jobs:
+            jobs = entry.running_jobs
+        return jobs[0].job_id if jobs else None
+
+    def set_job(self, job_id: str | None) -> None:
+        """Filter the fleet to ``job_id`` (None: no job filter); a job no node's records name is
+        said, and the filter stays as it was."""
+        state = self.state
+        if job_id is not None:
+            if state.job(job_id) is None:
+                why = "" if state.jobs_known else " (no node reports jobs: they come from the nodes' fleetops-agent daemons)"
+                self.notify(f"job {job_id} is on no node{why}", severity="warning")
+                return
+        state.job_id = job_id
+        self.query_one(ContentSwitcher).current = f"view-{state.table_view}"
+        self.refresh_data(None)
+        self.table().focus()
+        self.refresh_bindings()
+
     def _open_prompt(self, mode: str, value: str) -> None:
         prompt = self.query_one("#prompt", Input)
         self.prompt_mode = mode
-        prompt.placeholder = (
-            "view: nodes | gpus | findings | xids"
-            if mode == "command"
-            else "regex over names and findings; !regex inverts"
-        )
-        prompt.border_title = ":" if mode == "command" else "/"
+        prompt.placeholder = {
+            "command": "view: nodes | gpus | findings | xids",
+            "filter": "regex over names and findings; !regex inverts",
+            "job": "job id (Slurm): the fleet filtered to that job's nodes and GPUs",
+        }[mode]
+        prompt.border_title = {"command": ":", "filter": "/", "job": "job"}[mode]
         prompt.value = value
         prompt.display = True
         # focused now, not at the next turn of the message loop (``focus()``): keys already
@@ -197,6 +278,8 @@ class FleetScreen(GatedScreen):
                 self.notify(f"unknown view {word!r}; views: {', '.join(data.VIEWS)}", severity="warning")
         elif mode == "filter":
             self.set_filter(text)
+        elif mode == "job":
+            self.set_job(text or None)
 
     def set_filter(self, text: str) -> None:
         flt = data.Filter.parse(text)
@@ -214,6 +297,8 @@ class FleetScreen(GatedScreen):
             return
         if self.state.filter.active:
             self.set_filter("")
+        if self.state.job_id is not None:
+            self.set_job(None)
 
     def action_faults(self) -> None:
         self.state.faults_only = not self.state.faults_only
@@ -224,12 +309,12 @@ class FleetScreen(GatedScreen):
         if self.prompt_mode is not None or self.press_disabled(event):
             return
         ch = event.character
-        if ch and len(ch) == 1 and "A" <= ch <= "Z" and self.state.sort_letter(self.state.view, ch):
+        if ch and len(ch) == 1 and "A" <= ch <= "Z" and self.state.sort_letter(self.state.table_view, ch):
             event.stop()
             self.refresh_data(None)
 
     def on_fleet_table_header_selected(self, event: FleetTable.HeaderSelected) -> None:
-        self.state.sort_by(self.state.view, event.column_key)
+        self.state.sort_by(self.state.table_view, event.column_key)
         self.refresh_data(None)
 
     # --- drill down and actions --------------------------------------------------------
@@ -249,7 +334,7 @@ class FleetScreen(GatedScreen):
         self.app.push_screen(NodeScreen(row.node, select_gpu=row.gpu))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("command", "filter") and self.prompt_mode is not None:
+        if action in ("command", "filter", "job") and self.prompt_mode is not None:
             return False  # typed into the open prompt
         if action == "reset" and self.state.view not in ("gpus",):
             return None  # shown dimmed: reset works on a GPU row (gpus view, or a node's detail)
@@ -268,7 +353,7 @@ class FleetScreen(GatedScreen):
         capacity guard; without a filter the app refuses (filter first)."""
         names = list(dict.fromkeys(r.node for r in self.state.rows() if r.node))
         text = self.state.filter.text if self.state.filter.active else ""
-        self.app.request_drain_set(names, text)  # type: ignore[attr-defined]
+        self.app.request_drain_set(names, text, job=self.state.job_id)  # type: ignore[attr-defined]
 
     def _node(self) -> str | None:
         row = self.current_row()

@@ -20,14 +20,17 @@ from fleetops.tui.widgets import charts
 KEYS = (
     (":", "switch view (nodes, gpus, findings, xids; prefixes work; :q quits); 1-4 also switch"),
     ("/", "filter: regex over node names and findings text, !regex inverts; Enter applies"),
-    ("Esc", "clear the filter / close the prompt / back from a node"),
+    ("Esc", "clear the filter and the job filter / close the prompt / back from a node"),
+    ("j", "job filter: a Slurm job id (prefilled with the job under the cursor); the fleet shows that job's "
+          "nodes, the GPUs view exactly its GPUs side by side, a line names the job; Esc clears"),
     ("f, ctrl+z", "faults only (unhealthy or unreachable nodes, faulty GPUs, warn/crit findings)"),
     ("Shift+letter", "sort by the column (again: reverse); clicking a header also sorts"),
     ("Enter", "open the node of the row: GPUs, findings, XIDs, history, charts, fabric (1-6 pick the tab there)"),
     ("a", "re-audit the node now"),
     ("r", "reset the selected GPU (asks first; gpus view or node screen)"),
     ("d / u", "drain (asks the reason Slurm keeps) / resume the node in Slurm (asks first)"),
-    ("ctrl+d", "drain every node the filter shows, through the capacity guard (asks the reason; shows what the guard allows first)"),
+    ("ctrl+d", "drain every node the filter (/ or j) shows, through the capacity guard (asks the reason; shows the "
+               "jobs on them and what the guard allows first)"),
     ("l", "action log: every action from the TUI and its outcome, earlier sessions' too (Esc closes)"),
     ("c", "copy the command for the row or the selected GPU: fleetops reset -i INVENTORY NODE UUID, or the "
           "node's fleetops drain (a lost GPU, a node row); C on a node screen: its drain"),
@@ -45,7 +48,7 @@ def help_text(readonly: bool) -> Text:
     if readonly:
         t.append("\n  READ-ONLY: a, r, d, u and ctrl+d are off.\n", style="bold white on dark_red")
     t.append("\nSort letters\n", style="bold")
-    for view in data.VIEWS:
+    for view in (*data.VIEWS, "job"):
         letters = "  ".join(f"{c.sort_key}={c.label}" for c in data.COLUMNS[view] if c.sort_key)
         t.append(f"  {view:<10}", style="bold cyan")
         t.append(f"{letters}\n")
@@ -58,6 +61,7 @@ def legend_tables() -> tuple[tuple[str, tuple[data.Column, ...]], ...]:
     """Every table the two screens draw, with its title in the legend."""
     return (
         *((f"{view} view", data.COLUMNS[view]) for view in data.VIEWS),
+        ("gpus view of one job (j)", data.COLUMNS["job"]),
         ("node screen: GPUs", data.DETAIL_GPU_COLUMNS),
         ("node screen: XIDs", data.DETAIL_XID_COLUMNS),
         ("node screen: Fabric", data.DETAIL_FABRIC_COLUMNS),

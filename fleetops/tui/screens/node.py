@@ -63,6 +63,11 @@ def node_header(entry: data.NodeEntry, now: float) -> Text:
         t.append("fabric ")
         t.append(fab_text, style=STYLES.get(fab_style, STYLES[""]))
         t.append("  ")
+        running = entry.running_jobs
+        if running is not None:  # only where the node has job records: a cold collect's reads as before
+            t.append("jobs ")
+            t.append(", ".join(j.job_id for j in running) or "none", style="bold" if running else STYLES["dim"])
+            t.append("  ")
         services = "  ".join(
             f"{k.removeprefix('nvidia-')} {v or 'n/a'}" for k, v in sorted(snap.services.items())
         )
@@ -217,10 +222,36 @@ def gpu_detail(entry: data.NodeEntry, uuid: str | None) -> Text:
             )
         t.append(f"   fabric {n(g.fabric_state)}/{n(g.fabric_status)}   recovery {n(g.recovery_action)}")
         _mig_lines(t, g)
+    _job_lines(t, entry, gv)
     if gv.findings:
         t.append("\n\n")
         _finding_lines(t, gv.findings, _taken_at(entry))
     return t
+
+
+def _job_lines(t: Text, entry: data.NodeEntry, gv: data.GpuView) -> None:
+    """The jobs on the GPU (running, then those ended within the daemon's window) and the XIDs
+    on it with the jobs each hit (``XidEvent.jobs``); only where the node's snapshot has job
+    records (a cold collect has none: the tab reads as it did)."""
+    snap = entry.snapshot
+    if snap is None or snap.jobs is None:
+        return
+    now = snap.collected_at or time.time()
+    on = data.jobs.on_gpu(snap.jobs, gv.uuid, gv.gpu) or []
+    on.sort(key=lambda j: (j.ended_at is not None, data.jobs.job_order(j.job_id)))
+    running = [j for j in on if j.ended_at is None]
+    t.append(f"\njobs {len(running)} running" + (f", {len(on) - len(running)} ended within the hour" if len(on) > len(running) else ""))
+    for j in on:
+        t.append(f"\n  {data.jobs.job_line(j, now, gv.gpu)}", style="dim" if j.ended_at is not None else "")
+    bus = data.jobs.bus_key(gv.bus_id)
+    xids = [ev for ev in snap.xids if ev.gpu_uuid == gv.uuid or data.jobs.bus_key(ev.bus_id) == bus]
+    if xids:
+        t.append(f"\nXIDs on this GPU {len(xids)}, with the jobs each hit")
+        for ev in sorted(xids, key=lambda e: e.timestamp or 0.0, reverse=True):
+            when = time.strftime("%H:%M:%S", time.gmtime(ev.timestamp)) + " UTC" if ev.timestamp is not None else "?"
+            hit = "jobs not attributed" if ev.jobs is None else ("no job" if not ev.jobs else "job " + ", ".join(ev.jobs))
+            t.append(f"\n  {when}  XID {ev.code}  ")
+            t.append(hit, style=STYLES["warn"] if ev.jobs else "dim")
 
 
 def _process_text(p: model.GpuProcess, mig: bool = False) -> str:
@@ -356,7 +387,10 @@ class NodeScreen(GatedScreen):
         self.query_one("#node-slurm", Static).update(slurm_text(self.slurm, self.slurm_note))
         self.query_one("#node-gpus", FleetTable).apply(data.detail_gpu_rows(entry))
         self.query_one("#node-findings", Static).update(findings_text(entry))
-        self.query_one("#node-xids", FleetTable).apply(self.state.detail_xid_rows(self.node, now))
+        xids = self.query_one("#node-xids", FleetTable)
+        # the XIDs' JOBS only where the node has job records: a cold collect's table reads as it did
+        xids.set_hidden(() if entry.snapshot is not None and entry.snapshot.jobs is not None else ("jobs",))
+        xids.apply(self.state.detail_xid_rows(self.node, now))
         self.query_one("#node-fabric", FleetTable).apply(
             data.fabric.port_rows(entry.snapshot, entry.fabric, entry.findings)
         )

@@ -199,6 +199,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._line_cache: dict[str, tuple[tuple[object, ...], Strip]] = {}
         self._header_cache: tuple[tuple[object, ...], Strip] | None = None
         self._longest: dict[int, int] = {}  # grow column -> its longest cell text
+        self._hidden: frozenset[int] = frozenset()  # columns not drawn now (``set_hidden``)
         self._widths = tuple(c.width for c in self.spec)
         self._width = sum(w + 2 * PADDING for w in self._widths)
         self.virtual_size = Size(self._width, 1)
@@ -214,12 +215,33 @@ class FleetTable(ScrollView, can_focus=True):
         """Each column's width now (``layout`` for this terminal and these rows)."""
         return self._widths
 
+    def set_hidden(self, keys: Iterable[str]) -> None:
+        """Columns (by key) not drawn, and given no width, until shown again: a column whose data
+        no node reports yet (JOBS) leaves the table as it was."""
+        hidden = frozenset(i for i, c in enumerate(self.spec) if c.key in set(keys))
+        if hidden != self._hidden:
+            self._hidden = hidden
+            self._relayout()
+
+    @property
+    def shown_columns(self) -> list[str]:
+        return [c.key for i, c in enumerate(self.spec) if i not in self._hidden]
+
     def _relayout(self) -> None:
-        widths = layout(self.spec, self._longest, self.scrollable_content_region.width)
+        shown = [i for i in range(len(self.spec)) if i not in self._hidden]
+        sub = layout(
+            tuple(self.spec[i] for i in shown),
+            {j: self._longest[i] for j, i in enumerate(shown) if i in self._longest},
+            self.scrollable_content_region.width,
+        )
+        widths_list = [0] * len(self.spec)
+        for j, i in enumerate(shown):
+            widths_list[i] = sub[j]
+        widths = tuple(widths_list)
         if widths == self._widths:
             return
         self._widths = widths
-        self._width = sum(w + 2 * PADDING for w in widths)
+        self._width = sum(widths[i] + 2 * PADDING for i in shown)
         self._line_cache.clear()
         self._header_cache = None
         self.virtual_size = Size(self._width, len(self._order) + 1)
@@ -365,7 +387,9 @@ class FleetTable(ScrollView, can_focus=True):
             return
         if offset.y == 0:
             x = offset.x + int(self.scroll_x)
-            for col, width in zip(self.spec, self._widths, strict=True):
+            for i, (col, width) in enumerate(zip(self.spec, self._widths, strict=True)):
+                if i in self._hidden:
+                    continue
                 x -= width + 2 * PADDING
                 if x < 0:
                     self.post_message(self.HeaderSelected(self, col.key))
@@ -402,7 +426,11 @@ class FleetTable(ScrollView, can_focus=True):
             return self._header_cache[1]
         pad = " " * PADDING
         strip = Strip(
-            [Segment(pad + fit(c.label, w) + pad, style) for c, w in zip(self.spec, self._widths, strict=True)],
+            [
+                Segment(pad + fit(c.label, w) + pad, style)
+                for i, (c, w) in enumerate(zip(self.spec, self._widths, strict=True))
+                if i not in self._hidden
+            ],
             self._width,
         )
         self._header_cache = (stamp, strip)
@@ -420,6 +448,8 @@ class FleetTable(ScrollView, can_focus=True):
         pad = " " * PADDING
         segments = []
         for i, width in enumerate(self._widths):
+            if i in self._hidden:
+                continue
             style = base + STYLES.get(row.styles[i], STYLES[""])
             if i in lit:
                 style = style + CHANGED
