@@ -38,6 +38,9 @@ LIVE = {
     "read_at",  # the fabric's: when the ports were read
 }
 MOMENT = {"collected_at", "collect_ms", "uptime_s", "daemon", "mig", "age_s"}
+# The daemon's own: its job book (the records it reads each tick; a cold collect reads none and
+# says None, "not collected"), compared by value in the test
+DAEMON_ONLY = {"jobs"}
 
 
 def _env(sock: Path) -> dict[str, str]:
@@ -46,6 +49,7 @@ def _env(sock: Path) -> dict[str, str]:
     env.pop("FLEETOPS_SIM_STATE", None)
     env["FLEETOPS_AGENT_SOCKET"] = str(sock)
     env["FLEETOPS_AGENT_STATE_DIR"] = str(sock.parent / "lib")
+    env["FLEETOPS_JOBS_DIR"] = str(sock.parent / "jobs")  # job records of its own: none, not the machine's
     return env
 
 
@@ -137,7 +141,7 @@ def test_the_reset_dry_run_names_the_daemon_as_a_holder_it_will_pause(daemon: An
 def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
-            if key in MOMENT and path.count("/") == 0:
+            if key in (MOMENT | DAEMON_ONLY) and path.count("/") == 0:
                 continue
             if key not in a or key not in b:
                 out.append(f"{path}/{key}: only in {'the daemon' if key in a else 'the cold collect'}")
@@ -166,3 +170,5 @@ def test_the_daemons_snapshot_and_a_cold_collect_agree_on_every_field(daemon: An
     differences: list[str] = []
     _diff(served, collected, "", differences)
     assert differences == []
+    # the daemon reads this test's job folder (empty): no job, and a cold collect reads none at all
+    assert (served["jobs"], collected.get("jobs")) == ([], None)
