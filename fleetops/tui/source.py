@@ -127,11 +127,20 @@ class SshSource:
 
         command = [self.agent(name), "history", "--gpu", uuid, "--fields", ",".join(FIELDS)]
         deadline = time.monotonic() + 2 * self._connect_timeout
-        while True:  # the host's session may be busy with a poll for a moment
-            result = self.pool.run_one(name, command, idempotent=True)
-            if result.ok or result.exit_status is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        # under the host's lock, as every command on its session is: the pool runs one command
+        # per host, and a history read in flight there made a reset sent meanwhile come back
+        # "the previous command has not finished" (unknown to the operator, and never sent)
+        lock = self._host_locks[name]
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise HistoryError("busy", f"{name}: the host's session stayed busy (a poll or an action in flight)")
+        try:
+            while True:  # the pool's own one-at-a-time guard, for a caller outside these locks
+                result = self.pool.run_one(name, command, idempotent=True)
+                if result.ok or result.exit_status is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            lock.release()
         if result.exit_status is None:
             raise HistoryError(result.error_kind or "unreachable", f"{name}: {result.error or 'no answer'}")
         if result.exit_status != 0:

@@ -11,7 +11,7 @@ from typing import Any
 from fleetops.catalog.durations import retention_arg
 from fleetops.common.errors import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN, FleetopsError, UsageError
 from fleetops.ops import frontend
-from fleetops.validation.judge import GpuVerdict, NodeVerdict, _worse, judge, judge_nodes, overall
+from fleetops.validation.judge import GpuVerdict, NodeVerdict, judge, judge_nodes, overall, worse
 
 # The agent's own time budget per level plus SSH; a node past it is unknown, not failed.
 COMMAND_TIMEOUT_S = {"quick": 120.0, "full": 720.0}
@@ -346,7 +346,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return exc.exit_code
     status = overall([*verdicts, *node_verdicts])
     for pv in (pairs or {}).get("verdicts", []):
-        status = _worse(status, pv.status)
+        status = worse(status, pv.status)
     if problems and status == "ok":
         status = "unknown"
     code = EXIT_BY_STATUS[status]

@@ -52,7 +52,7 @@ class GpuVerdict:
         }
 
 
-def _worse(a: str, b: str) -> str:
+def worse(a: str, b: str) -> str:
     # crit beats warn beats unknown beats ok: an unknown metric must not hide a failed one.
     rank = {"ok": 0, "unknown": 1, "warn": 2, "crit": 3}
     return a if rank[a] >= rank[b] else b
@@ -145,7 +145,7 @@ def judge(
             if "outcome" in stat:
                 v = _judge_outcome(host, uuid, metric, stat)
                 gv.verdicts.append(v)
-                gv.status = _worse(gv.status, v.status)
+                gv.status = worse(gv.status, v.status)
                 continue
             if "skipped" in stat:
                 gv.verdicts.append(Verdict(host, uuid, metric, "ok", None, f"skipped: {stat['skipped']}"))
@@ -160,7 +160,7 @@ def judge(
             else:
                 v = _judge_value(host, uuid, metric, stat, floors, by_model.get((name, metric), NO_PEERS), k, pct)
             gv.verdicts.append(v)
-            gv.status = _worse(gv.status, v.status)
+            gv.status = worse(gv.status, v.status)
         out.append(gv)
     return out
 
@@ -182,10 +182,10 @@ def _judge_outcome(host: str, uuid: str, metric: str, stat: Mapping[str, Any]) -
 def _judge_value(host: str, uuid: str, metric: str, stat: Mapping[str, Any], floors: Any,
                  peers: Peers, k: float, pct: float) -> Verdict:
     floor = floors.metric(metric) if floors is not None else None
-    return _against(host, uuid, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
+    return against(host, uuid, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
-def _against(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None, model: str,
+def against(host: str, label: str, metric: str, stat: Mapping[str, Any], floor: float | None, model: str,
              peers: Peers, k: float, pct: float) -> Verdict:
     """The one rule for a steady figure: below the floor is crit, below the peers' median by
     more than max(k x MAD, pct x median) is a straggler (warn).
@@ -308,13 +308,13 @@ def judge_nodes(
             if "error" in section:
                 v = Verdict(host, "", part, "unknown", None, f"{part} did not run: {section['error']}")
                 nv.verdicts.append(v)
-                nv.status = _worse(nv.status, v.status)
+                nv.status = worse(nv.status, v.status)
         for metric, label, stat in _pair_entries(doc):
             floor = floors.metric(metric) if floors is not None and metric == "p2p_gbps" else None
             v = _node_value(host, label, metric, stat, floor, floors, pair_peers.get((model, metric), NO_PEERS),
                             k, pct, max_spread)
             nv.verdicts.append(v)
-            nv.status = _worse(nv.status, v.status)
+            nv.status = worse(nv.status, v.status)
         ar = node.get("allreduce") or {}
         ar_stat = ar.get("allreduce_busbw_gbps")
         if isinstance(ar_stat, Mapping):
@@ -327,7 +327,7 @@ def judge_nodes(
                             ar_stat, fl.busbw_gbps if fl else None, floors, ar_peers.get((model, shape), NO_PEERS),
                             k, pct, max_spread)
             nv.verdicts.append(v)
-            nv.status = _worse(nv.status, v.status)
+            nv.status = worse(nv.status, v.status)
         out.append(nv)
     return out
 
@@ -341,11 +341,11 @@ def _node_value(host: str, label: str, metric: str, stat: Mapping[str, Any], flo
     if not steady(stat, max_spread):
         spread = (float(stat["max"]) - float(stat["min"])) / med if med > 0 else float("inf")
         return Verdict(host, label, metric, "unknown", med, f"no steady state: spread {spread:.0%} > {max_spread:.0%}")
-    return _against(host, label, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
+    return against(host, label, metric, stat, floor, floors.model if floors is not None else "model", peers, k, pct)
 
 
 def overall(verdicts: Sequence[GpuVerdict | NodeVerdict]) -> str:
     status = "ok"
     for gv in verdicts:
-        status = _worse(status, gv.status)
+        status = worse(status, gv.status)
     return status

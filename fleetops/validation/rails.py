@@ -20,7 +20,7 @@ from typing import Any
 from fleetops import codec, model
 from fleetops.checks import fabric as fabric_checks
 from fleetops.validation import floors as floors_mod
-from fleetops.validation.judge import STRAGGLER_K, STRAGGLER_PCT, Peers, _against, _worse
+from fleetops.validation.judge import STRAGGLER_K, STRAGGLER_PCT, Peers, against, worse
 
 METRIC = floors_mod.IB_WRITE_BW
 CABLE_ACTION = ("inspect rail {rail} between {a} and {b}: its cables and transceivers at both nodes and the "
@@ -217,7 +217,7 @@ def judge_pairs(
                 value = float(entry["gbps"])
                 stat = {"median": value, "min": value, "max": value}
                 model_name = fl.model if fl is not None else "rail"
-                jv = _against(a, rail, METRIC, stat, floor, f"{model_name} {rate:g} Gb/s rail" if rate else model_name,
+                jv = against(a, rail, METRIC, stat, floor, f"{model_name} {rate:g} Gb/s rail" if rate else model_name,
                               peers.get((rate, _memory(entry)), Peers()), k, pct)
                 action = None
                 if jv.status != "ok":
@@ -226,9 +226,9 @@ def judge_pairs(
                 v = RailVerdict(a, b, rail, jv.status, value, floor, memory,
                                 f"{jv.reason} ({memory} memory)" if jv.reason else "", action)
             pv.rails.append(v)
-            pv.status = _worse(pv.status, v.status)
+            pv.status = worse(pv.status, v.status)
         if r.get("error"):
-            pv.status = _worse(pv.status, "unknown")
+            pv.status = worse(pv.status, "unknown")
             pv.notes.append(str(r["error"]))
         out.append(pv)
     return out
