@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.delenv("FLEETOPS_JOBS_DIR", raising=False)
     jobs = os.path.join(sim.run_dir(path), "jobs")
     gpus = tuple(record.JobGpu(uuid=state["gpus"][i]["uuid"], index=i, minor=i) for i in (2, 3))
-    record.write(jobs, record.JobRecord(job_id="1234", uid=1000, user="alice", started_at=1796578000.0, ended_at=None,
+    record.write(jobs, record.JobRecord(job_id="1234", uid=1000, user="alice", started_at=time.time() - 600, ended_at=None,
                                         cgroup=None, cpus=8, gpus=gpus, source="test"))
     return path
 
