@@ -72,16 +72,21 @@ def _host_matches(spec: str, hostname: str | None) -> bool:
     return short in names or hostname in names
 
 
+def _lines(path: str, what: str) -> list[str]:
+    """The file's lines; ``GresError`` naming it (``what`` it is, when it is missing)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+    except FileNotFoundError:
+        raise GresError(f"{path}: no such file ({what})") from None
+    except OSError as exc:
+        raise GresError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
 def parse(path: str, hostname: str | None = None) -> GresConf:
     """The GPU devices of ``path`` in order (lines for other nodes, by ``NodeName=``, skipped
     when ``hostname`` is given); ``GresError`` naming the file and line."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
-        raise GresError(f"{path}: no such file (Slurm's gres.conf: give its path with --gres-conf)") from None
-    except OSError as exc:
-        raise GresError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    lines = _lines(path, "Slurm's gres.conf: give its path with --gres-conf")
     devices: list[GresDevice] = []
     autodetect: str | None = None
     for number, raw in enumerate(lines, 1):
@@ -137,13 +142,7 @@ def parse_mig_minors(path: str) -> dict[int, tuple[int, int, int | None]]:
     """``/proc/driver/nvidia-caps/mig-minors``: cap minor -> (GPU minor, GPU instance id,
     compute instance id or None for the GPU instance's own ``access``). Lines like
     ``gpu0/gi1/access 12`` and ``gpu0/gi1/ci0/access 13``; ``config`` and ``monitor`` skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
-        raise GresError(f"{path}: no such file (the driver's MIG minors table; give it with --mig-minors)") from None
-    except OSError as exc:
-        raise GresError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    lines = _lines(path, "the driver's MIG minors table; give it with --mig-minors")
     out: dict[int, tuple[int, int, int | None]] = {}
     for number, line in enumerate(lines, 1):
         words = line.split()

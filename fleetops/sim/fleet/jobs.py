@@ -112,14 +112,7 @@ def start(directory: str, node: str | int, job_id: str, gpus: str | None = None,
         raise SimFleetError("--seed seeds a workload: give --profile too")
     if profile is not None and cpus is None:
         cpus = DEFAULT_PROFILE_CPUS
-    fleet = read_fleet(directory)
-    assert fleet is not None
-    name = resolve_node(fleet, node)
-    state = fleet["nodes"][name]["state"]
-    try:
-        job_id = record.check_job_id(job_id)
-    except record.JobRecordError as exc:
-        raise SimFleetError(str(exc)) from None
+    fleet, name, state, job_id = _node_and_job(directory, node, job_id)
     devices = sim.write_slurm_files(state)
     ids = [p.strip() for p in (gpus or "").split(",") if p.strip()]
     ids += [str(i) for i in _mig_ids(devices, mig or [])]
@@ -142,16 +135,21 @@ def start(directory: str, node: str | int, job_id: str, gpus: str | None = None,
     return {"node": name, "path": path, "job": rec.to_dict(), "prolog_stderr": result.stderr, "profile": profile}
 
 
-def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid: int = 1000) -> dict[str, Any]:
-    """End job ``job_id`` on ``node``: the epilog over SSH, then its cgroup removed."""
+def _node_and_job(directory: str, node: str | int, job_id: str) -> tuple[dict[str, Any], str, str, str]:
+    """(the fleet record, the node's name, its state file, the job id as recorded), or
+    SimFleetError naming what is refused."""
     fleet = read_fleet(directory)
     assert fleet is not None
     name = resolve_node(fleet, node)
-    state = fleet["nodes"][name]["state"]
     try:
-        job_id = record.check_job_id(job_id)
+        return fleet, name, fleet["nodes"][name]["state"], record.check_job_id(job_id)
     except record.JobRecordError as exc:
         raise SimFleetError(str(exc)) from None
+
+
+def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid: int = 1000) -> dict[str, Any]:
+    """End job ``job_id`` on ``node``: the epilog over SSH, then its cgroup removed."""
+    fleet, name, state, job_id = _node_and_job(directory, node, job_id)
     with sim.locked_state(state) as st:  # the job's processes end before slurmd runs the epilog
         now = time.time()
         for g in sim.job_gpus(st, job_id):
