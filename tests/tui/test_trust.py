@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from textual import events
+from textual.widgets import Static
 
 from fleetops.tui import data, liveness, simfeed
 from fleetops.tui.actions import snapshot_time
 from fleetops.tui.app import FleetApp
 from fleetops.tui.screens.drain import DrainScreen
-from fleetops.tui.screens.node import NodeScreen
+from fleetops.tui.screens.node import NodeScreen, fabric_text
 from fleetops.tui.widgets.summary import summary_text
 
 from .conftest import NAMES, FakeSource, drive, fed_entries, screen_lines, wait_for
@@ -225,3 +226,36 @@ def test_probe_lead_leaves_room_for_the_probe_and_never_probes_a_stream_between_
     assert liveness.probe_lead_s(liveness.STALE_AFTER_S) == liveness.PROBE_TIMEOUT_S
     assert liveness.probe_lead_s(4.0) == 2.0
     assert liveness.STALE_AFTER_S - liveness.probe_lead_s(liveness.STALE_AFTER_S) > 10.0  # the daemon's full interval
+
+
+# --- a node screen whose panes mount late ---------------------------------------------------------
+
+
+class LateNotesScreen(NodeScreen):
+    """The node screen with the fabric notes mounted a moment after the screen's own Mount, as a
+    loaded machine delivers them: the deepest pane's content is mounted by the pane, later."""
+
+    def compose(self) -> Any:
+        for widget in super().compose():
+            if widget.id != "node-fabric-text":
+                yield widget
+
+    def on_mount(self) -> None:
+        self.set_timer(0.3, lambda: self.query_one("#node-fabric-notes").mount(Static(id="node-fabric-text")))
+        super().on_mount()
+
+
+def test_node_screen_waits_for_its_panes_before_it_fills_them() -> None:
+    """Before the fix the screen filled its panes in its Mount handler and died with NoMatches
+    when the fabric notes were not mounted yet (seen once in CI under three workers)."""
+    app = FleetApp(FakeSource(NAMES), names=NAMES, clock=lambda: simfeed.T0 + 5, tick_s=0)
+
+    async def body(pilot: Any) -> None:
+        screen = LateNotesScreen("node003")
+        app.push_screen(screen)
+        await wait_for(pilot, lambda: screen.ready, 30, "the node screen's panes")
+        notes = screen.query_one("#node-fabric-text", Static)
+        assert str(notes.render()) == str(fabric_text(app.state.entries["node003"]))
+        assert screen.query_one("#node-gpus").border_title == " node003: GPUs "
+
+    drive(app, body, fed_entries())

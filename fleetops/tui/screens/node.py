@@ -357,7 +357,18 @@ class NodeScreen(GatedScreen):
         yield note_widget()
         yield Footer()
 
+    # what refresh_data writes to: the tab panes' contents are mounted by the panes themselves, and
+    # under load the screen's Mount can come before the deepest of them is in the DOM
+    FILLED = ("#node-findings", "#node-gpu-detail", "#node-xids", "#node-history", "#node-charts",
+              "#node-fabric", "#node-fabric-text")
+
     def on_mount(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        if not all(self.query(selector) for selector in self.FILLED):
+            self.set_timer(0.05, self._start)  # again once the panes have mounted what they hold
+            return
         self.query_one("#node-gpus", FleetTable).border_title = f" {self.node}: GPUs "
         self.ready = True
         self.refresh_data(None)
@@ -405,7 +416,7 @@ class NodeScreen(GatedScreen):
             self.load_charts()
 
     def on_fleet_table_row_highlighted(self, event: FleetTable.RowHighlighted) -> None:
-        if event.table.id == "node-gpus":
+        if event.table.id == "node-gpus" and self.ready:
             self._show_gpu()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
