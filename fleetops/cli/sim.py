@@ -64,6 +64,9 @@ def register(sub: Any) -> None:
             j.add_argument("--profile", help="also run a simulated workload on the job's GPUs: steady, input-bound, "
                            "straggler, nvlink-unused or cpu-starved (stop ends it)")
             j.add_argument("--seed", type=int, help="the workload's seed (default: fixed by the job id)")
+            j.add_argument("--straggler-elsewhere", action="store_true",
+                           help="a straggler job on several nodes: its slow GPU is on another node, and this "
+                           "node's GPUs wait for it (start the slow GPU's node without this)")
     p.set_defaults(func=cmd_sim)
 
 

@@ -19,10 +19,12 @@ import json
 import sys
 from typing import Any
 
+from fleetops.catalog.durations import GRAMMAR, duration_arg
 from fleetops.common.errors import EXIT_OK, EXIT_UNKNOWN, EXIT_USAGE, EXIT_WARN, UsageError
 from fleetops.ops import frontend
 
 FORMATS = ("table", "json")
+COMMAND_TIMEOUT_S = 60.0  # one request per field per GPU: 8 GPUs x ~20 fields, milliseconds each
 
 
 def register(sub: Any) -> None:
@@ -35,6 +37,9 @@ def register(sub: Any) -> None:
     frontend.format_arg(p, FORMATS)
     p.add_argument("--plot", action="store_true", help="also plot each GPU's utilisation over the job (table format)")
     frontend.forks_arg(p)
+    p.add_argument("--timeout", type=duration_arg("--timeout"), default=COMMAND_TIMEOUT_S,
+                   help="how long each node's agent may take to answer; a node past it is one that could not be "
+                   f"asked (exit 3) ({GRAMMAR}; default {COMMAND_TIMEOUT_S:g})")
     frontend.ssh_args(p)
     p.set_defaults(func=frontend.guarded(cmd_job))
 
@@ -62,7 +67,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     def run(group: list[Any], argv: list[str]) -> dict[str, Any]:
         return transport.run_all(group, argv, forks=args.forks, connect_timeout=args.connect_timeout,
-                                 command_timeout=gather.COMMAND_TIMEOUT_S, known_hosts=args.known_hosts,
+                                 command_timeout=args.timeout, known_hosts=args.known_hosts,
                                  accept_new_hostkeys=args.accept_new_hostkeys, idempotent=True)
 
     got = gather.gather(hosts, job_id, run)

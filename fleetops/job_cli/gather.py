@@ -19,7 +19,6 @@ from fleetops.jobs import diagnose as dg
 SHOW_KIND = "fleetops.job-show/v1"
 ABSENT_KIND = "fleetops.job-absent/v1"
 EXIT_ABSENT = 3  # the agent's job show: no record of the job on the node
-COMMAND_TIMEOUT_S = 60.0  # one request per field per GPU: 8 GPUs x ~20 fields, milliseconds each
 
 
 @dataclass

@@ -41,6 +41,8 @@ JOBS = {
     "304": ("node002", "5", "input-bound"),
     "305": ("node003", "2,3", "cpu-starved"),
 }
+# a straggler job on two nodes: the slow GPU on node003 (the seed's choice), node004's GPUs wait for it
+MULTI_JOB = ("307", [("node003", "4,5,6,7", False), ("node004", "4,5,6,7", True)])
 XID_JOB = ("306", "node004", "0")  # a steady job whose GPU logs an XID just before it ends: xid_end
 CODES = {"steady": None, "straggler": "straggler", "nvlink-unused": "nvlink_unused", "input-bound": "input_bound",
          "cpu-starved": "cpu_starved"}
@@ -65,7 +67,7 @@ def job_json(info: dict[str, Any], job_id: str) -> tuple[int, dict[str, Any]]:
 def ready(info: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     """Every job's document once each has 120 s and 30 samples per GPU and per cgroup; else None."""
     docs = {}
-    for job_id in JOBS:
+    for job_id in [*JOBS, MULTI_JOB[0]]:
         _, doc = job_json(info, job_id)
         d = doc["diagnosis"]
         if d["seconds"] < 125 or any(g["samples"] < 35 for g in d["gpus"]) or any(c["samples"] < 35 for c in d["cpu"]):
@@ -86,6 +88,11 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[s
         for job_id, (node, gpus, profile) in JOBS.items():
             done = cli(info, "sim", "job", "start", "--dir", d, node, job_id, "--gpus", gpus, "--profile", profile,
                        "--seed", "7")
+            assert done.returncode == 0, done.stderr
+        job_id, parts = MULTI_JOB
+        for node, gpus, elsewhere in parts:
+            done = cli(info, "sim", "job", "start", "--dir", d, node, job_id, "--gpus", gpus, "--profile", "straggler",
+                       "--seed", "7", *(["--straggler-elsewhere"] if elsewhere else []))
             assert done.returncode == 0, done.stderr
         job_id, node, gpus = XID_JOB
         done = cli(info, "sim", "job", "start", "--dir", d, node, job_id, "--gpus", gpus, "--profile", "steady")
@@ -125,6 +132,53 @@ def test_each_job_gets_exactly_its_pathology_on_its_gpus(diagnosed: tuple[dict[s
     assert doc["nodes"]["with_job"] == [node]
     assert doc["nodes"]["absent"] == sorted({"node001", "node002", "node003", "node004"} - {node})
     assert doc["nodes"]["unreachable"] == {}
+
+
+def test_a_job_on_two_nodes_names_the_one_slow_gpu_the_others_wait_for(diagnosed: tuple[dict[str, Any], Any]) -> None:
+    """One job, eight GPUs on two nodes, the slow one on node003: the verdict names that GPU alone,
+    and node004's GPUs, slowed only by waiting, get none."""
+    info, _ = diagnosed
+    job_id, parts = MULTI_JOB
+    state = sim.read_state(info["nodes"]["node003"]["state"])
+    slow = sim.straggler_uuid(state, job_id)
+    [slow_index] = [int(g["index"]) for g in state["gpus"] if g["uuid"] == slow]
+    assert slow_index in (4, 5, 6, 7)
+    assert sim.straggler_uuid(sim.read_state(info["nodes"]["node004"]["state"]), job_id) is None
+    code, doc = job_json(info, job_id)
+    assert verdicts(doc) == {("straggler", "node003", (slow_index,))}
+    assert code == 1
+    assert doc["job"]["nodes"] == ["node003", "node004"]
+    assert sorted((g["node"], g["index"]) for g in doc["diagnosis"]["gpus"]) == [
+        (node, int(i)) for node, gpus, _ in parts for i in gpus.split(",")]
+    assert doc["nodes"]["with_job"] == ["node003", "node004"]
+
+
+def test_a_node_whose_agent_answers_past_the_timeout_could_not_be_asked(
+    diagnosed: tuple[dict[str, Any], Any], tmp_path: Path
+) -> None:
+    """node002's agent (job 303's only node) hangs: with --timeout 3 the command comes back saying
+    which node it could not ask and why, exit 3, instead of waiting on it."""
+    import time
+
+    import yaml
+
+    info, _ = diagnosed
+    slow = tmp_path / "slow-agent"
+    slow.write_text("#!/bin/sh\nsleep 120\nexec fleetops-agent \"$@\"\n")
+    slow.chmod(0o755)
+    with open(info["inventory"]) as fh:
+        inventory = yaml.safe_load(fh)
+    inventory["all"]["children"]["sim"]["hosts"]["node002"]["fleetops_agent_path"] = str(slow)
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    began = time.monotonic()
+    done = cli(info, "job", "303", "-i", str(path), "--timeout", "3")
+    assert time.monotonic() - began < 60  # cut off at its timeout, not after the agent's 120 s
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("fleetops: job 303 is on none of the nodes that answered; 1 of 4 nodes could not "
+                                  "be asked: node002: ")
+    assert "timeout" in done.stderr
 
 
 def test_the_json_document_is_fleetops_job_v1_with_everything(diagnosed: tuple[dict[str, Any], Any]) -> None:

@@ -282,3 +282,12 @@ def test_prolog_and_epilog_exit_0_when_the_agent_fails_unless_strict(tmp_path: P
     strict = subprocess.run(["/bin/sh", str(script)], env={**env, "FLEETOPS_JOBS_STRICT": "1"}, capture_output=True,
                             text=True, timeout=30, check=False)
     assert strict.returncode == 1
+
+
+@pytest.mark.parametrize("profile", [None, "steady", "input-bound"])
+def test_sim_job_start_refuses_a_straggler_elsewhere_without_a_straggler_job(tmp_path: Path, profile: str | None) -> None:
+    from fleetops.sim.fleet import jobs as sim_jobs
+    from fleetops.sim.fleet.base import SimFleetError
+
+    with pytest.raises(SimFleetError, match="--straggler-elsewhere .* give --profile straggler"):
+        sim_jobs.start(str(tmp_path), "node001", "42", "0", profile=profile, straggler_elsewhere=True)

@@ -100,14 +100,19 @@ DEFAULT_PROFILE_CPUS = 16  # a profiled job's CPUs when --cpus is not given (the
 
 def start(directory: str, node: str | int, job_id: str, gpus: str | None = None, user: str = "alice",
           uid: int = 1000, mig: list[str] | None = None, cpus: int | None = None,
-          profile: str | None = None, seed: int | None = None) -> dict[str, Any]:
+          profile: str | None = None, seed: int | None = None, straggler_elsewhere: bool = False) -> dict[str, Any]:
     """Start job ``job_id`` on ``node`` with gres ids ``gpus`` (``0,3``: SLURM_JOB_GPUS, which
     index the node's gres.conf) and/or MIG devices ``mig`` (``INDEX:GI``); returns its record.
     ``profile`` (with ``seed``, default fixed by the job id) runs that simulated workload on the
     job's GPUs; without ``cpus`` the job then gets DEFAULT_PROFILE_CPUS, in its cgroup's cpuset
-    and its record, so the record's CPUs and the workload's are the same number."""
+    and its record, so the record's CPUs and the workload's are the same number.
+    ``straggler_elsewhere`` (a ``straggler`` job on several nodes): the slow GPU is on another
+    node, and every GPU of the job here waits for it; the node that has it is started without."""
     if profile is not None and profile not in sim.PROFILES:
         raise SimFleetError(f"--profile {profile!r}: known profiles: {', '.join(sim.PROFILES)}")
+    if straggler_elsewhere and profile != "straggler":
+        raise SimFleetError("--straggler-elsewhere places a straggler job's slow GPU on another node: give "
+                            "--profile straggler")
     if seed is not None and profile is None:
         raise SimFleetError("--seed seeds a workload: give --profile too")
     if profile is not None and cpus is None:
@@ -131,7 +136,8 @@ def start(directory: str, node: str | int, job_id: str, gpus: str | None = None,
     if profile is not None:
         with sim.locked_state(state) as st:
             sim.set_job_workload(st, [g.uuid for g in rec.gpus], profile, job_id, time.time(), seed=seed,
-                                 cpus=rec.cpus or cpus, cgroup=rec.cgroup)
+                                 cpus=rec.cpus or cpus, cgroup=rec.cgroup,
+                                 straggler="elsewhere" if straggler_elsewhere else None)
     return {"node": name, "path": path, "job": rec.to_dict(), "prolog_stderr": result.stderr, "profile": profile}
 
 
@@ -171,7 +177,7 @@ def main(args: Any) -> int:
     """``fleetops sim job``'s front end (its options are cli.py's)."""
     if args.job_command == "start":
         doc = start(args.dir, args.node, args.job_id, args.gpus, args.user, args.uid, args.mig, args.cpus,
-                    args.profile, args.seed)
+                    args.profile, args.seed, args.straggler_elsewhere)
     else:
         doc = stop(args.dir, args.node, args.job_id, args.user, args.uid)
     print(json.dumps(doc["job"], indent=2))
