@@ -73,6 +73,40 @@ def test_a_job_that_ended_no_longer_refuses(state):
     assert pre(doc, "slurm_jobs")["detail"] == "no running job on the GPU (1 ended)"
 
 
+def test_an_open_record_whose_cgroup_is_gone_still_refuses_and_says_how_to_close_it(state):
+    """slurmd removed the job's cgroup but the epilog never closed the record: the job may have
+    ended, or be between two steps without PrologFlags=Contain. The reset still refuses (resetting
+    under a live job is the worse mistake), says the cgroup is gone, and names the two commands
+    that settle it; once the record is closed the reset goes ahead."""
+    cg = sim.make_job_cgroup(str(state), "1234")
+    started = job(state, "start", "1234", "--uid", "1000", "--user", "alice", "--gpus", uuid_of(state, 3))
+    assert started["job"]["cgroup"] == cg
+    sim.remove_job_cgroup(str(state), "1234")
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3))
+    assert proc.returncode == 1
+    jobs = pre(doc, "slurm_jobs")
+    assert jobs["status"] == "failed"
+    assert jobs["detail"] == (f"1 running job(s) on the GPU: job 1234 (user alice; its cgroup {cg} is gone: ended "
+                              "without its epilog?) (no process on the GPU now: between job steps, the next step "
+                              "would fail)")
+    assert jobs["remedy"].endswith("; if `scontrol show job 1234` says job 1234 has ended, close its record with "
+                                   "`fleetops-agent job end --job-id 1234`")
+    assert [j["cgroup_gone"] for j in jobs["jobs"]] == [cg]
+    job(state, "end", "1234")
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3))
+    assert proc.returncode == 0, doc
+    assert pre(doc, "slurm_jobs")["detail"] == "no running job on the GPU (1 ended)"
+
+
+def test_a_running_job_with_its_cgroup_is_not_called_gone(state):
+    sim.make_job_cgroup(str(state), "1234")
+    job(state, "start", "1234", "--uid", "1000", "--user", "alice", "--gpus", uuid_of(state, 3))
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3))
+    jobs = pre(doc, "slurm_jobs")
+    assert "gone" not in jobs["detail"] and "scontrol" not in jobs["remedy"]
+    assert "cgroup_gone" not in jobs["jobs"][0]
+
+
 def test_kill_processes_resets_under_a_job_between_steps(state):
     job(state, "start", "1240", "--uid", "1001", "--user", "bob", "--gpus", uuid_of(state, 3))
     proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--kill-processes", "--expect-pids", "")

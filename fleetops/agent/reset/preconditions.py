@@ -304,10 +304,17 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
                      "make sure no job uses the GPU (drain it), or rerun with --kill-processes", {"jobs_dir": where})
     on = [r for r in records if any(g.uuid == gpu.uuid for g in r.gpus)]
     running = [r for r in on if r.ended_at is None]
+    # a record still open whose cgroup slurmd has removed: the job may have ended without its epilog
+    # (slurmd killed it, or it failed). Only a hint: without PrologFlags=Contain a job has no cgroup
+    # between two steps, so the reset still refuses; the operator asks Slurm and closes the record.
+    gone = {r.job_id for r in running if r.cgroup and not os.path.isdir(r.cgroup)}
     listed = [{"job_id": r.job_id, "user": r.user, "uid": r.uid, "started_at": r.started_at,
-               "mig": sorted(g.mig_uuid for g in r.gpus if g.uuid == gpu.uuid and g.mig_uuid)} for r in running]
+               "mig": sorted(g.mig_uuid for g in r.gpus if g.uuid == gpu.uuid and g.mig_uuid),
+               **({"cgroup_gone": r.cgroup} if r.job_id in gone else {})} for r in running]
     data: dict[str, Any] = {"jobs": listed, "jobs_dir": where}
-    names = ", ".join(f"job {r.job_id} ({_owner(r)})" for r in running)
+    names = ", ".join(f"job {r.job_id} ({_owner(r)}"
+                      + (f"; its cgroup {r.cgroup} is gone: ended without its epilog?" if r.job_id in gone else "")
+                      + ")" for r in running)
     if errors:
         data["record_errors"] = list(errors)
         if not kill:
@@ -327,7 +334,9 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
         "failed",
         f"{len(running)} running job(s) on the GPU: {names}" + (
             "" if gpu.processes else " (no process on the GPU now: between job steps, the next step would fail)"),
-        "drain the GPU's jobs first (let them end, or scancel them), or rerun with --kill-processes to reset under them",
+        "drain the GPU's jobs first (let them end, or scancel them), or rerun with --kill-processes to reset under them"
+        + "".join(f"; if `scontrol show job {j}` says job {j} has ended, close its record with "
+                  f"`fleetops-agent job end --job-id {j}`" for j in sorted(gone, key=int)),
         data,
     )
 
