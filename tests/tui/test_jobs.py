@@ -434,6 +434,24 @@ def test_a_slash_filter_takes_the_letter_j_as_text() -> None:
     drive(app, body, ENTRIES)
 
 
+def test_a_slash_filter_finds_the_nodes_of_a_running_job_and_of_a_user() -> None:
+    """``/job 1234`` keeps the nodes running job 1234, ``/bob`` those of bob's jobs; an ended job
+    (1199 on node004) is not on a node any more, so it finds nothing."""
+    app = fed_app()
+
+    async def body(pilot: Any) -> None:
+        await pilot.press("slash", *"job 1234", "enter")
+        assert app.screen.table().keys == ["node001", "node005"]
+        await pilot.press("slash", *["backspace"] * 8, *"bob", "enter")
+        assert app.state.filter.text == "bob"
+        assert app.screen.table().keys == ["node005"]
+        await pilot.press("slash", *["backspace"] * 3, *"job 1199", "enter")
+        assert app.state.filter.text == "job 1199"
+        assert app.screen.table().keys == []
+
+    drive(app, body, ENTRIES)
+
+
 def test_a_node_running_many_jobs_lists_the_first_twelve_in_the_drain_dialog() -> None:
     node = BY_NAME["node001"].snapshot
     assert node is not None

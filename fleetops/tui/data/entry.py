@@ -322,7 +322,7 @@ def summarize(
             )
         )  # fmt: skip
     worst_f = next((f for f in found if f.severity not in ("ok", "info")), None)
-    hay = _haystack(name, found)
+    hay = _haystack(name, found, snapshot)
     bad_since = None
     if health in FAULT_SEVERITIES:
         kept = previous.bad_since if previous is not None and previous.bad is not False else None
@@ -407,9 +407,11 @@ def _escalations(findings: Iterable[model.Finding]) -> dict[tuple[str, int], str
     return out
 
 
-def _haystack(name: str, findings: Iterable[model.Finding]) -> str:
-    """What the ``/`` filter searches for a node: its name and every finding's check and message."""
-    return " ".join([name, *(f"{f.check} {f.message}" for f in findings)]).lower()
+def _haystack(name: str, findings: Iterable[model.Finding], snapshot: model.Node | None = None) -> str:
+    """What the ``/`` filter searches for a node: its name, every finding's check and message, and
+    the jobs running on it (``job 1234 alice``: ``/job 1234`` finds its nodes, ``/alice`` a user's)."""
+    jobs = [f"job {j.job_id} {j.user or ''}".rstrip() for j in jobs_data.running(snapshot) or []]
+    return " ".join([name, *(f"{f.check} {f.message}" for f in findings), *jobs]).lower()
 
 
 def with_fleet_findings(entry: NodeEntry, fleet: tuple[model.Finding, ...]) -> NodeEntry:
@@ -418,7 +420,7 @@ def with_fleet_findings(entry: NodeEntry, fleet: tuple[model.Finding, ...]) -> N
     own = [f for f in entry.findings if not any(f is g for g in entry.fleet_findings)]
     found = tuple(sorted((*own, *fleet), key=_finding_sort))
     health = model.worst(f.severity for f in found)
-    hay = _haystack(entry.name, (*found, *((entry.problem,) if entry.problem else ())))
+    hay = _haystack(entry.name, (*found, *((entry.problem,) if entry.problem else ())), entry.snapshot)
     if entry.status != STATUS_OK:
         since = entry.bad_since  # bad for its missing answer, whatever its findings say
     elif health in FAULT_SEVERITIES:
@@ -437,7 +439,7 @@ def mark_failed(name: str, status: str, problem: model.Finding, previous: NodeEn
     base = previous or pending_entry(name)
     # built afresh from the kept findings and this problem: a node marked again and again (a
     # host down for a day, retried every backoff) must not grow its search text each time
-    hay = _haystack(name, (*base.findings, problem))
+    hay = _haystack(name, (*base.findings, problem), base.snapshot)
     # a bad period goes on (the screen dates one that starts here: ``bad_since_shown``)
     since = base.bad_since if base.bad is not False else None
     entry = replace(

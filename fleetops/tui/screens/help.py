@@ -19,7 +19,8 @@ from fleetops.tui.widgets import charts
 
 KEYS = (
     (":", "switch view (nodes, gpus, findings, xids; prefixes work; :q quits); 1-4 also switch"),
-    ("/", "filter: regex over node names and findings text, !regex inverts; Enter applies"),
+    ("/", "filter: regex over node names, findings text and running jobs (job 1234, a user), !regex inverts; "
+          "Enter applies"),
     ("Esc", "clear the filter and the job filter / close the prompt / back from a node"),
     ("j", "job filter: a Slurm job id (prefilled with the job under the cursor); the fleet shows that job's "
           "nodes, the GPUs view exactly its GPUs side by side, a line names the job; Esc clears"),
