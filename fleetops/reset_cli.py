@@ -74,7 +74,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
     result = ops_reset.run(host, gpu, runner, dry_run=args.dry_run, kill_pids=kill, timeout_s=frontend.action_timeout(args),
                            planned_backend=view.backend, inventory=path,
                            # a job between steps (or jobs not known here): the agent reads its records
-                           under_jobs=bool(args.kill_processes) and view.jobs != ())
+                           under_jobs=bool(args.kill_processes) and view.jobs != (),
+                           # exactly the jobs shown: one started since refuses the reset
+                           expect_jobs=None if view.jobs is None else [j.job_id for j in view.jobs])
     if result.detail.get("backend_mismatch"):  # the report is not the planned GPU's: say so, not it
         sys.stderr.write(f"fleetops: {result.message}\n")
         if result.check:

@@ -160,6 +160,12 @@ def build_parser() -> Any:
         help="the processes the operator confirmed may be ended; refused when the GPU runs any other "
         "or one of them is gone ('' confirms none)",
     )
+    p.add_argument(
+        "--expect-jobs",
+        metavar="JOBID[,JOBID]",
+        help="with --kill-processes: the Slurm jobs the operator confirmed may lose the GPU; refused when "
+        "another job's record holds it ('' confirms none)",
+    )
     p.add_argument("--grace", type=duration_arg("--grace", allow_zero=True), default=None,
                    help=f"time between SIGTERM and SIGKILL ({GRAMMAR}; default 10)")
     p.add_argument("--timeout", type=duration_arg("--timeout", allow_zero=True), default=None,

@@ -152,6 +152,7 @@ def command(
     kill_pids: Sequence[int] | None = None,
     backend: str | None = None,
     under_jobs: bool = False,
+    expect_jobs: Sequence[str] | None = None,
 ) -> list[str]:
     """The agent's argv. ``kill_pids``: the processes the operator agreed to end; empty or None
     means none, and then ``--kill-processes`` is not passed, unless ``under_jobs``: the operator
@@ -159,7 +160,9 @@ def command(
     (between job steps): ``--expect-pids ''`` then confirms none, so a process that appeared
     meanwhile still refuses the reset. ``backend``: the planning
     snapshot's, passed as ``--backend`` unless the host's argv names one already (a simulated
-    node's), so the agent cannot pick another one for the action."""
+    node's), so the agent cannot pick another one for the action. ``expect_jobs``: the Slurm jobs
+    the operator was shown on the GPU (None: not known here), passed with ``--kill-processes`` as
+    ``--expect-jobs`` so a job that started since then refuses the reset instead of losing its GPU."""
     target = gpu.uuid or gpu.bus_id or gpu.selector.text
     argv = ["reset", "--gpu", target]
     if gpu.uuid and gpu.bus_id:
@@ -170,6 +173,8 @@ def command(
     pids = sorted({int(p) for p in kill_pids or ()})
     if pids or under_jobs:
         argv += ["--kill-processes", "--expect-pids", ",".join(str(p) for p in pids)]
+        if expect_jobs is not None:
+            argv += ["--expect-jobs", ",".join(sorted(set(expect_jobs), key=int))]
     full = agent_argv(host, *argv)
     if backend in PINNED_BACKENDS and "--backend" not in full:
         full += ["--backend", str(backend)]
@@ -214,12 +219,14 @@ def run(
     planned_backend: str | None = None,
     inventory: str | None = None,
     under_jobs: bool = False,
+    expect_jobs: Sequence[str] | None = None,
 ) -> results.ActionResult:
-    """Send the reset once and say what came of it. ``under_jobs``: see ``command``. ``planned_backend``: the backend of the
+    """Send the reset once and say what came of it. ``under_jobs``, ``expect_jobs``: see ``command``. ``planned_backend``: the backend of the
     snapshot the reset was planned on (``Preview.backend``, the TUI's snapshot): pinned in the
     command, and an answer from another backend is not taken (see the module's docstring).
     ``inventory``: the one the host came from, for the pasteable ``check`` command."""
-    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend, under_jobs=under_jobs)
+    argv = command(host, gpu, dry_run=dry_run, kill_pids=kill_pids, backend=planned_backend, under_jobs=under_jobs,
+                   expect_jobs=expect_jobs)
     wait = float(timeout_s) if timeout_s is not None else command_timeout_s()
     result = runner(argv, wait)
     return outcome(host, gpu, argv, result, wait, planned_backend, inventory)

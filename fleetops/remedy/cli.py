@@ -250,7 +250,8 @@ def _reset_one(
             kill = sorted(allowed & set(view.pids))
         out["processes"] = [p for p in out["processes"] if p["pid"] in kill] if kill else []
     res = ops_reset.run(host, gpu, runner, dry_run=dry_run, kill_pids=kill, timeout_s=frontend.action_timeout(args),
-                        planned_backend=view.backend, inventory=args.inventory)
+                        planned_backend=view.backend, inventory=args.inventory,
+                        expect_jobs=None if view.jobs is None else [j.job_id for j in view.jobs])
     doc = res.detail.get("report")
     out.update(outcome=res.outcome, check=res.check)
     if res.detail.get("backend_mismatch"):  # the agent's report is not about the planned GPU

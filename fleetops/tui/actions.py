@@ -124,7 +124,8 @@ class ActionHandlers(ActionGates):
         def answered(yes: bool | None) -> None:
             if yes:
                 self.notify(f"resetting {uuid} on {name} ...", timeout=3)
-                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id, shown), gpu=uuid)
+                self._action(name, "reset", lambda: self.source.reset_gpu(name, uuid, bus_id, shown, question.jobs),
+                             gpu=uuid)
             else:
                 self.notify(f"reset of {uuid} on {name} cancelled", timeout=3)
 

@@ -279,12 +279,14 @@ class SshSource:
             return self.pool.run_one(name, command, timeout=timeout_s)
 
     def reset_gpu(
-        self, name: str, uuid: str, bus_id: str | None = None, pids: Sequence[int] | None = None
+        self, name: str, uuid: str, bus_id: str | None = None, pids: Sequence[int] | None = None,
+        jobs: Sequence[str] | None = None,
     ) -> ops_results.ActionResult:
         """Reset one GPU through ``fleetops.ops.reset``, as ``fleetops reset`` does: the agent
         checks every precondition, ends exactly ``pids`` (the processes the dialog showed; none
         shown: none ended, and a busy GPU is refused), resets, verifies. ``bus_id`` makes it
-        refuse if the UUID has moved since the screen saw it."""
+        refuse if the UUID has moved since the screen saw it. ``jobs``: the Slurm jobs the dialog
+        named on the GPU; with processes to end, a job not among them refuses the reset."""
         from fleetops.common import selectors
         from fleetops.ops import reset as ops_reset
 
@@ -299,6 +301,7 @@ class SshSource:
             kill_pids=list(pids or ()),
             timeout_s=ops_reset.command_timeout_s(),
             planned_backend=planned,
+            expect_jobs=jobs,
         )
         report = result.detail.get("report")
         if report is not None:

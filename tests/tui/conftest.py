@@ -35,6 +35,7 @@ class FakeSource:
     def __init__(self, names: list[str]) -> None:
         self.names = list(names)
         self.resets: list[tuple[str, str, str | None, tuple[int, ...]]] = []
+        self.reset_jobs: list[tuple[str, ...] | None] = []  # the jobs each reset was confirmed under
         self.drains: list[str] = []
         self.collects: list[tuple[str, bool]] = []  # (node, after an action)
         self.entries: dict[str, data.NodeEntry] = {}
@@ -47,8 +48,9 @@ class FakeSource:
         self.collects.append((name, after_action))
         return self.entries.get(name) or data.pending_entry(name)
 
-    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None, pids: Any = ()) -> ActionResult:
+    def reset_gpu(self, name: str, uuid: str, bus_id: str | None = None, pids: Any = (), jobs: Any = None) -> ActionResult:
         self.resets.append((name, uuid, bus_id, tuple(pids or ())))
+        self.reset_jobs.append(None if jobs is None else tuple(jobs))
         return ActionResult(True, f"{name}: reset {uuid}")
 
     def slurm_refusal(self, name: str, verb: str) -> str | None:

@@ -274,6 +274,29 @@ def test_the_reset_dialog_lists_the_jobs_on_the_gpu() -> None:
     drive(app, body, ENTRIES)
 
 
+def test_a_confirmed_reset_carries_exactly_the_jobs_the_dialog_named() -> None:
+    """The jobs the dialog named go with the reset (as --expect-jobs), so a job started since
+    refuses it on the node; a node without job records sends None (nothing to confirm)."""
+    source = FakeSource(NAMES)
+    app = fed_app(source=source)
+
+    async def reset(pilot: Any, node: str, uuid: str) -> None:
+        app.screen.table().select_key(f"{node}:{uuid}")
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("tab", "enter")  # No has the focus: Tab to Yes
+        await wait_for(pilot, lambda: len(source.resets) == len(source.reset_jobs) and source.resets
+                       and source.resets[-1][:2] == (node, uuid), 30, f"the reset of {node}")
+
+    async def body(pilot: Any) -> None:
+        await pilot.press("2")
+        await reset(pilot, "node006", uuid_of("node006", 4))
+        await reset(pilot, "node004", uuid_of("node004", 0))
+        assert source.reset_jobs == [("1300", "1301"), ()]
+
+    drive(app, body, ENTRIES)
+
+
 def test_the_reset_dialog_of_a_fleet_without_job_records_reads_as_before() -> None:
     app = fed_app()
 

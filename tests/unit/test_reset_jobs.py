@@ -145,6 +145,47 @@ def test_the_preview_lists_the_gpus_running_jobs_and_the_command_resets_under_th
     under = ops_reset.command(host, gpu, kill_pids=[], under_jobs=True)
     at = under.index("--kill-processes")
     assert under[at: at + 3] == ["--kill-processes", "--expect-pids", ""]
+    assert "--expect-jobs" not in under  # the jobs were not known here: the agent reads its records
+    shown = ops_reset.command(host, gpu, kill_pids=[4242], expect_jobs=["1240", "1234"])
+    at = shown.index("--kill-processes")
+    assert shown[at: at + 5] == ["--kill-processes", "--expect-pids", "4242", "--expect-jobs", "1234,1240"]
+    assert "--expect-jobs" not in ops_reset.command(host, gpu, kill_pids=[], expect_jobs=["1234"])  # nothing killed
+
+
+def test_a_job_nobody_confirmed_refuses_a_reset_under_jobs(state):
+    """--expect-jobs names the jobs the operator saw: a job started on the GPU since then refuses
+    the reset, --kill-processes or not, and nothing changes; with it confirmed the reset goes."""
+    job(state, "start", "1234", "--uid", "1000", "--user", "alice", "--gpus", uuid_of(state, 3))
+    job(state, "start", "1250", "--uid", "1003", "--user", "carol", "--gpus", uuid_of(state, 3))
+    before = state.read_bytes()
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--kill-processes", "--expect-pids", "",
+                          "--expect-jobs", "1234")
+    assert proc.returncode == 1
+    assert doc["result"] == "refused"
+    jobs = pre(doc, "slurm_jobs")
+    assert jobs["status"] == "failed"
+    assert jobs["detail"] == "job(s) nobody confirmed hold the GPU: job 1250 (user carol) (confirmed: 1234)"
+    assert jobs["remedy"].endswith("rerun with --expect-jobs 1234,1250")
+    assert doc["actions"] == []
+    assert state.read_bytes() == before
+    proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3), "--kill-processes", "--expect-pids", "",
+                          "--expect-jobs", "1250,1234")
+    assert proc.returncode == 0, doc
+    assert pre(doc, "slurm_jobs")["detail"] == ("2 running job(s) on the GPU lose it (--kill-processes): "
+                                                "job 1234 (user alice), job 1250 (user carol)")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--expect-jobs", "1234"], "--expect-jobs names the jobs --kill-processes may reset under: give both"),
+    (["--kill-processes", "--expect-pids", "", "--expect-jobs", "12x"], "--expect-jobs: "),
+])
+def test_expect_jobs_usage_errors_change_nothing(state, args, message):
+    job(state, "start", "1234", "--uid", "1000", "--user", "alice", "--gpus", uuid_of(state, 3))
+    before = state.read_bytes()
+    proc, _ = reset_doc(state, "--gpu", uuid_of(state, 3), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert state.read_bytes() == before
 
 
 def test_mig_reset_is_refused_while_a_job_holds_one_of_the_gpus_instances(state):

@@ -70,6 +70,7 @@ from fleetops.agent.reset.preconditions import (
     check_processes,
     check_row_remap,
     lock_check,
+    parse_jobs,
     pick_remedy,
     tolerated,
 )
@@ -96,6 +97,7 @@ class Options:
     dry_run: bool = False
     kill_processes: bool = False
     expect_pids: list[int] | None = None  # the processes the operator confirmed may be ended
+    expect_jobs: list[str] | None = None  # the Slurm jobs the operator confirmed may lose the GPU
     grace_s: float = DEFAULT_GRACE_S
     reset_timeout_s: float = RESET_TIMEOUT_S
     clients: list[str] | None = None
@@ -153,6 +155,8 @@ def check_usage(opts: Options) -> None:
         )
     if opts.expect_pids is not None and not opts.kill_processes:
         raise ResetError("--expect-pids names the processes --kill-processes may end: give both", "usage", 2)
+    if opts.expect_jobs is not None and not opts.kill_processes:
+        raise ResetError("--expect-jobs names the jobs --kill-processes may reset under: give both", "usage", 2)
     if opts.grace_s < 0 or opts.reset_timeout_s <= 0:
         raise ResetError("--grace must be >= 0 and --reset-timeout > 0", "usage", 2)
 
@@ -431,7 +435,7 @@ class _Attempt:
             check_nvlink_peers(node, gpu),
             check_fabric_manager(node, gpu),
             check_processes(gpu, opts.kill_processes, opts.grace_s, opts.expect_pids),
-            check_jobs(gpu, *backend.job_records(), opts.kill_processes),
+            check_jobs(gpu, *backend.job_records(), opts.kill_processes, opts.expect_jobs),
             check_clients(states, reason, self.clients, left_stopped),
         ]
         checks.append(self._holders_check(checks[-1], opts.expect_pids if opts.kill_processes else []))
@@ -676,6 +680,7 @@ def main_args(args: Any, warn: Callable[[str], None] | None = None) -> tuple[dic
         dry_run=bool(args.dry_run),
         kill_processes=bool(args.kill_processes),
         expect_pids=parse_pids(args.expect_pids),
+        expect_jobs=parse_jobs(args.expect_jobs),
         grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
         reset_timeout_s=float(args.reset_timeout),
         clients=parse_clients(args.clients),

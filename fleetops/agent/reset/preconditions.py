@@ -289,12 +289,28 @@ def check_processes(
     )
 
 
-def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], where: str, kill: bool) -> Check:
+def parse_jobs(text: str | None) -> list[str] | None:
+    """``--expect-jobs 1234,1240`` -> ["1234", "1240"]; ``''`` confirms that no job holds the GPU."""
+    from fleetops.agent.reset.backends import ResetError
+    from fleetops.jobs.record import JobRecordError, check_job_id
+
+    if text is None:
+        return None
+    try:
+        return sorted({check_job_id(p.strip()) for p in text.split(",") if p.strip()}, key=int)
+    except JobRecordError as exc:
+        raise ResetError(f"--expect-jobs: {exc}", "usage", 2) from None
+
+
+def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], where: str, kill: bool,
+               expect: list[str] | None = None) -> Check:
     """``slurm_jobs``: the jobs the node's job records (``fleetops.jobs.record``, written by the
     prolog) put on this GPU, whole or one of its MIG instances. A running job refuses the reset
     even with no process on the GPU (between two steps of the job: resetting would kill the next
     one) unless the operator passed ``--kill-processes``; a record that does not read, or a folder
-    that cannot be listed, refuses the same way, since it may be this GPU's job."""
+    that cannot be listed, refuses the same way, since it may be this GPU's job. ``expect`` (the
+    operator's ``--expect-jobs``): the jobs they confirmed may lose the GPU; a running job not among
+    them (started since they looked) refuses the reset even with ``--kill-processes``."""
     if records is None:
         why = "; ".join(errors) or "unknown"
         if kill:
@@ -326,6 +342,14 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
     if not running:
         ended = len(on)
         return Check("slurm_jobs", "ok", "no running job on the GPU" + (f" ({ended} ended)" if ended else ""), data=data)
+    stray = [r for r in running if expect is not None and r.job_id not in expect]
+    if kill and stray:
+        confirm = ",".join(sorted({*(expect or []), *(r.job_id for r in stray)}, key=int))
+        return Check("slurm_jobs", "failed",
+                     "job(s) nobody confirmed hold the GPU: " + ", ".join(f"job {r.job_id} ({_owner(r)})" for r in stray)
+                     + f" (confirmed: {', '.join(expect or []) or 'none'})",
+                     f"look again (fleetops-agent reset --gpu GPU --dry-run); if they may lose the GPU, rerun with "
+                     f"--expect-jobs {confirm}", data)
     if kill:
         return Check("slurm_jobs", "ok", f"{len(running)} running job(s) on the GPU lose it (--kill-processes): {names}",
                      data=data)

@@ -24,6 +24,9 @@ class Question:
     warning: str | None = None
     # a reset's processes as the dialog shows them: exactly these may be ended (None: unknown)
     pids: tuple[int, ...] | None = None
+    # the Slurm jobs the dialog names on the GPU: a reset under processes goes under exactly these
+    # (None: no job records to name them)
+    jobs: tuple[str, ...] | None = None
 
 
 def reset_question(entry: data.NodeEntry, uuid: str, now: float, fleet_jobs: bool = False) -> Question:
@@ -66,7 +69,8 @@ def reset_question(entry: data.NodeEntry, uuid: str, now: float, fleet_jobs: boo
     warning = None
     if entry.status != data.STATUS_OK:
         warning = f"{entry.name} is {entry.mark} right now: the reset will probably fail."
-    return Question(title=f"Reset GPU {gv.index} on {entry.name}?", lines=lines, warning=warning, pids=pids)
+    return Question(title=f"Reset GPU {gv.index} on {entry.name}?", lines=lines, warning=warning, pids=pids,
+                    jobs=None if jobs is None else tuple(j.job_id for j in jobs))
 
 
 class ConfirmScreen(ModalScreen[bool]):
