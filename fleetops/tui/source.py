@@ -129,7 +129,7 @@ class SshSource:
         deadline = time.monotonic() + 2 * self._connect_timeout
         # under the host's lock, as every command on its session is: the pool runs one command
         # per host, and a history read in flight there made a reset sent meanwhile come back
-        # "the previous command has not finished" (unknown to the operator, and never sent)
+        # "busy: the previous command has not finished" (not sent, so not done)
         lock = self._host_locks[name]
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise HistoryError("busy", f"{name}: the host's session stayed busy (a poll or an action in flight)")

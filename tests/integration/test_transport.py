@@ -426,3 +426,30 @@ def test_per_call_timeout_overrides_the_pool_command_timeout(clean_fleet):
         assert res.ok and res.stdout == "done\n", res
         short = pool.run_one("node006", ["sleep", "5"], timeout=0.5)
         assert short.error_kind == "timeout" and "0.5s" in short.error
+
+
+def test_a_second_command_on_a_busy_session_is_not_sent_and_says_busy(clean_fleet, tmp_path):
+    """The pool runs one command per host: a second one meanwhile comes back at once as ``busy``
+    (nothing sent), never ``timeout``, so a reset refused there is "not done", not "unknown"."""
+    import threading
+
+    from fleetops.common import selectors
+    from fleetops.ops import reset as ops_reset
+    from fleetops.ops import results
+
+    marker = tmp_path / "sent"
+    with transport.SessionPool(clean_fleet.hosts, connect_timeout=2.0, command_timeout=20.0) as pool:
+        long = threading.Thread(target=lambda: pool.run_one("node006", ["sh", "-c", "sleep 2"]))
+        long.start()
+        for _ in range(200):  # the first command holds the session
+            if "node006" in pool.connected():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        res = pool.run_one("node006", ["sh", "-c", f"echo $$ >> {marker}"])
+        long.join(30)
+        assert (res.ok, res.error_kind, res.exit_status) == (False, "busy", None), res
+        assert not marker.exists()  # not sent
+        gpu = selectors.ResolvedGpu(selectors.parse("GPU-x"), "GPU-x", "0000:18:00.0")
+        verdict = ops_reset.outcome(clean_fleet.host("node006"), gpu, ["fleetops-agent", "reset"], res, 60.0)
+        assert verdict.outcome == results.FAILED and "not done" in verdict.message, verdict

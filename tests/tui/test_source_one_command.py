@@ -1,7 +1,7 @@
 """One command at a time on a host's session, whoever sends it: the charts' history read, the
 poll and an action (a reset) all go through the host's lock, so an action sent while a history
 read is in flight waits for it instead of coming back "the previous command on this host has not
-finished" (which a reset reports as sent with its outcome unknown, though nothing was sent).
+finished", a reset not done.
 
 The session pool is a stand-in with the real pool's rule (one command per host; a second one at
 the same time is refused at once), so this needs no SSH."""
@@ -36,7 +36,8 @@ class OnePerHost:
                 self.overlaps.append(verb)
                 if verb == "reset":
                     self.action_tried.set()
-                return Result(name, False, None, "", "", "timeout", "the previous command on this host has not finished", 0.0)
+                return Result(name, False, None, "", "", "busy", "the previous command on this host has not finished: not sent",
+                              0.0)
             self.busy.add(name)
         try:
             self.sent.append(verb)

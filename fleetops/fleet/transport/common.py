@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from fleetops.fleet import hostkeys, sshconfig
 
 OUTCOME_UNKNOWN = "outcome-unknown"
-ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local", OUTCOME_UNKNOWN)
+# the host's session still runs the previous command: this one was not sent at all
+BUSY = "busy"
+ERROR_KINDS = ("unreachable", "timeout", "auth", "hostkey", "command", "local", OUTCOME_UNKNOWN, BUSY)
 DEFAULT_KNOWN_HOSTS = hostkeys.DEFAULT_USER_KNOWN_HOSTS
 GLOBAL_KNOWN_HOSTS = hostkeys.GLOBAL_KNOWN_HOSTS
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -13,6 +13,7 @@ import paramiko
 
 from fleetops.fleet import sshconfig
 from fleetops.fleet.transport.common import (
+    BUSY,
     OUTCOME_UNKNOWN,
     Failure,
     Result,
@@ -126,8 +127,8 @@ class SessionPool:
                 None,
                 "",
                 "",
-                "timeout",
-                "the previous command on this host has not finished",
+                BUSY,  # not "timeout": nothing was sent, so an action is not done rather than unknown
+                "the previous command on this host has not finished: not sent",
                 0.0,
             )
         try:
