@@ -6,20 +6,11 @@ from fleetops import model
 
 # The exit codes of every ``fleetops`` command (documented in the README and docs/reference).
 EXIT_OK = 0
-EXIT_WARN = 1  # audit: warnings; actions: the action failed or was refused
+EXIT_WARN = 1  # audit: warnings; job: verdicts; actions: the action failed or was refused
 EXIT_CRIT = 2  # audit: critical findings; rollout: the run itself failed
-EXIT_UNKNOWN = 3  # audit: an unreachable host, or only unknowns
-EXIT_USAGE = 4  # usage or input error: nothing was done
+EXIT_UNKNOWN = 3  # audit: an unreachable host, or only unknowns; job: a node not asked
+EXIT_USAGE = 4  # usage or input error: nothing was done (job: also the job on no node)
 EXIT_INTERRUPTED = 130  # Ctrl-C
-
-EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "ok",
-    EXIT_WARN: "warnings (audit) / verdicts (job) / the action failed or was refused",
-    EXIT_CRIT: "critical findings (audit) / the run failed (rollout)",
-    EXIT_UNKNOWN: "an unreachable host, or nothing worse than unknowns (audit) / a node not asked (job)",
-    EXIT_USAGE: "usage or input error; nothing was done (job: also the job on no node)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-}
 
 # The audit's exit code for the worst health level it found (model.HEALTH_ORDER, best to worst:
 # ok, unknown, warn, crit, unreachable). The codes are not in rank order (3 serves both unknown
