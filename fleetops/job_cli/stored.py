@@ -95,15 +95,16 @@ def merge(rows: Iterable[tuple[int, float, model.Finding]], scope: Scope) -> lis
 
 
 def actions_in(actions: Iterable[Any], drains: Iterable[Any], scope: Scope) -> list[dict[str, Any]]:
-    """The TUI's actions (``ActionRow``) and the drains and resumes (``DrainRow``) in the span on
-    the job's nodes, oldest first; an action on a GPU only where it is one of the job's."""
+    """The TUI's actions (``ActionRow``) and the drains and resumes (``DrainRow``, by inventory or
+    Slurm name) in the span on the job's nodes, oldest first; an action on a GPU only where it is
+    one of the job's."""
     out: list[dict[str, Any]] = []
     for a in actions:
         if a.node in scope.nodes and scope.start <= a.at <= scope.end and (a.gpu is None or a.gpu in scope.gpus):
             out.append({"at": a.at, "node": a.node, "gpu": a.gpu, "action": a.action, "outcome": a.outcome,
                         "why": a.why, "source": a.source})
     for d in drains:
-        if d.node in scope.nodes and scope.start <= d.at <= scope.end:
+        if (d.node in scope.nodes or d.slurm_name in scope.nodes) and scope.start <= d.at <= scope.end:
             out.append({"at": d.at, "node": d.node, "gpu": None, "action": d.action, "outcome": d.outcome,
                         "why": d.purpose or d.reason or d.message, "source": f"{d.source} ({d.kind}/{d.run})"})
     return sorted(out, key=lambda e: (e["at"], e["node"], e["action"]))
@@ -123,7 +124,9 @@ def section(path: str, job_id: str, scope: Scope | None = None) -> dict[str, Any
         return out
     try:
         with Store(path) as store:
-            naming = [r for r in store.findings_between(None, None, containing=job_id, severities=SEVERITIES)
+            # only an audit during or after the job can name it; ``jobs`` holds the id as a JSON string
+            since = scope.start if scope is not None else None
+            naming = [r for r in store.findings_between(since, None, containing=f'"{job_id}"', severities=SEVERITIES)
                       if names_job(r[2], job_id)]
             scope = scope or scope_from_findings(job_id, naming)
             if scope is None:

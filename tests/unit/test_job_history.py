@@ -100,7 +100,7 @@ def test_the_same_finding_in_several_audits_is_one_entry_with_its_first_and_last
 def test_an_xid_naming_the_job_counts_though_an_audit_after_its_end_saw_it(tmp_path) -> None:
     db = str(tmp_path / "history.db")
     _record(db, END + 1800.0, [_finding("xid", GPU_A, severity="crit", jobs=["4242"]),
-                               _finding("xid", GPU_B, severity="crit", jobs=["9999"])])
+                               _finding("xid", GPU_B, severity="crit", jobs=["14242", "42"])])
     [entry] = stored.section(db, "4242", SCOPE)["findings"]
     assert (entry["check"], entry["names_job"], entry["last_seen"]) == ("xid", True, END + 1800.0)
 
