@@ -218,3 +218,22 @@ def test_a_job_no_node_holds_is_told_from_the_findings_that_name_it(tmp_path, no
     doc = json.loads(capsys.readouterr().out)
     assert (doc["found"], doc["exit_code"]) == (False, EXIT_WARN)
     assert [e["check"] for e in doc["history"]["findings"]] == ["xid"]
+
+
+def test_stored_findings_set_the_exit_code_only_of_a_job_no_node_holds() -> None:
+    from fleetops.job_cli import exit_code
+
+    assert exit_code(False, 0, 0, stored=2) == EXIT_WARN
+    assert exit_code(False, 0, 0, stored=0) == EXIT_USAGE
+    assert exit_code(False, 0, 1, stored=2) == 3  # an unreachable node still outranks
+    assert exit_code(True, 0, 0, stored=2) == EXIT_OK  # a job a node holds: its diagnosis alone
+
+
+def test_a_drain_recorded_under_the_slurm_name_counts_for_the_jobs_node(tmp_path) -> None:
+    db = str(tmp_path / "history.db")
+    _record(db, T0 + 600.0, [])
+    with Store(db, keep_s=None) as store:
+        store.record_drain(DrainRow(at=T0 + 900.0, node="gpu-n1", slurm_name="node001", action="drain",
+                                    kind="operator", run="o1", outcome="done", message="drained", source="cli"))
+    got = stored.section(db, "4242", SCOPE)["actions"]
+    assert [(a["at"], a["node"], a["action"]) for a in got] == [(T0 + 900.0, "gpu-n1", "drain")]
