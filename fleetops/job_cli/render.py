@@ -108,8 +108,41 @@ def evidence_lines(ev: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]) -> str:
-    """The operator's report. ``nodes``: ``absent`` (list) and ``unreachable`` (name -> why)."""
+def _finding_line(e: Mapping[str, Any]) -> str:
+    gpu = e.get("gpu") or {}
+    where = e["node"] + (f" GPU {gpu.get('index', '?')} {gpu.get('uuid') or ''}".rstrip() if gpu else "")
+    where += f" {e['port']}" if e.get("port") else ""
+    seen = (f"audit #{e['first_audit']} {utc(e['first_seen'])}" if e["audits"] == 1 else
+            f"{e['audits']} audits, #{e['first_audit']} {utc(e['first_seen'])} .. #{e['last_audit']} "
+            f"{utc(e['last_seen'])}")
+    named = ", names the job" if e.get("names_job") else ""
+    return f"  [{e['severity']}] {where} {e['check']}: {e['message']} ({seen}{named})"
+
+
+def history_lines(h: Mapping[str, Any]) -> list[str]:
+    """The history store's section (``stored.section``): the faults the audits found on the job's
+    GPUs and nodes, and the actions taken there, in the job's span."""
+    if h.get("error"):
+        return [f"HISTORY  not read: {h['error']}"]
+    if h.get("span") is None:
+        return [f"HISTORY  {h.get('note') or 'nothing'}"]
+    start, end = h["span"]
+    found, acts = h["findings"], h["actions"]
+    lines = [f"HISTORY  {h['db']}, audits {utc(start)} .. {utc(end)}: {len(found)} finding"
+             f"{'s' if len(found) != 1 else ''}, {len(acts)} action{'s' if len(acts) != 1 else ''}"]
+    lines += [_finding_line(e) for e in found]
+    for a in acts:
+        gpu = f" GPU {a['gpu']}" if a.get("gpu") else ""
+        lines.append(f"  {utc(a['at'])}  {a['node']}{gpu} {a['action']} {a['outcome']} by {a['source']}: {a['why']}")
+    if h.get("note"):
+        lines.append(f"  note: {h['note']}")
+    return lines
+
+
+def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any],
+          history: Mapping[str, Any] | None = None) -> str:
+    """The operator's report. ``nodes``: ``absent`` (list) and ``unreachable`` (name -> why);
+    ``history``: the history store's section (``stored.section``), after the verdicts."""
     end = "running" if facts["running"] else f"ended {utc(facts['ended_at'])}"
     lines = [
         f"job {facts['job_id']}  user {facts['user'] or '-'}  nodes {', '.join(facts['nodes'])}  "
@@ -137,6 +170,8 @@ def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]) -
             lines += [f"    evidence: {line}" for line in evidence_lines(v.evidence)]
     else:
         lines.append("VERDICTS  none: nothing found wrong with this job")
+    if history is not None:
+        lines += ["", *history_lines(history)]
     notes = list(d.notes)
     notes += [f"{n}: not asked ({why}); the job may have run there" for n, why in sorted(nodes["unreachable"].items())]
     notes += [f"{n}: {note}" for n, doc_notes in sorted(nodes.get("notes", {}).items()) for note in doc_notes]
@@ -146,10 +181,11 @@ def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]) -
 
 
 def document(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any],
-             util: Mapping[str, Sequence[tuple[float, Any]]], code: int) -> dict[str, Any]:
+             util: Mapping[str, Sequence[tuple[float, Any]]], code: int,
+             history: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything, versioned: the job, which nodes had it, the diagnosis (summaries, CPU, verdicts,
-    notes), the thresholds it judged by, each GPU's utilisation series (``node:index``) and the
-    exit code."""
+    notes), the thresholds it judged by, each GPU's utilisation series (``node:index``), what the
+    history store knows (``history``, when read) and the exit code."""
     return {
         "schema": SCHEMA,
         "job": dict(facts),
@@ -159,6 +195,7 @@ def document(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any]
         "diagnosis": d.to_dict(),
         "thresholds": {k: {"value": t.value, "unit": t.unit} for k, t in dg.THRESHOLDS.items()},
         "utilization": {k: [[t, v] for t, v in pts] for k, pts in util.items()},
+        **({"history": dict(history)} if history is not None else {}),
         "exit_code": code,
     }
 

@@ -55,7 +55,9 @@ def free_port(address: str) -> int:
 
 
 def cli(info: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
+    # a history store of the test's own (none is written here): never the operator's default one
+    env = {**os.environ, "FLEETOPS_DB": os.path.join(info["directory"], "history.db")}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=env)
 
 
 def job_json(info: dict[str, Any], job_id: str) -> tuple[int, dict[str, Any]]:
@@ -185,7 +187,9 @@ def test_the_json_document_is_fleetops_job_v1_with_everything(diagnosed: tuple[d
     info, docs = diagnosed
     doc = docs["304"]
     assert doc["schema"] == "fleetops.job/v1"
-    assert sorted(doc) == ["diagnosis", "exit_code", "found", "job", "nodes", "schema", "thresholds", "utilization"]
+    assert sorted(doc) == ["diagnosis", "exit_code", "found", "history", "job", "nodes", "schema", "thresholds",
+                           "utilization"]
+    assert doc["history"]["note"] == f"no history database at {os.path.join(info['directory'], 'history.db')}"
     assert sorted(doc["job"]) == ["duration_s", "ended_at", "gpus", "job_id", "nodes", "running", "started_at", "user"]
     assert (doc["job"]["job_id"], doc["job"]["user"], doc["job"]["gpus"], doc["job"]["running"]) == ("304", "alice", 1,
                                                                                                       True)

@@ -180,8 +180,9 @@ def test_limit_db_and_format_say_their_default_in_the_same_words() -> None:
     for command, arg in limits.items():
         assert arg["help"] == "Ansible host pattern, as ansible's --limit (default: every host of the inventory)", command
     dbs = with_option("--db")
-    assert sorted(dbs) == ["fleetops apply", "fleetops audit", "fleetops drain", "fleetops history", "fleetops remediate",
-                           "fleetops resume", "fleetops rollout driver", "fleetops tui", "fleetops validate"]
+    assert sorted(dbs) == ["fleetops apply", "fleetops audit", "fleetops drain", "fleetops history", "fleetops job",
+                           "fleetops remediate", "fleetops resume", "fleetops rollout driver", "fleetops tui",
+                           "fleetops validate"]
     for command, arg in dbs.items():
         assert arg["help"].endswith(f" {DB_DEFAULT}"), command
     formats = with_option("--format")

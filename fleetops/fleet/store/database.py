@@ -310,6 +310,39 @@ class Store:
             args.append(node)
         return [model.Finding.from_dict(json.loads(r[0])) for r in self.db.execute(sql, args)]
 
+    def findings_between(
+        self,
+        since: float | None,
+        until: float | None,
+        nodes: list[str] | None = None,
+        containing: str | None = None,
+        severities: tuple[str, ...] = ("unknown", "warn", "crit"),
+    ) -> list[tuple[int, float, model.Finding]]:
+        """(audit id, audit start, finding) of the audits started in [since, until] (None: no
+        bound), oldest first: ``fleetops job``'s view of a job's span. ``nodes``: only theirs;
+        ``containing``: only findings whose stored JSON holds that text, a cheap filter before the
+        caller reads the field it means (a job id in ``jobs``)."""
+        cond = [f"f.severity IN ({','.join('?' * len(severities))})"]
+        args: list[str | float] = list(severities)
+        if since is not None:
+            cond.append("a.started_at >= ?")
+            args.append(since)
+        if until is not None:
+            cond.append("a.started_at <= ?")
+            args.append(until)
+        if nodes is not None:
+            cond.append(f"f.node IN ({','.join('?' * len(nodes))})")
+            args += nodes
+        if containing:
+            cond.append("instr(f.finding, ?) > 0")
+            args.append(containing)
+        rows = self.db.execute(
+            "SELECT a.id, a.started_at, f.finding FROM findings f JOIN audits a ON a.id = f.audit_id "
+            f"WHERE {' AND '.join(cond)} ORDER BY a.id, f.rowid",
+            args,
+        ).fetchall()
+        return [(int(r[0]), float(r[1]), model.Finding.from_dict(json.loads(r[2]))) for r in rows]
+
     def audited_nodes(self, audit_id: int) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT node FROM snapshots WHERE audit_id = ?", (audit_id,))}
 
