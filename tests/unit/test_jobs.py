@@ -282,3 +282,52 @@ def test_prolog_and_epilog_exit_0_when_the_agent_fails_unless_strict(tmp_path: P
     strict = subprocess.run(["/bin/sh", str(script)], env={**env, "FLEETOPS_JOBS_STRICT": "1"}, capture_output=True,
                             text=True, timeout=30, check=False)
     assert strict.returncode == 1
+
+
+# --- fleetops-agent job start, with the environment a real slurmd gives the prolog -----------
+
+
+@pytest.mark.parametrize(("environ", "cpus"), [
+    ({"SLURM_JOB_CPUS_PER_NODE": "1"}, 1),  # what slurmd 22.05 gave a one-node job's prolog
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x4)"}, 8),
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x2),8"}, 8),
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x2),4"}, None),  # which count is this node's is not said
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(2)"}, None),
+    ({"SLURM_CPUS_ON_NODE": "6", "SLURM_JOB_CPUS_PER_NODE": "8"}, 6),  # a step's, where it is set
+    ({}, None),
+])
+def test_job_cpus_come_from_the_per_node_counts_slurmd_gives_the_prolog(environ: dict[str, str],
+                                                                       cpus: int | None) -> None:
+    from fleetops.agent.job_cli import env_cpus
+
+    assert env_cpus(environ) == cpus
+
+
+def agent_start(tmp_path: Path, environ: dict[str, str], *argv: str) -> dict:
+    import sys
+
+    from fleetops.sim import gpu as sim
+
+    state = tmp_path / "node001.json"
+    if not state.exists():
+        sim.write_state(str(state), sim.build_state("node001", {}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "FLEETOPS_", "CUDA_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetops.agent.main", "job", "start", "--backend", "sim", "--state", str(state),
+         "--jobs-dir", str(tmp_path / "jobs"), "--gres-conf", str(tmp_path / "gres.conf"), *argv],
+        env={**env, **environ}, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["job"]
+
+
+def test_job_start_reads_gres_conf_lines_of_the_node_slurmd_names_not_of_the_hostname(tmp_path: Path) -> None:
+    # the node is Slurm's gpu-a (SLURMD_NODENAME), its host name node001: a gres.conf shared by
+    # the cluster lists each node's devices under its Slurm name
+    (tmp_path / "gres.conf").write_text("NodeName=gpu-a Name=gpu File=/dev/nvidia3\n"
+                                        "NodeName=node001 Name=gpu File=/dev/nvidia5\n")
+    environ = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "0",
+               "SLURMD_NODENAME": "gpu-a", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"}
+    job = agent_start(tmp_path, environ)
+    assert [(g["minor"], g["index"]) for g in job["gpus"]] == [(3, 3)] and job["cpus"] == 4
+    flagged = agent_start(tmp_path, {**environ, "SLURM_JOB_ID": "42"}, "--node-name", "node001")
+    assert [g["minor"] for g in flagged["gpus"]] == [5]
