@@ -66,6 +66,8 @@ def add_parser(sub: Any, common: Any) -> None:
     q.add_argument("--cpus", type=int, help="CPUs of the job on this node (default $SLURM_CPUS_ON_NODE, else "
                    "$SLURM_JOB_CPUS_PER_NODE when every node's count is the same, else the cgroup's cpuset)")
     q.add_argument("--gres-conf", help="Slurm's gres.conf (default $FLEETOPS_GRES_CONF, else /etc/slurm/gres.conf)")
+    q.add_argument("--slurm-conf", help="slurm.conf, whose node Gres= type order slurmd numbers typed gres.conf "
+                   "devices by (default $SLURM_CONF, which slurmd sets, else /etc/slurm/slurm.conf)")
     q.add_argument("--mig-minors", help="the driver's MIG minors (default /proc/driver/nvidia-caps/mig-minors)")
     q.add_argument("--cgroup-root", help="where to find the job's cgroup (default /sys/fs/cgroup)")
     q.add_argument("--node-name", help="this node's name for gres.conf NodeName= lines (default $SLURMD_NODENAME, "
@@ -150,8 +152,15 @@ def _resolve(args: Any, ids_text: str, from_env: str, sim_dir: str | None, fresh
     conf_path = (args.gres_conf or os.environ.get(gres.GRES_CONF_ENV)
                  or (os.path.join(sim_dir, "gres.conf") if sim_dir else gres.DEFAULT_GRES_CONF))
     minors_path = args.mig_minors or (os.path.join(sim_dir, "mig-minors") if sim_dir else gres.DEFAULT_MIG_MINORS)
-    conf = gres.parse(conf_path, args.node_name or os.environ.get("SLURMD_NODENAME") or node.hostname)
-    gpus, how = resolve.resolve_gres(ids, conf, node.gpus, lambda: gres.parse_mig_minors(minors_path))
+    name = args.node_name or os.environ.get("SLURMD_NODENAME") or node.hostname
+    conf = gres.parse(conf_path, name)
+    slurm_conf = (args.slurm_conf or os.environ.get("SLURM_CONF")
+                  or (os.path.join(sim_dir, "slurm.conf") if sim_dir else gres.DEFAULT_SLURM_CONF))
+    types = gres.node_gpu_types(slurm_conf, name)
+    ordered = gres.in_slurmd_order(conf, types)
+    gpus, how = resolve.resolve_gres(ids, ordered, node.gpus, lambda: gres.parse_mig_minors(minors_path))
+    if ordered is not conf:
+        how += f"; grouped by type in {slurm_conf}'s Gres= order ({', '.join(t or 'untyped' for t in types or [])})"
     return gpus, f"{from_env}={ids_text}: {how}"
 
 

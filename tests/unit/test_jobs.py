@@ -331,3 +331,29 @@ def test_job_start_reads_gres_conf_lines_of_the_node_slurmd_names_not_of_the_hos
     assert [(g["minor"], g["index"]) for g in job["gpus"]] == [(3, 3)] and job["cpus"] == 4
     flagged = agent_start(tmp_path, {**environ, "SLURM_JOB_ID": "42"}, "--node-name", "node001")
     assert [g["minor"] for g in flagged["gpus"]] == [5]
+
+
+def test_slurm_conf_gives_the_nodes_gpu_types_in_its_gres_order(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("GresTypes=gpu\nNodeName=DEFAULT Gres=gpu:h100:8\n"
+                    "NodeName=gpu[01-02] CPUs=8 Gres=gpu:z:1,gpu:a:7(S:0-1),gpu:z:1 # z twice: counted once\n"
+                    "NodeName=gpu03 CPUs=8\nNodeName=gpu04 Gres=gpu:8,mps:100\n")
+    assert gres.node_gpu_types(str(conf), "gpu02") == ["z", "a"]
+    assert gres.node_gpu_types(str(conf), "gpu03") == ["h100"]  # NodeName=DEFAULT's
+    assert gres.node_gpu_types(str(conf), "gpu04") == [""]
+    assert gres.node_gpu_types(str(conf), "gpu09") is None
+    assert gres.node_gpu_types(str(tmp_path / "none.conf"), "gpu01") is None
+
+
+def test_typed_gres_ids_follow_slurm_conf_type_order_not_gres_conf_lines(tmp_path: Path) -> None:
+    # what a real slurmd 22.05 did: Gres=gpu:z:1,gpu:a:7 with the Type=z line second in gres.conf,
+    # and a job given gres id 0 got /dev/nvidia3 (the z line); ids 1 and 2 the first two a lines
+    conf = conf_of(tmp_path, "Name=gpu Type=a File=/dev/nvidia0\nName=gpu Type=z File=/dev/nvidia3\n"
+                             "Name=gpu Type=a File=/dev/nvidia2\nName=gpu Type=a File=/dev/nvidia1\n")
+    ordered = gres.in_slurmd_order(conf, ["z", "a"])
+    assert [d.files[0] for d in ordered.devices] == ["/dev/nvidia3", "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidia1"]
+    assert [d.gres_id for d in ordered.devices] == [0, 1, 2, 3]
+    gpus = [gpu(i, i) for i in range(4)]
+    found, _ = resolve.resolve_gres(["0", "1"], ordered, gpus, no_mig)
+    assert [g.minor for g in found] == [3, 0]
+    assert gres.in_slurmd_order(conf, ["a"]) is conf and gres.in_slurmd_order(conf, None) is conf
