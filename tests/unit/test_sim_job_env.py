@@ -48,3 +48,25 @@ def test_the_epilog_gets_the_gpu_lists_and_cpus_the_prolog_got_as_from_slurmd(no
     assert (prolog["SLURM_SCRIPT_CONTEXT"], epilog["SLURM_SCRIPT_CONTEXT"]) == ("prolog_slurmd", "epilog_slurmd")
     assert prolog["SLURMD_NODENAME"] == "node001" and "SLURM_CPUS_ON_NODE" not in prolog
     assert "SLURM_JOB_EXIT_CODE" in epilog and "SLURM_JOB_EXIT_CODE" not in prolog
+
+
+def test_mig_devices_of_two_profiles_get_slurmds_type_grouped_gres_ids(node: list[dict[str, str]],
+                                                                       tmp_path: Path) -> None:
+    state = str(tmp_path / "node001.json")
+    with sim.locked_state(state) as st:
+        sim.set_mig_mode(st, 2, True)
+        sim.set_mig_instances(st, 2, ["1g.18gb", "3g.71gb", "1g.18gb"])
+        instances = [dict(m) for m in st["gpus"][2]["mig_instances"]]
+    devices = sim.write_slurm_files(state)
+    conf = (tmp_path / "node001.agent" / "slurm.conf").read_text().splitlines()
+    assert conf[-1] == "NodeName=node001 Gres=gpu:7,gpu:1g.18gb:2,gpu:3g.71gb:1"
+    mig = [d for d in devices if d["gi"] is not None]
+    by_gi = sorted(mig, key=lambda d: d["gi"])
+    # gres.conf lists GPU 2's instances by GPU instance id; slurmd numbers the 1g ones first
+    assert [d["profile"] for d in by_gi] == [m["profile"] for m in sorted(instances, key=lambda m: m["gpu_instance_id"])]
+    assert sorted(d["gres_id"] for d in mig if d["profile"] == "1g.18gb") == [7, 8]
+    assert [d["gres_id"] for d in mig if d["profile"] == "3g.71gb"] == [9]
+    for n, inst in enumerate(instances):
+        started = jobs.start("/unused", "node001", str(600 + n), mig=[f"2:{inst['gpu_instance_id']}"])
+        assert [g["mig_uuid"] for g in started["job"]["gpus"]] == [inst["uuid"]]
+        assert "grouped by type" in started["job"]["source"]

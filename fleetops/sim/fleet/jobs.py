@@ -86,7 +86,7 @@ def slurm_env(job_id: str, uid: int, user: str, gpus: str, context: str, state: 
     env = {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_UID": str(uid), "SLURM_UID": str(uid),
            "SLURM_JOB_GID": str(uid), "SLURM_JOB_USER": user, "SLURM_SCRIPT_CONTEXT": context,
            "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": node, "SLURM_NODELIST": node,
-           "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_NUM_NODES": "1", "SLURM_CONF": os.path.join(sim.run_dir(state), "slurm.conf"),
            # the node's own settings file, none by default (a real node's is /etc/fleetops/jobs.env)
            "FLEETOPS_JOBS_ENV": os.path.join(sim.run_dir(state), "jobs.env"),
            # the simulated node has no syslog of its own: a failure is on the prolog's stderr only
