@@ -12,20 +12,25 @@ What this pins, from what the real slurmd did:
   Slurm gave the job (worked out here independently: the ids the job itself sees, gres.conf's
   order, each file's st_rdev minor, the simulated GPU with that minor), with the job's user and
   uid; the epilog ends it;
-- no cgroup: this slurm.conf runs proctrack/linuxproc and task/none (the container's cgroup v1
-  controllers are read-only and there is no cgroup v2 hierarchy of its own, so the cgroup plugins
-  cannot run here), and the record says so (``cgroup`` null);
+- no cgroup: this slurm.conf runs proctrack/linuxproc and task/none, and the record says so
+  (``cgroup`` null). The cgroup plugins cannot run here: on this machine's hybrid hierarchy the
+  container's cgroup v1 controllers are mounted read-only and its cgroup2 (/sys/fs/cgroup/unified)
+  has no controllers, so cgroup.candidates() is not checked against a real slurmstepd path;
+- typed gres: slurmd numbers gres.conf's devices grouped by type in the order of slurm.conf's
+  ``Gres=``, not in gres.conf's line order, and the record of a ``--gres=gpu:z:1`` job names the
+  one z device's GPU;
 - the environment slurmd gives its prolog and epilog (dumped by a script chained before ours) and
   the one ``fleetops sim job`` fabricates (``fleetops.sim.fleet.jobs.slurm_env``) agree on every
   variable the simulator sets and every one the agent reads.
 
-One host, booted once for the module; about a minute and a half after the first debootstrap.
+One host, booted once for the module: about 40 s in all once the base image is cached.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,8 +145,6 @@ def installed(cluster: Any) -> Any:
 
 
 def _quote(text: str) -> str:
-    import shlex
-
     return shlex.quote(text)
 
 
@@ -272,6 +275,46 @@ def test_slurmd_gives_the_prolog_and_epilog_what_the_simulator_fabricates(
         assert "PATH" not in real and "HOME" not in real, real
         fabricated = slurm_env(job, NOBODY, "nobody", env["SLURM_JOB_GPUS"], context, "/nonexistent/state.json",
                                NODE, cpus=1)  # fmt: skip
-        ours = {k: v for k, v in fabricated.items() if not k.startswith("FLEETOPS_")}
+        # SLURM_CONF is set by both, each to its node's own file (the simulated node's is in its run folder)
+        assert real["SLURM_CONF"] == "/etc/slurm/slurm.conf" and "SLURM_CONF" in fabricated
+        ours = {k: v for k, v in fabricated.items() if not k.startswith("FLEETOPS_") and k != "SLURM_CONF"}
         assert {k: real.get(k) for k in ours} == ours, context
         assert [k for k in AGENT_READS if (k in real) != (k in fabricated)] == [], (context, sorted(real))
+
+
+def test_typed_gres_ids_follow_slurm_conf_type_order_and_the_record_names_the_typed_device(
+    installed: Any, tmp_path: Path
+) -> None:
+    """gres.conf in minor order with one device of another type (/dev/nvidia3, Type=z, its fourth
+    line) and slurm.conf naming that type first (Gres=gpu:z:1,gpu:a:7): slurmd numbers the z device
+    0, and the record of a job asking for gpu:z names the GPU whose minor is 3, the only z device
+    (gres.conf's line 0, /dev/nvidia0, is another GPU)."""
+    c = installed
+    host = c.hosts[0]
+    lines = ["AutoDetect=off"] + [
+        f"Name=gpu Type={'z' if m == 3 else 'a'} File=/dev/nvidia{m}" for m in sorted(MINORS)
+    ]
+    c.ssh(host, f"printf '%s\\n' {' '.join(_quote(x) for x in lines)} > /etc/slurm/gres.conf")
+    c.ssh(host, "sed -i 's/Gres=gpu:8/Gres=gpu:z:1,gpu:a:7/' /etc/slurm/slurm.conf")
+    c.slurm.conf.write_text(c.slurm.conf.read_text().replace("Gres=gpu:8", "Gres=gpu:z:1,gpu:a:7"))
+    _slurm(c, "scontrol", "reconfigure")
+    c.ssh(host, "systemctl restart slurmd")
+    until("the node's typed gres", lambda: "gpu:z:1" in _slurm(c, "scontrol", "show", "node", NODE), 60, 0.5)
+    c.slurm.until_idle(60)
+
+    script = tmp_path / "job.sh"
+    script.write_text(JOB_SCRIPT)
+    job = _slurm(
+        c, "sbatch", "--parsable", f"--uid={NOBODY}", f"--gid={NOBODY}", "--gres=gpu:z:1", "--oversubscribe",
+        "-w", NODE, "--chdir=/tmp", "--output=/dev/null", str(script),
+    ).strip()  # fmt: skip
+    try:
+        env = _job_env(c, job)
+        assert env["SLURM_JOB_GPUS"] == "0", env  # slurmd's id of the z device: its type comes first
+        (z_gpu,) = [g for g in c.state(NODE)["gpus"] if g["minor_number"] == 3]
+        rec = _record(c, job)
+        assert rec is not None
+        assert [(g["uuid"], g["minor"]) for g in rec["gpus"]] == [(z_gpu["uuid"], 3)], rec
+        assert "grouped by type in /etc/slurm/slurm.conf's Gres= order (z, a)" in rec["source"], rec["source"]
+    finally:
+        _release(c, job)
