@@ -590,7 +590,9 @@ def _slurm_conf(
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdTimeout=600",
-        "DebugFlags=NO_CONF_HASH",
+        # Gres, at verbose: slurmd logs its GPU device list in the order it numbers them (gres ids)
+        "DebugFlags=NO_CONF_HASH" + (",Gres" if gpus else ""),
+        *(["SlurmdDebug=verbose"] if gpus else []),
         "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmdPidFile=/run/slurmd.pid",
         "SlurmdLogFile=/var/log/slurmd.log",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -195,6 +196,14 @@ def _expected_uuids(c: Any, ids: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def _slurmd_devices(c: Any) -> list[str]:
+    """slurmd's own GPU device list, in the order it numbers them (its gres ids), from the lines
+    DebugFlags=Gres has it log each time it loads gres.conf (``gpu device number 3(/dev/nvidia3)``):
+    the last load's."""
+    log = c.ssh(c.hosts[0], "cat /var/log/slurmd.log").stdout
+    return re.findall(r"gpu device number -?[0-9]+\(([^)]+)\)", log)[-len(MINORS) :]
+
+
 def _record(c: Any, job: str) -> dict[str, Any] | None:
     text = _read(c, f"/run/fleetops/jobs/{job}.json")
     return json.loads(text) if text else None
@@ -219,9 +228,8 @@ def test_the_prolog_records_the_gpus_slurm_gave_two_jobs_by_device_minor_and_the
         for job, env in jobs.items():
             assert env["CUDA_VISIBLE_DEVICES"] == env["SLURM_JOB_GPUS"]  # no device cgroup: global ids
             expected = _expected_uuids(c, env["SLURM_JOB_GPUS"])
-            rec = _record(c, job)
-            assert rec is not None, f"no record of job {job}"
-            job_rec = rec["job"] if "job" in rec else rec
+            job_rec = _record(c, job)
+            assert job_rec is not None, f"no record of job {job}"
             assert job_rec["ended_at"] is None
             assert [g["uuid"] for g in job_rec["gpus"]] == [u for u, _, _ in expected], (job_rec, expected)
             assert [(g["minor"], g["index"]) for g in job_rec["gpus"]] == [(m, i) for _, m, i in expected]
@@ -231,6 +239,8 @@ def test_the_prolog_records_the_gpus_slurm_gave_two_jobs_by_device_minor_and_the
             assert "device files' st_rdev" in job_rec["source"], job_rec["source"]
             # no cgroup plugin in this slurm.conf (proctrack/linuxproc, task/none): none recorded
             assert job_rec["cgroup"] is None
+        # gres.conf's order is slurmd's own numbering here (one type)
+        assert _slurmd_devices(c) == [f"/dev/nvidia{m}" for m in sorted(MINORS)]
         # the minors are not the indexes: an index-based mapping would have named other GPUs
         assert any(
             m != i for job_env in jobs.values() for _, m, i in _expected_uuids(c, job_env["SLURM_JOB_GPUS"])
@@ -308,13 +318,30 @@ def test_typed_gres_ids_follow_slurm_conf_type_order_and_the_record_names_the_ty
         c, "sbatch", "--parsable", f"--uid={NOBODY}", f"--gid={NOBODY}", "--gres=gpu:z:1", "--oversubscribe",
         "-w", NODE, "--chdir=/tmp", "--output=/dev/null", str(script),
     ).strip()  # fmt: skip
+    other = _slurm(
+        c, "sbatch", "--parsable", f"--uid={NOBODY}", f"--gid={NOBODY}", "--gres=gpu:a:2", "--oversubscribe",
+        "-w", NODE, "--chdir=/tmp", "--output=/dev/null", str(script),
+    ).strip()  # fmt: skip
     try:
+        # slurmd's own device list: the z device first, then the a devices in gres.conf's order
+        devices = _slurmd_devices(c)
+        assert devices == ["/dev/nvidia3"] + [f"/dev/nvidia{m}" for m in sorted(MINORS) if m != 3], devices
         env = _job_env(c, job)
         assert env["SLURM_JOB_GPUS"] == "0", env  # slurmd's id of the z device: its type comes first
+        a_env = _job_env(c, other)
+        a_rec = _record(c, other)
+        assert a_rec is not None
+        minors = [
+            int(devices[int(i)].removeprefix("/dev/nvidia")) for i in a_env["SLURM_JOB_GPUS"].split(",")
+        ]
+        assert [g["minor"] for g in a_rec["gpus"]] == minors and 3 not in minors, (a_env, a_rec)
         (z_gpu,) = [g for g in c.state(NODE)["gpus"] if g["minor_number"] == 3]
         rec = _record(c, job)
         assert rec is not None
         assert [(g["uuid"], g["minor"]) for g in rec["gpus"]] == [(z_gpu["uuid"], 3)], rec
         assert "grouped by type in /etc/slurm/slurm.conf's Gres= order (z, a)" in rec["source"], rec["source"]
     finally:
+        for j in (job, other):
+            c.ssh(host, f"touch /tmp/release.{j}")
         _release(c, job)
+        _release(c, other)
