@@ -19,6 +19,10 @@ What this pins, from what the real slurmd did:
 - typed gres: slurmd numbers gres.conf's devices grouped by type in the order of slurm.conf's
   ``Gres=``, not in gres.conf's line order, and the record of a ``--gres=gpu:z:1`` job names the
   one z device's GPU;
+- MIG: a GPU in MIG mode with 1g, 3g and 1g instances, gres.conf's ``MultipleFiles=`` lines (its
+  /dev/nvidia<minor> and nvidia-caps files, made as character devices) interleaving the profiles:
+  slurmd gives a gpu:3g.71gb job id 0 (slurm.conf names 3g first) and the record names that MIG
+  instance's UUID through the node's mig-minors table (line order would have named a whole GPU);
 - the environment slurmd gives its prolog and epilog (dumped by a script chained before ours) and
   the one ``fleetops sim job`` fabricates (``fleetops.sim.fleet.jobs.slurm_env``) agree on every
   variable the simulator sets and every one the agent reads.
@@ -345,3 +349,86 @@ def test_typed_gres_ids_follow_slurm_conf_type_order_and_the_record_names_the_ty
             c.ssh(host, f"touch /tmp/release.{j}")
         _release(c, job)
         _release(c, other)
+
+
+CAPS_MAJOR = 240  # nvidia-caps' major is dynamic (in 234-254); slurmd and the agent only stat it
+
+
+def test_mig_devices_of_interleaved_profiles_resolve_to_their_mig_uuids_under_real_slurmd(
+    installed: Any, tmp_path: Path
+) -> None:
+    """GPU index 1 (minor 1) in MIG mode with 1g, 3g and 1g instances (gres.conf lists them by GPU
+    instance id, so the two profiles interleave), its lines ``MultipleFiles=/dev/nvidia1,
+    /dev/nvidia-caps/nvidia-capN,...`` as Slurm documents MIG devices; slurm.conf names 3g first.
+    A gpu:3g.71gb job's record names the one 3g instance's MIG UUID; a gpu:1g.18gb job's one of
+    the 1g ones, the first in gres.conf (slurmd's lowest id of that type)."""
+    from fleetops.sim import gpu as sim
+
+    c = installed
+    host = c.hosts[0]
+    gpu_index = 1
+    with sim.locked_state(str(host.state)) as st:
+        sim.set_mig_mode(st, gpu_index, True)
+        sim.set_mig_instances(st, gpu_index, ["1g.18gb", "3g.71gb", "1g.18gb"])
+        minor = int(st["gpus"][gpu_index]["minor_number"])
+    devices = sim.write_slurm_files(str(host.state))  # the node's mig-minors table, in its run folder
+    mig = sorted((d for d in devices if d["gi"] is not None), key=lambda d: d["gi"])
+    assert [d["profile"] for d in mig] == ["1g.18gb", "3g.71gb", "1g.18gb"]
+    caps = [[os.path.basename(f) for f in d["files"][1:]] for d in mig]
+    # 8 devices, as slurm.conf had: 5 whole GPUs, the 3 MIG devices (slurmctld took a new Gres=
+    # count at reconfigure only with the same total: 10 stayed gpu:8 until a restart)
+    lines = ["AutoDetect=off"]
+    for m in sorted(MINORS)[:6]:
+        if m != minor:
+            lines.append(f"Name=gpu Type=full File=/dev/nvidia{m}")
+        else:
+            lines += [f"Name=gpu Type={d['profile']} MultipleFiles=/dev/nvidia{m},"
+                      + ",".join(f"/dev/nvidia-caps/{cap}" for cap in names) for d, names in zip(mig, caps, strict=True)]  # fmt: skip
+    make = " && ".join(
+        f"mknod -m 0444 /dev/nvidia-caps/{cap} c {CAPS_MAJOR} {cap.removeprefix('nvidia-cap')}"
+        for names in caps
+        for cap in names
+    )
+    c.ssh(host, f"mkdir -p /dev/nvidia-caps && rm -f /dev/nvidia-caps/* && {make}")
+    c.ssh(host, f"printf '%s\\n' {' '.join(_quote(x) for x in lines)} > /etc/slurm/gres.conf")
+    gres = "Gres=gpu:3g.71gb:1,gpu:1g.18gb:2,gpu:full:5"
+    c.ssh(host, f"sed -i 's/Gres=[^ ]*/{gres}/' /etc/slurm/slurm.conf")
+    conf = re.sub(r"Gres=\S+", gres, c.slurm.conf.read_text())
+    c.slurm.conf.write_text(conf)
+    _slurm(c, "scontrol", "reconfigure")
+    c.ssh(host, "systemctl restart slurmd")
+    until(
+        "the node's MIG gres", lambda: "gpu:3g.71gb:1" in _slurm(c, "scontrol", "show", "node", NODE), 60, 0.5
+    )
+    c.slurm.until_idle(60)
+
+    script = tmp_path / "job.sh"
+    script.write_text(JOB_SCRIPT)
+    jobs = {
+        profile: _slurm(
+            c, "sbatch", "--parsable", f"--uid={NOBODY}", f"--gid={NOBODY}", f"--gres=gpu:{profile}:1",
+            "--oversubscribe", "-w", NODE, "--chdir=/tmp", "--output=/dev/null", str(script),
+        ).strip()
+        for profile in ("3g.71gb", "1g.18gb")
+    }  # fmt: skip
+    try:
+        instances = {m["gpu_instance_id"]: m for m in c.state(NODE)["gpus"][gpu_index]["mig_instances"]}
+        for profile, job in jobs.items():
+            env = _job_env(c, job)
+            # slurmd's ids: the 3g device first (slurm.conf's first type), then the 1g ones; in
+            # gres.conf's line order the 3g device is the 3rd line and id 0 a whole GPU
+            assert env["SLURM_JOB_GPUS"] == {"3g.71gb": "0", "1g.18gb": "1"}[profile], (profile, env)
+            rec = _record(c, job)
+            assert rec is not None, (profile, _read(c, "/var/log/slurmd.log"))
+            first = next(d for d in mig if d["profile"] == profile)  # slurmd's lowest id of the type
+            want = instances[first["gi"]]
+            assert [(g["mig_uuid"], g["minor"]) for g in rec["gpus"]] == [(want["uuid"], minor)], (
+                profile,
+                env,
+                rec,
+            )
+    finally:
+        for job in jobs.values():
+            c.ssh(host, f"touch /tmp/release.{job}")
+        for job in jobs.values():
+            _release(c, job)
