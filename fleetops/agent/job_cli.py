@@ -2,8 +2,9 @@
 
 ``start`` is what the Slurm prolog runs (the collection's ``fleetops-prolog.sh``): it reads the
 job from slurmd's environment (SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURM_JOB_GPUS;
-CUDA_VISIBLE_DEVICES only when SLURM_JOB_GPUS is unset, and ``source`` says so), flags
-overriding each, resolves the GPUs by device minor (``fleetops.jobs.resolve``), finds the job's
+CUDA_VISIBLE_DEVICES only when SLURM_JOB_GPUS is unset, and ``source`` says so; SLURMD_NODENAME,
+the node's Slurm name, for gres.conf's NodeName= lines; SLURM_JOB_CPUS_PER_NODE for its CPUs),
+flags overriding each, resolves the GPUs by device minor (``fleetops.jobs.resolve``), finds the job's
 cgroup, and writes the record atomically. Anything that cannot be resolved is exit 1 with one
 JSON error line naming the id and why, and nothing is written. Whether that fails the prolog is
 the prolog script's decision (it does not, by default: a failed prolog drains the node).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -61,12 +63,15 @@ def add_parser(sub: Any, common: Any) -> None:
     q.add_argument("--uid", help="default $SLURM_JOB_UID")
     q.add_argument("--user", help="default $SLURM_JOB_USER")
     q.add_argument("--gpus", help="gres ids (0,3) or UUIDs; default $SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES")
-    q.add_argument("--cpus", type=int, help="CPUs of the job on this node (default $SLURM_CPUS_ON_NODE, else the "
-                   "cgroup's cpuset)")
+    q.add_argument("--cpus", type=int, help="CPUs of the job on this node (default $SLURM_CPUS_ON_NODE, else "
+                   "$SLURM_JOB_CPUS_PER_NODE when every node's count is the same, else the cgroup's cpuset)")
     q.add_argument("--gres-conf", help="Slurm's gres.conf (default $FLEETOPS_GRES_CONF, else /etc/slurm/gres.conf)")
+    q.add_argument("--slurm-conf", help="slurm.conf, whose node Gres= type order slurmd numbers typed gres.conf "
+                   "devices by (default $SLURM_CONF, which slurmd sets, else /etc/slurm/slurm.conf)")
     q.add_argument("--mig-minors", help="the driver's MIG minors (default /proc/driver/nvidia-caps/mig-minors)")
     q.add_argument("--cgroup-root", help="where to find the job's cgroup (default /sys/fs/cgroup)")
-    q.add_argument("--node-name", help="this node's name for gres.conf NodeName= lines (default: the hostname)")
+    q.add_argument("--node-name", help="this node's name for gres.conf NodeName= lines (default $SLURMD_NODENAME, "
+                   "else the hostname)")
     q.add_argument("--socket", help="the daemon's socket, asked for the snapshot first (default: by the backend)")
 
     q = jsub.add_parser("end", help="mark a job ended (the epilog)")
@@ -147,9 +152,34 @@ def _resolve(args: Any, ids_text: str, from_env: str, sim_dir: str | None, fresh
     conf_path = (args.gres_conf or os.environ.get(gres.GRES_CONF_ENV)
                  or (os.path.join(sim_dir, "gres.conf") if sim_dir else gres.DEFAULT_GRES_CONF))
     minors_path = args.mig_minors or (os.path.join(sim_dir, "mig-minors") if sim_dir else gres.DEFAULT_MIG_MINORS)
-    conf = gres.parse(conf_path, args.node_name or node.hostname)
-    gpus, how = resolve.resolve_gres(ids, conf, node.gpus, lambda: gres.parse_mig_minors(minors_path))
+    name = args.node_name or os.environ.get("SLURMD_NODENAME") or node.hostname
+    conf = gres.parse(conf_path, name)
+    slurm_conf = (args.slurm_conf or os.environ.get("SLURM_CONF")
+                  or (os.path.join(sim_dir, "slurm.conf") if sim_dir else gres.DEFAULT_SLURM_CONF))
+    types = gres.node_gpu_types(slurm_conf, name)
+    ordered = gres.in_slurmd_order(conf, types)
+    gpus, how = resolve.resolve_gres(ids, ordered, node.gpus, lambda: gres.parse_mig_minors(minors_path))
+    if ordered is not conf:
+        how += f"; grouped by type in {slurm_conf}'s Gres= order ({', '.join(t or 'untyped' for t in types or [])})"
     return gpus, f"{from_env}={ids_text}: {how}"
+
+
+def env_cpus(environ: Any) -> int | None:
+    """The job's CPUs on this node from slurmd's environment: SLURM_CPUS_ON_NODE where it is set
+    (a job step's; a real slurmd 22.05 does not give it to the prolog), else
+    SLURM_JOB_CPUS_PER_NODE (what the prolog gets: the job's counts per node, ``8``, ``8(x2)`` or
+    ``8(x2),4``) when every node has the same count; None when that does not say (this node's
+    count among different ones: the cgroup's cpuset tells then)."""
+    text = (environ.get("SLURM_CPUS_ON_NODE") or "").strip()
+    if text.isdigit():
+        return int(text)
+    counts = set()
+    for part in filter(None, (environ.get("SLURM_JOB_CPUS_PER_NODE") or "").split(",")):
+        count, _, repeat = part.strip().partition("(")
+        if not count.isdigit() or (repeat and not re.fullmatch(r"x[0-9]+\)", repeat)):
+            return None
+        counts.add(int(count))
+    return counts.pop() if len(counts) == 1 else None
 
 
 def start(args: Any) -> dict[str, Any]:
@@ -183,9 +213,7 @@ def start(args: Any) -> dict[str, Any]:
             raise JobCliError("unresolved", f"job {job_id}: {exc}") from None
     root = args.cgroup_root or (os.path.join(sim_dir, "cgroup") if sim_dir else cgroup.DEFAULT_ROOT)
     found = cgroup.find(root, job_id, uid)
-    cpus = args.cpus
-    if cpus is None and (os.environ.get("SLURM_CPUS_ON_NODE") or "").isdigit():
-        cpus = int(os.environ["SLURM_CPUS_ON_NODE"])
+    cpus = args.cpus if args.cpus is not None else env_cpus(os.environ)
     if cpus is None and found is not None:
         cpus = cgroup.cpu_count(found)
     rec = record.JobRecord(job_id=job_id, uid=uid, user=user, started_at=time.time(), ended_at=None, cgroup=found,

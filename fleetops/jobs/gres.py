@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass
 
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 DEFAULT_MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 GRES_CONF_ENV = "FLEETOPS_GRES_CONF"
 
@@ -33,6 +34,7 @@ class GresDevice:
     gres_id: int
     files: tuple[str, ...]
     line: int
+    type: str | None = None  # gres.conf's Type= (a MIG profile, a GPU model), None when it names none
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,14 @@ def parse(path: str, hostname: str | None = None) -> GresConf:
             autodetect = pairs["autodetect"].lower()
         if pairs.get("name", "").lower() != "gpu":
             continue
+        kind = pairs.get("type") or None
         try:
             if "multiplefiles" in pairs:
                 files = [f for part in pairs["multiplefiles"].split(",") if part for f in expand(part)]
-                devices.append(GresDevice(len(devices), tuple(files), number))
+                devices.append(GresDevice(len(devices), tuple(files), number, kind))
             elif "file" in pairs:
                 for f in expand(pairs["file"]):
-                    devices.append(GresDevice(len(devices), (f,), number))
+                    devices.append(GresDevice(len(devices), (f,), number, kind))
         except ValueError as exc:
             raise GresError(f"{path}:{number}: {exc}") from None
     return GresConf(path, tuple(devices), autodetect)
@@ -155,3 +158,53 @@ def parse_mig_minors(path: str) -> dict[int, tuple[int, int, int | None]]:
             ci = m.group(3)
             out[int(words[1])] = (int(m.group(1)), int(m.group(2)), None if ci is None else int(ci))
     return out
+
+
+def node_gpu_types(path: str, hostname: str | None) -> list[str] | None:
+    """The GPU types of this node's ``Gres=`` in slurm.conf, in the order written there
+    (``Gres=gpu:z:1,gpu:a:7`` -> ``["z", "a"]``; an untyped ``gpu:8`` counts as ``""``), from its
+    ``NodeName=`` line (a ``NodeName=DEFAULT`` line's Gres= where its own sets none); None when
+    the file cannot be read or names no such node. ``Include`` lines are not followed."""
+    try:
+        lines = _lines(path, "slurm.conf")
+    except GresError:
+        return None
+    default: str | None = None
+    for raw in lines:
+        text = raw.split("#", 1)[0].strip()
+        words = dict(w.partition("=")[::2] for w in text.split())
+        words = {k.lower(): v for k, v in words.items()}
+        if "nodename" not in words:
+            continue
+        if words["nodename"].upper() == "DEFAULT":
+            default = words.get("gres", default)
+            continue
+        if not _host_matches(words["nodename"], hostname):
+            continue
+        spec = words.get("gres", default)
+        if spec is None:
+            return []
+        types: list[str] = []
+        for item in re.split(r",(?![^(]*\))", spec):
+            parts = item.split("(", 1)[0].split(":")
+            if parts[0].lower() != "gpu":
+                continue
+            kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()) else ""
+            if kind not in types:
+                types.append(kind)
+        return types
+    return None
+
+
+def in_slurmd_order(conf: GresConf, types: list[str] | None) -> GresConf:
+    """``conf``'s devices numbered as slurmd numbers them: grouped by type in the order of the
+    node's slurm.conf ``Gres=`` (``types``, node_gpu_types), gres.conf's order kept within a type.
+    Seen from a real slurmd 22.05: with ``Gres=gpu:z:1,gpu:a:7`` and the Type=z line second in
+    gres.conf, a job given gres id 0 got the Type=z line's device. Unchanged when ``types`` is
+    None or names fewer than two types (one type: gres.conf's order is slurmd's)."""
+    if not types or len(types) < 2:
+        return conf
+    rank = {t: i for i, t in enumerate(types)}
+    ordered = sorted(conf.devices, key=lambda d: rank.get(d.type or "", len(types)))
+    devices = tuple(GresDevice(i, d.files, d.line, d.type) for i, d in enumerate(ordered))
+    return GresConf(conf.path, devices, conf.autodetect)

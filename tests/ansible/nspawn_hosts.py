@@ -529,11 +529,49 @@ class Slurm:
         self.until_idle(120.0)
 
 
+NVIDIA_MAJOR = 195  # /dev/nvidia<minor>'s character device major (the driver's, fixed)
+GRES_CONF_IN_HOST = "/etc/slurm/gres.conf"
+
+
+def gres_devices(root: Path, minors: list[int]) -> None:
+    """A GPU node's gres.conf and its device files, for a host whose simulated GPUs have these
+    device ``minors`` (by NVML index): gres.conf lists ``/dev/nvidia<minor>`` in minor order, as
+    a site writes it (``File=/dev/nvidia[0-7]``), so gres id N is the Nth smallest minor, which
+    is not NVML's index N where the minors are out of index order.
+
+    systemd-nspawn gives the container a /dev of its own (a tmpfs it fills with the basic nodes),
+    so device files made in the image's /dev are hidden; the files are made at boot instead, by
+    a oneshot unit ordered before slurmd, so they exist when slurmd reads gres.conf. mknod works
+    in the container: nspawn keeps CAP_MKNOD, and with --register=no no device policy refused it
+    here. Nothing opens the files (there is no driver behind them): slurmd and the agent only
+    stat them, and their st_rdev is what the agent resolves by."""
+    ordered = sorted(minors)
+    lines = ["# fleetops nspawn test host: one simulated GPU per device minor", "AutoDetect=off"]
+    lines += [f"Name=gpu File=/dev/nvidia{m}" for m in ordered]
+    (root / GRES_CONF_IN_HOST.lstrip("/")).write_text("\n".join(lines) + "\n")
+    make = " && ".join(
+        f"{{ [ -c /dev/nvidia{m} ] || mknod -m 0666 /dev/nvidia{m} c {NVIDIA_MAJOR} {m}; }}" for m in ordered
+    )
+    unit = _unit(
+        "Make the simulated GPUs' /dev/nvidia<minor> device files",
+        f"Type=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh -c '{make}'",
+        before="slurmd.service",
+    )
+    (root / "etc/systemd/system/fleetops-sim-nvidia-devices.service").write_text(unit)
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    (wants / "fleetops-sim-nvidia-devices.service").unlink(missing_ok=True)
+    (wants / "fleetops-sim-nvidia-devices.service").symlink_to(
+        "/etc/systemd/system/fleetops-sim-nvidia-devices.service"
+    )
+
+
 def _slurm_conf(
-    hosts: list[Host], ctld_port: int, node_ports: dict[str, int], auth_socket: str | None
+    hosts: list[Host], ctld_port: int, node_ports: dict[str, int], auth_socket: str | None, gpus: int = 0
 ) -> str:
     lines = [
         "ClusterName=fleetopstest",
+        *(["GresTypes=gpu"] if gpus else []),
         "SlurmctldHost=localhost(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
         "AuthType=auth/munge",
@@ -543,13 +581,18 @@ def _slurm_conf(
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
+        # with GPUs, jobs share the node (OverSubscribe below): memory untracked, or the first job
+        # takes the node's whole declared memory and the next one waits for it
+        *(["SelectTypeParameters=CR_Core"] if gpus else []),
         "SchedulerType=sched/builtin",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdTimeout=600",
-        "DebugFlags=NO_CONF_HASH",
+        # Gres, at verbose: slurmd logs its GPU device list in the order it numbers them (gres ids)
+        "DebugFlags=NO_CONF_HASH" + (",Gres" if gpus else ""),
+        *(["SlurmdDebug=verbose"] if gpus else []),
         "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmdPidFile=/run/slurmd.pid",
         "SlurmdLogFile=/var/log/slurmd.log",
@@ -557,13 +600,20 @@ def _slurm_conf(
     for host in hosts:
         lines.append(
             f"NodeName={host.name} NodeAddr={host.address} Port={node_ports[host.name]} CPUs=1 State=UNKNOWN"
+            + (f" Gres=gpu:{gpus}" if gpus else "")
         )
-    lines.append(f"PartitionName=gpu Nodes={','.join(h.name for h in hosts)} Default=YES State=UP")
+    # A GPU node declares one CPU: OverSubscribe lets jobs that ask (--oversubscribe) share it, so
+    # several GPU jobs run on a node at once, each with GPUs of its own.
+    lines.append(
+        f"PartitionName=gpu Nodes={','.join(h.name for h in hosts)} Default=YES State=UP"
+        + (" OverSubscribe=YES" if gpus else "")
+    )
     return "\n".join(lines) + "\n"
 
 
-def _slurm_up(directory: Path, base: Path, hosts: list[Host]) -> Slurm:
-    """munged (with the hosts' key) and slurmctld on loopback; returns the handle."""
+def _slurm_up(directory: Path, base: Path, hosts: list[Host], gpus: int = 0) -> Slurm:
+    """munged (with the hosts' key) and slurmctld on loopback; returns the handle. ``gpus``:
+    every node declares that many ``gpu`` gres (slurm.conf ``GresTypes=gpu``, ``Gres=gpu:N``)."""
     sdir = directory / "slurm"
     for sub in ("run", "state", "log"):
         (sdir / sub).mkdir(parents=True, exist_ok=True)
@@ -572,12 +622,12 @@ def _slurm_up(directory: Path, base: Path, hosts: list[Host]) -> Slurm:
     socket_path = sdir / "run" / "munge.sock"
     conf = sdir / "slurm.conf"
     conf.write_text(
-        _slurm_conf(hosts, ctld_port, node_ports, str(socket_path))
+        _slurm_conf(hosts, ctld_port, node_ports, str(socket_path), gpus)
         + f"StateSaveLocation={sdir / 'state'}\nSlurmctldPidFile={sdir / 'run/slurmctld.pid'}\n"
         f"SlurmctldLogFile={sdir / 'log/slurmctld.log'}\n"
     )
     for host in hosts:
-        (host.root / "etc/slurm/slurm.conf").write_text(_slurm_conf(hosts, ctld_port, node_ports, None))
+        (host.root / "etc/slurm/slurm.conf").write_text(_slurm_conf(hosts, ctld_port, node_ports, None, gpus))
     wrapper = sdir / "scontrol"
     wrapper.write_text(f'#!/bin/sh\nSLURM_CONF={conf} exec {shutil.which("scontrol")} "$@"\n')
     wrapper.chmod(0o755)
@@ -630,7 +680,14 @@ def up(
     new_driver: str,
     first: str = "127.0.48.1",
     slurm: bool = False,
+    gpu_minor_numbers: list[int] | None = None,
+    gres: bool = False,
 ) -> Cluster:
+    """Boot ``names`` (see the module docstring). ``gpu_minor_numbers``: each simulated GPU's
+    device minor, by NVML index (the sim scenario's option; default the index). ``gres`` (with
+    ``slurm``): the nodes are GPU nodes to Slurm: slurm.conf declares their GPUs, each host has a
+    gres.conf naming ``/dev/nvidia<minor>`` in minor order and those device files, made at boot as
+    character devices of NVIDIA's major (195) with the simulated GPUs' minors (gres_devices)."""
     timings: dict[str, float] = {}
     started = time.monotonic()
     base, timings["debootstrap_s"] = base_image()
@@ -672,9 +729,12 @@ def up(
             ):
                 (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
                 (root / "etc/systemd/system" / unit).symlink_to("/dev/null")
-            state = sim.build_state(
-                host.name, {"node": {"driver_version": old_driver, "nvml_version": "13." + old_driver}}
-            )
+            scenario: dict = {"node": {"driver_version": old_driver, "nvml_version": "13." + old_driver}}
+            if gpu_minor_numbers is not None:
+                scenario["gpu_minor_numbers"] = list(gpu_minor_numbers)
+            state = sim.build_state(host.name, scenario)
+            if gres:
+                gres_devices(root, [int(g["minor_number"]) for g in state["gpus"]])
             state["node"]["packages"] = dict(installed)
             host.state.parent.mkdir(parents=True, exist_ok=True)
             sim.write_state(str(host.state), state)
@@ -682,7 +742,8 @@ def up(
                 (root / "etc/systemd/system/slurmd.service").symlink_to("/dev/null")
                 (root / "etc/systemd/system/munge.service").symlink_to("/dev/null")
         if slurm:
-            cluster.slurm = _slurm_up(directory, base, hosts)
+            gpus = len(cluster.state(hosts[0].name)["gpus"]) if gres else 0
+            cluster.slurm = _slurm_up(directory, base, hosts, gpus)
         for host in hosts:
             _start(host, repo)
         for host in hosts:

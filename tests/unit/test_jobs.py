@@ -291,3 +291,78 @@ def test_sim_job_start_refuses_a_straggler_elsewhere_without_a_straggler_job(tmp
 
     with pytest.raises(SimFleetError, match="--straggler-elsewhere .* give --profile straggler"):
         sim_jobs.start(str(tmp_path), "node001", "42", "0", profile=profile, straggler_elsewhere=True)
+
+
+# --- fleetops-agent job start, with the environment a real slurmd gives the prolog -----------
+
+
+@pytest.mark.parametrize(("environ", "cpus"), [
+    ({"SLURM_JOB_CPUS_PER_NODE": "1"}, 1),  # what slurmd 22.05 gave a one-node job's prolog
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x4)"}, 8),
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x2),8"}, 8),
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(x2),4"}, None),  # which count is this node's is not said
+    ({"SLURM_JOB_CPUS_PER_NODE": "8(2)"}, None),
+    ({"SLURM_CPUS_ON_NODE": "6", "SLURM_JOB_CPUS_PER_NODE": "8"}, 6),  # a step's, where it is set
+    ({}, None),
+])
+def test_job_cpus_come_from_the_per_node_counts_slurmd_gives_the_prolog(environ: dict[str, str],
+                                                                       cpus: int | None) -> None:
+    from fleetops.agent.job_cli import env_cpus
+
+    assert env_cpus(environ) == cpus
+
+
+def agent_start(tmp_path: Path, environ: dict[str, str], *argv: str) -> dict:
+    import sys
+
+    from fleetops.sim import gpu as sim
+
+    state = tmp_path / "node001.json"
+    if not state.exists():
+        sim.write_state(str(state), sim.build_state("node001", {}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "FLEETOPS_", "CUDA_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetops.agent.main", "job", "start", "--backend", "sim", "--state", str(state),
+         "--jobs-dir", str(tmp_path / "jobs"), "--gres-conf", str(tmp_path / "gres.conf"), *argv],
+        env={**env, **environ}, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["job"]
+
+
+def test_job_start_reads_gres_conf_lines_of_the_node_slurmd_names_not_of_the_hostname(tmp_path: Path) -> None:
+    # the node is Slurm's gpu-a (SLURMD_NODENAME), its host name node001: a gres.conf shared by
+    # the cluster lists each node's devices under its Slurm name
+    (tmp_path / "gres.conf").write_text("NodeName=gpu-a Name=gpu File=/dev/nvidia3\n"
+                                        "NodeName=node001 Name=gpu File=/dev/nvidia5\n")
+    environ = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "0",
+               "SLURMD_NODENAME": "gpu-a", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"}
+    job = agent_start(tmp_path, environ)
+    assert [(g["minor"], g["index"]) for g in job["gpus"]] == [(3, 3)] and job["cpus"] == 4
+    flagged = agent_start(tmp_path, {**environ, "SLURM_JOB_ID": "42"}, "--node-name", "node001")
+    assert [g["minor"] for g in flagged["gpus"]] == [5]
+
+
+def test_slurm_conf_gives_the_nodes_gpu_types_in_its_gres_order(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("GresTypes=gpu\nNodeName=DEFAULT Gres=gpu:h100:8\n"
+                    "NodeName=gpu[01-02] CPUs=8 Gres=gpu:z:1,gpu:a:7(S:0-1),gpu:z:1 # z twice: counted once\n"
+                    "NodeName=gpu03 CPUs=8\nNodeName=gpu04 Gres=gpu:8,mps:100\n")
+    assert gres.node_gpu_types(str(conf), "gpu02") == ["z", "a"]
+    assert gres.node_gpu_types(str(conf), "gpu03") == ["h100"]  # NodeName=DEFAULT's
+    assert gres.node_gpu_types(str(conf), "gpu04") == [""]
+    assert gres.node_gpu_types(str(conf), "gpu09") is None
+    assert gres.node_gpu_types(str(tmp_path / "none.conf"), "gpu01") is None
+
+
+def test_typed_gres_ids_follow_slurm_conf_type_order_not_gres_conf_lines(tmp_path: Path) -> None:
+    # what a real slurmd 22.05 did: Gres=gpu:z:1,gpu:a:7 with the Type=z line second in gres.conf,
+    # and a job given gres id 0 got /dev/nvidia3 (the z line); ids 1 and 2 the first two a lines
+    conf = conf_of(tmp_path, "Name=gpu Type=a File=/dev/nvidia0\nName=gpu Type=z File=/dev/nvidia3\n"
+                             "Name=gpu Type=a File=/dev/nvidia2\nName=gpu Type=a File=/dev/nvidia1\n")
+    ordered = gres.in_slurmd_order(conf, ["z", "a"])
+    assert [d.files[0] for d in ordered.devices] == ["/dev/nvidia3", "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidia1"]
+    assert [d.gres_id for d in ordered.devices] == [0, 1, 2, 3]
+    gpus = [gpu(i, i) for i in range(4)]
+    found, _ = resolve.resolve_gres(["0", "1"], ordered, gpus, no_mig)
+    assert [g.minor for g in found] == [3, 0]
+    assert gres.in_slurmd_order(conf, ["a"]) is conf and gres.in_slurmd_order(conf, None) is conf

@@ -1,9 +1,10 @@
 """``fleetops sim job start|stop``: a Slurm job on a simulated node, started and ended the way
 slurmd does it: the job's cgroup made first (as with ``PrologFlags=Contain``), then the SAME
 prolog and epilog scripts the collection ships (``roles/fleetops_jobs/files``) run on the node
-over SSH, with the environment slurmd gives them (SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER,
-SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, SLURM_SCRIPT_CONTEXT), and the cgroup removed after the
-epilog. The node's ``gres.conf`` and ``mig-minors`` are written from its state first
+over SSH, with the environment a real slurmd 22.05 gives them (``slurm_env``: SLURM_JOB_ID,
+SLURM_JOB_UID, SLURM_JOB_USER, SLURMD_NODENAME, SLURM_SCRIPT_CONTEXT, and to the epilog as to the
+prolog the job's SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES; checked against a real slurmd by
+tests/ansible/test_jobs_slurmd_realistic.py), and the cgroup removed after the epilog. The node's ``gres.conf`` and ``mig-minors`` are written from its state first
 (``sim.write_slurm_files``), as a site keeps gres.conf in step with its MIG layout.
 
 The prolog exits 0 whatever the agent answered (a failed attribution must not drain a node), so
@@ -67,17 +68,67 @@ def _run(fleet: dict[str, Any], name: str, path: str, env: dict[str, str]) -> An
     return result
 
 
-def _slurm_env(job_id: str, uid: int, user: str, gpus: str, context: str, state: str) -> dict[str, str]:
-    env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(uid), "SLURM_JOB_USER": user,
-           "SLURM_SCRIPT_CONTEXT": context, "SLURM_JOB_PARTITION": "gpu",
+# The lists of the job's GPU ids slurmd 22.05 sets for its prolog and epilog, alike (seen from a
+# real slurmd: each the gres ids, CUDA_VISIBLE_DEVICES too, where no device cgroup renumbers them).
+GPU_LISTS = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
+             "ZE_AFFINITY_MASK")
+
+
+def slurm_env(job_id: str, uid: int, user: str, gpus: str, context: str, state: str, node: str,
+              cpus: int | None = None) -> dict[str, str]:
+    """The environment slurmd gives a job's prolog (``context`` prolog_slurmd) or epilog
+    (epilog_slurmd), as a real slurmd 22.05 gives it: the job's ids and user, this node's Slurm
+    name (SLURMD_NODENAME), its CPUs (SLURM_JOB_CPUS_PER_NODE, when known), and in BOTH scripts
+    the job's gres ids (``gpus``) in SLURM_JOB_GPUS and the visible-devices lists. slurmd's own
+    environment is not passed on (not even PATH): this is all a script gets from it, plus the
+    simulator's two settings below. The user's group is taken to be its uid, as for the
+    simulator's users."""
+    env = {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_UID": str(uid), "SLURM_UID": str(uid),
+           "SLURM_JOB_GID": str(uid), "SLURM_JOB_USER": user, "SLURM_SCRIPT_CONTEXT": context,
+           "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": node, "SLURM_NODELIST": node,
+           "SLURM_JOB_NUM_NODES": "1", "SLURM_CONF": os.path.join(sim.run_dir(state), "slurm.conf"),
            # the node's own settings file, none by default (a real node's is /etc/fleetops/jobs.env)
            "FLEETOPS_JOBS_ENV": os.path.join(sim.run_dir(state), "jobs.env"),
            # the simulated node has no syslog of its own: a failure is on the prolog's stderr only
            "FLEETOPS_JOBS_SYSLOG": "0"}
+    if cpus:
+        env["SLURM_JOB_CPUS_PER_NODE"] = str(cpus)
     if gpus:
-        env["SLURM_JOB_GPUS"] = gpus
-        env["CUDA_VISIBLE_DEVICES"] = gpus
+        env.update(dict.fromkeys(GPU_LISTS, gpus))
+    if context == "epilog_slurmd":  # the job ended well (the simulator's jobs do)
+        env.update({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_EXIT_CODE2": "0:0", "SLURM_JOB_DERIVED_EC": "0"})
     return env
+
+
+def _spool(state: str, job_id: str) -> str:
+    """What slurmd keeps of a running job for its epilog (the job's credential, in its spool):
+    here the gres ids and CPUs the prolog was given, so the epilog gets the same lists."""
+    return os.path.join(sim.run_dir(state), "slurmd", f"job_{job_id}.json")
+
+
+def _keep(state: str, job_id: str, gpus: str, cpus: int | None) -> None:
+    path = _spool(state, job_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"gpus": gpus, "cpus": cpus}, fh)
+
+
+def _kept(state: str, job_id: str) -> tuple[str, int | None]:
+    """(gres ids, CPUs) the job's prolog was given; ("", None) for a job started before the
+    simulator kept them."""
+    try:
+        with open(_spool(state, job_id), encoding="utf-8") as fh:
+            doc = json.load(fh)
+        return str(doc.get("gpus") or ""), doc.get("cpus")
+    except (OSError, ValueError):
+        return "", None
+
+
+def _forget(state: str, job_id: str) -> None:
+    try:
+        os.unlink(_spool(state, job_id))
+    except FileNotFoundError:
+        pass
 
 
 def _mig_ids(devices: list[dict[str, Any]], specs: list[str]) -> list[int]:
@@ -122,13 +173,15 @@ def start(directory: str, node: str | int, job_id: str, gpus: str | None = None,
     ids = [p.strip() for p in (gpus or "").split(",") if p.strip()]
     ids += [str(i) for i in _mig_ids(devices, mig or [])]
     sim.make_job_cgroup(state, job_id, cpus)
-    env = _slurm_env(job_id, uid, user, ",".join(ids), "prolog_slurmd", state)
+    _keep(state, job_id, ",".join(ids), cpus)
+    env = slurm_env(job_id, uid, user, ",".join(ids), "prolog_slurmd", state, name, cpus)
     result = _run(fleet, name, script("fleetops-prolog.sh"), env)
     path = record.path_for(os.path.join(sim.run_dir(state), "jobs"), job_id)
     try:
         rec = record.read(path)
     except record.JobRecordError as exc:
         sim.remove_job_cgroup(state, job_id)
+        _forget(state, job_id)
         raise SimFleetError(f"{name}: job {job_id}: the prolog recorded nothing (exit {result.exit_status}): "
                             f"{result.stderr.strip() or exc}") from None
     if rec.ended_at is not None:  # an old record of this number, not overwritten: the start failed
@@ -160,9 +213,11 @@ def stop(directory: str, node: str | int, job_id: str, user: str = "alice", uid:
         now = time.time()
         for g in sim.job_gpus(st, job_id):
             sim.set_workload(st, g["uuid"], None, None, now)
-    env = _slurm_env(job_id, uid, user, "", "epilog_slurmd", state)
+    gpus, cpus = _kept(state, job_id)
+    env = slurm_env(job_id, uid, user, gpus, "epilog_slurmd", state, name, cpus)
     result = _run(fleet, name, script("fleetops-epilog.sh"), env)
     sim.remove_job_cgroup(state, job_id)
+    _forget(state, job_id)
     path = record.path_for(os.path.join(sim.run_dir(state), "jobs"), job_id)
     try:
         rec = record.read(path)

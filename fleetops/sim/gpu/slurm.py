@@ -5,7 +5,10 @@ folder (``<state>.agent/``, the node's ``/run/fleetops``; ``statefile.run_dir``)
   File=<dev>/nvidia<minor>`` per whole GPU, by device minor (``/dev/nvidia[0-7]``), and for a GPU
   in MIG mode one ``MultipleFiles=`` line per MIG device (its GPU's device file and its GPU and
   compute instance's nvidia-caps files), as Slurm lists MIG devices. A job's gres ids (its
-  SLURM_JOB_GPUS) index these lines.
+  SLURM_JOB_GPUS) index these lines as slurmd orders them (by type: ``slurm.conf`` below).
+- ``slurm.conf``: the node's ``Gres=`` (its GPU types in gres.conf's order of first appearance),
+  the order slurmd numbers typed devices by: grouped by type, so a job's gres id indexes gres.conf's
+  lines in that grouping, not in line order (``gres_devices``' ``gres_id``).
 - ``mig-minors``: the driver's ``/proc/driver/nvidia-caps/mig-minors`` table, every GPU minor's
   possible GPU and compute instances with their nvidia-caps minors, in the driver's numbering
   (``gpu0/gi1/access 12``).
@@ -67,7 +70,26 @@ def gres_devices(state_path: str, state: dict[str, Any] | None = None) -> list[d
                 files.append(f"{caps}{ci_access_minor(minor, gi, int(ci))}")
             out.append({"gres_id": len(out), "index": gpu["index"], "minor": minor, "gi": gi, "ci": ci,
                         "profile": inst.get("profile"), "files": files})
+    # slurmd numbers the devices grouped by type, in the order of slurm.conf's Gres= (slurm_conf_text:
+    # each type where it first appears here), gres.conf's order kept within a type (seen from a real
+    # slurmd 22.05): MIG devices of two profiles on one GPU are not numbered in line order
+    types = gpu_types(out)
+    for gres_id, dev in enumerate(sorted(out, key=lambda d: types.index(d["profile"] or ""))):
+        dev["gres_id"] = gres_id
     return out
+
+
+def gpu_types(devices: list[dict[str, Any]]) -> list[str]:
+    """The devices' types (MIG profiles; "" for a whole GPU) in the order they first appear."""
+    return list(dict.fromkeys(d["profile"] or "" for d in devices))
+
+
+def slurm_conf_text(hostname: str, devices: list[dict[str, Any]]) -> str:
+    """The node's line of slurm.conf: its GPUs by type, in gres.conf's order of first appearance."""
+    counts = [(t, sum(1 for d in devices if (d["profile"] or "") == t)) for t in gpu_types(devices)]
+    gres = ",".join(f"gpu:{t}:{n}" if t else f"gpu:{n}" for t, n in counts)
+    return ("# the simulated node's slurm.conf (fleetops.sim.gpu.slurm): its line only\nGresTypes=gpu\n"
+            f"NodeName={hostname} Gres={gres}\n")
 
 
 def gres_conf_text(devices: list[dict[str, Any]]) -> str:
@@ -95,6 +117,7 @@ def write_slurm_files(state_path: str) -> list[dict[str, Any]]:
     folder = run_dir(state_path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     _write(os.path.join(folder, "gres.conf"), gres_conf_text(devices))
+    _write(os.path.join(folder, "slurm.conf"), slurm_conf_text(str(state["hostname"]), devices))
     minors = [int(g.get("minor_number", g["index"])) for g in state["gpus"]]
     _write(os.path.join(folder, "mig-minors"), mig_minors_text(minors))
     return devices
