@@ -195,7 +195,7 @@ def _reset_options(uuid: str, bus_id: str, held: Any, dry_run: bool, lock_path: 
     defaults (clients from $FLEETOPS_RESET_CLIENTS, the backend's journal and lock) and never
     ``--kill-processes``: a GPU with compute processes is refused by the flow's precondition,
     with its remedy (drain the jobs), and left mode-pending."""
-    from fleetops.agent.reset.flow import Options, parse_clients
+    from fleetops.agent.reset.options import Options, parse_clients
 
     return Options(selector=uuid, expected_bus=bus_id, dry_run=dry_run, clients=parse_clients(None),
                    lock_path=lock_path, held_lock=held)

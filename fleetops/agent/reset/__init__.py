@@ -4,7 +4,7 @@ The package's parts: ``backends`` (where the flow reads and changes a node: one 
 node's GPU access and its host services, for the simulator or NVML), ``host`` (the host
 services: systemd units or the simulator's records, processes, the node's lock, journal and
 daemon socket, with the few node-changing functions replaceable), ``preconditions`` (pure
-checks of a snapshot), ``flow`` (options, the run, act and verify) and ``journal`` (the
+checks of a snapshot), ``options`` (what the operator asked, parsed and checked), ``flow`` (the run, act and verify) and ``journal`` (the
 audit-log line and syslog). The names other modules use are re-exported here; nothing heavy is imported.
 """
 
@@ -18,19 +18,7 @@ from fleetops.agent.reset.backends import (
     nvml_backend,
     sim_backend,
 )
-from fleetops.agent.reset.flow import (
-    CLIENTS_ENV,
-    REPORT_KIND,
-    Interrupted,
-    Options,
-    SignalGuard,
-    check_usage,
-    main_args,
-    parse_clients,
-    parse_pids,
-    parse_selector,
-    run,
-)
+from fleetops.agent.reset.flow import REPORT_KIND, Interrupted, SignalGuard, main_args, run
 from fleetops.agent.reset.host import (
     DEFAULT_LOG,
     LOCK_ENV,
@@ -39,6 +27,15 @@ from fleetops.agent.reset.host import (
     SimHost,
     SystemdHost,
     end_pids,
+)
+from fleetops.agent.reset.options import (
+    CLIENTS_ENV,
+    Options,
+    check_usage,
+    parse_clients,
+    parse_jobs,
+    parse_pids,
+    parse_selector,
 )
 from fleetops.agent.reset.preconditions import (
     FABRIC_MANAGER,
@@ -97,6 +94,7 @@ __all__ = [
     "make_backend",
     "nvml_backend",
     "parse_clients",
+    "parse_jobs",
     "parse_pids",
     "parse_selector",
     "run",

@@ -289,19 +289,6 @@ def check_processes(
     )
 
 
-def parse_jobs(text: str | None) -> list[str] | None:
-    """``--expect-jobs 1234,1240`` -> ["1234", "1240"]; ``''`` confirms that no job holds the GPU."""
-    from fleetops.agent.reset.backends import ResetError
-    from fleetops.jobs.record import JobRecordError, check_job_id
-
-    if text is None:
-        return None
-    try:
-        return sorted({check_job_id(p.strip()) for p in text.split(",") if p.strip()}, key=int)
-    except JobRecordError as exc:
-        raise ResetError(f"--expect-jobs: {exc}", "usage", 2) from None
-
-
 def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], where: str, kill: bool,
                expect: list[str] | None = None) -> Check:
     """``slurm_jobs``: the jobs the node's job records (``fleetops.jobs.record``, written by the
