@@ -10,7 +10,9 @@ JSON error line naming the id and why, and nothing is written. Whether that fail
 the prolog script's decision (it does not, by default: a failed prolog drains the node).
 
 ``end`` (the epilog) sets ``ended_at``; both prune records ended more than 24 h ago. ``list``
-prints every record; a record that does not read is named on stderr and makes the exit 1.
+prints every record, and in ``cgroup_gone`` the open ones whose cgroup slurmd has removed (jobs
+that may have ended without their epilog); a record that does not read is named on stderr and
+makes the exit 1.
 
 ``show JOBID`` is what ``fleetops job`` asks every node (``job_show.py``): one JSON document
 (``fleetops.job-show/v1``) with the record and, from the resident daemon, the job's GPUs' samples
@@ -251,8 +253,11 @@ def run(args: Any) -> int:
         else:
             directory = _jobs_dir(args, _sim_run_dir(args))
             records, errors = record.read_all(directory)
+            # open records whose cgroup slurmd has removed: jobs that may have ended without their
+            # epilog (ask Slurm, then `job end --job-id N`); a reset of their GPUs still refuses
+            gone = [r.job_id for r in records if r.ended_at is None and r.cgroup and not os.path.isdir(r.cgroup)]
             doc = {"kind": "fleetops.jobs/v1", "dir": directory, "jobs": [r.to_dict() for r in records],
-                   "errors": errors}
+                   "errors": errors, "cgroup_gone": gone}
             _emit(doc, args.pretty)
             if errors:
                 return _fail("job-record", "; ".join(errors), EXIT_FAIL)

@@ -92,7 +92,11 @@ def test_an_open_record_whose_cgroup_is_gone_still_refuses_and_says_how_to_close
     assert jobs["remedy"].endswith("; if `scontrol show job 1234` says job 1234 has ended, close its record with "
                                    "`fleetops-agent job end --job-id 1234`")
     assert [j["cgroup_gone"] for j in jobs["jobs"]] == [cg]
+    listed = run_agent(["job", "list"], state)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["cgroup_gone"] == ["1234"]
     job(state, "end", "1234")
+    assert json.loads(run_agent(["job", "list"], state).stdout)["cgroup_gone"] == []
     proc, doc = reset_doc(state, "--gpu", uuid_of(state, 3))
     assert proc.returncode == 0, doc
     assert pre(doc, "slurm_jobs")["detail"] == "no running job on the GPU (1 ended)"
