@@ -60,21 +60,43 @@ def _nvlink(g: dg.GpuSummary) -> str:
     return f"{_gbs(tx)}/{_gbs(rx)} GB/s"
 
 
+def _link(g: dg.GpuSummary) -> str:
+    return f"Gen{g.pcie_gen} x{g.pcie_width}" if g.pcie_gen and g.pcie_width else "link ?"
+
+
+def common_link(d: dg.Diagnosis) -> str | None:
+    """The PCIe link most of the job's GPUs have (named once, under the table), or None; between
+    links as common, the fastest, so that the one that trained lower is the one named in its row."""
+    if not d.gpus:
+        return None
+    links = [_link(g) for g in d.gpus]
+    best = max(d.gpus, key=lambda g: (links.count(_link(g)), g.pcie_gen or 0, g.pcie_width or 0))
+    return _link(best)
+
+
 def gpu_rows(d: dg.Diagnosis) -> list[list[str]]:
-    head = ["NODE", "GPU", "UTIL mean/p5/p95", "SM CLK", "THROTTLE (share of time)", "POWER / CAP",
-            "PCIE TX/RX of link", "NVLINK TX/RX", "ECC c/u", "XID"]
+    """The table's rows: a GPU's PCIe cell names its link only where it is not the common one."""
+    head = ["NODE", "GPU", "UTIL mean/p5/p95", "SM CLK", "THROTTLE", "POWER / CAP", "PCIE TX/RX", "NVLINK TX/RX",
+            "ECC c/u", "XID"]
     rows = [head]
+    common = common_link(d)
     for g in sorted(d.gpus, key=lambda g: (g.node, g.index)):
         u = g.utilization_pct
         util = "-" if u.mean is None else f"{u.mean:.0f}/{_num(u.p5)}/{_num(u.p95)} %"
         power = "-" if g.power_w.mean is None else f"{g.power_w.mean:.0f} W ({_pct(g.power_share)})"
-        link = f"Gen{g.pcie_gen} x{g.pcie_width}" if g.pcie_gen and g.pcie_width else "link ?"
-        pcie = f"{_pct(g.pcie_tx_share)}/{_pct(g.pcie_rx_share)} {link}"
+        pcie = f"{_pct(g.pcie_tx_share)}/{_pct(g.pcie_rx_share)}" + ("" if _link(g) == common else f" {_link(g)}")
         ecc = f"{_num(g.ecc_corrected)}/{_num(g.ecc_uncorrected)}"
         xids = ", ".join(str(c) for _, c in g.xids) or "-"
         rows.append([g.node, str(g.index), util, _pct(g.clock_sm_share), _throttle(g), power, pcie, _nvlink(g),
                      ecc, xids])
     return rows
+
+
+def legend(d: dg.Diagnosis) -> str:
+    """What the shares in the table are of: THROTTLE of the job's time, PCIE of the link's rate."""
+    common = common_link(d)
+    link = f", {common}" + (" unless named" if any(_link(g) != common for g in d.gpus) else "") if common else ""
+    return f"THROTTLE: share of the job's time per reason; PCIE TX/RX: share of the link's raw rate{link}"
 
 
 def _columns(rows: list[list[str]]) -> list[str]:
@@ -150,6 +172,7 @@ def table(facts: Mapping[str, Any], d: dg.Diagnosis, nodes: Mapping[str, Any],
         f"started {utc(facts['started_at'])}  {end}  duration {duration(facts['duration_s'])}",
         "",
         *_columns(gpu_rows(d)),
+        legend(d),
         "",
     ]
     for c in d.cpu:

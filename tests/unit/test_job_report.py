@@ -49,9 +49,10 @@ TABLE = """\
 job 4242  user alice  nodes node001  GPUs 2
 started 2026-12-06 17:26:40 UTC  ended 2026-12-06 17:31:40 UTC  duration 5 min 00 s
 
-NODE     GPU  UTIL mean/p5/p95  SM CLK  THROTTLE (share of time)  POWER / CAP   PCIE TX/RX of link  NVLINK TX/RX  ECC c/u  XID
-node001  0    30/30/30 %        100 %   sw_power_cap 30 %         210 W (30 %)  2 %/92 % Gen5 x16   0.0/0.0 GB/s  0/0      -
-node001  1    30/30/30 %        100 %   sw_power_cap 30 %         210 W (30 %)  2 %/92 % Gen5 x16   0.0/0.0 GB/s  0/0      -
+NODE     GPU  UTIL mean/p5/p95  SM CLK  THROTTLE           POWER / CAP   PCIE TX/RX  NVLINK TX/RX  ECC c/u  XID
+node001  0    30/30/30 %        100 %   sw_power_cap 30 %  210 W (30 %)  2 %/92 %    0.0/0.0 GB/s  0/0      -
+node001  1    30/30/30 %        100 %   sw_power_cap 30 %  210 W (30 %)  2 %/92 %    0.0/0.0 GB/s  0/0      -
+THROTTLE: share of the job's time per reason; PCIE TX/RX: share of the link's raw rate, Gen5 x16
 
 CPU  node001: 6.0 of 16 CPUs busy (38 %), saturated 0 % of the time, 151 samples
 
@@ -69,6 +70,23 @@ NOTES
 def test_the_table_heads_the_job_then_a_row_per_gpu_the_cpu_the_verdict_with_evidence_and_the_notes() -> None:
     d = dg.diagnose(fixed_job())
     assert render.table(FACTS, d, NODES) == TABLE
+
+
+def test_the_common_pcie_link_is_named_once_and_a_gpu_on_another_link_in_its_row() -> None:
+    """The table fits 120 columns: the link most GPUs have is named under it, and a GPU whose link
+    trained lower (Gen4 here) names its own in its row, where it stands out."""
+    import dataclasses
+
+    d = dg.diagnose(fixed_job())
+    slow = dataclasses.replace(d.gpus[1], pcie_gen=4)
+    d = dataclasses.replace(d, gpus=[d.gpus[0], slow])
+    lines = render.table(FACTS, d, NODES).splitlines()
+    rows = [line for line in lines if line.startswith("node001  ")]
+    assert "2 %/92 %    " in rows[0] and "Gen" not in rows[0]
+    assert "Gen4 x16" in rows[1]
+    assert ("THROTTLE: share of the job's time per reason; PCIE TX/RX: share of the link's raw rate, Gen5 x16 "
+            "unless named") in lines
+    assert max(len(line) for line in lines[:6]) <= 120
 
 
 def test_the_json_document_is_versioned_and_carries_the_diagnosis_the_nodes_and_the_exit_code() -> None:
