@@ -104,11 +104,7 @@ def _sim_run_dir(args: Any) -> str | None:
 def _jobs_dir(args: Any, sim_dir: str | None) -> str:
     from fleetops.jobs import record
 
-    if args.jobs_dir:
-        return str(args.jobs_dir)
-    if os.environ.get(record.DIR_ENV):
-        return os.environ[record.DIR_ENV]
-    return os.path.join(sim_dir, "jobs") if sim_dir else record.DEFAULT_DIR
+    return str(args.jobs_dir) if args.jobs_dir else record.default_dir(sim_dir)
 
 
 def _env(flag: Any, name: str) -> str | None:

@@ -139,14 +139,16 @@ def _refuse_jobs(entries: list[dict[str, Any]], records: list[Any] | None, error
     """Refuse each ready GPU a running Slurm job holds by the node's job records (the prolog's):
     recreating the instances takes them from under the job, also between its steps, when no
     instance is in use. A record folder or a record that cannot be read refuses every ready GPU."""
+    from fleetops.jobs.record import running_on
+
     for e in [e for e in entries if e.get("status") == "ready"]:
         if records is None or errors:
             e.update(status="refused", detail=f"cannot read every job record in {where}: {'; '.join(errors)}",
                      remedy="fix or remove the broken records (fleetops-agent job list), then retry")
             continue
-        running = [r for r in records if r.ended_at is None and any(g.uuid == e["uuid"] for g in r.gpus)]
+        running = running_on(records, e["uuid"])
         if running:
-            names = ", ".join(f"job {r.job_id} (user {r.user or r.uid})" for r in running)
+            names = ", ".join(f"job {r.job_id} ({r.owner})" for r in running)
             e.update(status="refused", detail=f"running Slurm job(s) on the GPU: {names}", jobs=[r.job_id for r in running],
                      remedy="drain the GPU's jobs (let them end, or scancel them), then retry")
 

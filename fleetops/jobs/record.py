@@ -98,9 +98,26 @@ class JobRecord:
         """The job's devices by UUID: the MIG device's where it has one, else the GPU's."""
         return [g.mig_uuid or g.uuid for g in self.gpus]
 
+    @property
+    def owner(self) -> str:
+        """``user alice``, else ``uid 1000``, else ``user unknown``: who a refusal names."""
+        if self.user:
+            return f"user {self.user}"
+        return f"uid {self.uid}" if self.uid is not None else "user unknown"
 
-def default_dir() -> str:
-    return os.environ.get(DIR_ENV) or DEFAULT_DIR
+
+def running_on(records: list[JobRecord], gpu_uuid: str) -> list[JobRecord]:
+    """The records of jobs still running on the GPU ``gpu_uuid``, whole or one of its MIG
+    instances (a record names the GPU of each MIG device it holds)."""
+    return [r for r in records if r.ended_at is None and any(g.uuid == gpu_uuid for g in r.gpus)]
+
+
+def default_dir(sim_run_dir: str | None = None) -> str:
+    """Where the node's job records are: $FLEETOPS_JOBS_DIR, else a simulated node's run folder's
+    ``jobs/`` (``sim_run_dir``), else ``/run/fleetops/jobs``."""
+    if os.environ.get(DIR_ENV):
+        return os.environ[DIR_ENV]
+    return os.path.join(sim_run_dir, "jobs") if sim_run_dir else DEFAULT_DIR
 
 
 def path_for(directory: str, job_id: str) -> str:

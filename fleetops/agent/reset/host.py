@@ -221,7 +221,7 @@ class SimHost(HostServices):
         """The node's run folder's ``jobs/`` (as ``fleetops-agent job`` writes them there)."""
         from fleetops.jobs import record
 
-        return os.environ.get(record.DIR_ENV) or os.path.join(os.path.dirname(self.daemon_socket()), "jobs")
+        return record.default_dir(os.path.dirname(self.daemon_socket()))
 
     def end_processes(self, gpu: model.Gpu, procs: list[dict[str, Any]], grace_s: float) -> list[dict[str, Any]]:
         from fleetops.sim import gpu as sim

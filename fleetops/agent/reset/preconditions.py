@@ -305,8 +305,10 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
                          data={"jobs": [], "jobs_dir": where})
         return Check("slurm_jobs", "failed", f"cannot read the job records in {where} ({why}): a job may hold the GPU",
                      "make sure no job uses the GPU (drain it), or rerun with --kill-processes", {"jobs_dir": where})
+    from fleetops.jobs.record import running_on
+
     on = [r for r in records if any(g.uuid == gpu.uuid for g in r.gpus)]
-    running = [r for r in on if r.ended_at is None]
+    running = running_on(on, gpu.uuid)
     # a record still open whose cgroup slurmd has removed: the job may have ended without its epilog
     # (slurmd killed it, or it failed). Only a hint: without PrologFlags=Contain a job has no cgroup
     # between two steps, so the reset still refuses; the operator asks Slurm and closes the record.
@@ -315,7 +317,7 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
                "mig": sorted(g.mig_uuid for g in r.gpus if g.uuid == gpu.uuid and g.mig_uuid),
                **({"cgroup_gone": r.cgroup} if r.job_id in gone else {})} for r in running]
     data: dict[str, Any] = {"jobs": listed, "jobs_dir": where}
-    names = ", ".join(f"job {r.job_id} ({_owner(r)}"
+    names = ", ".join(f"job {r.job_id} ({r.owner}"
                       + (f"; its cgroup {r.cgroup} is gone: ended without its epilog?" if r.job_id in gone else "")
                       + ")" for r in running)
     if errors:
@@ -333,7 +335,7 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
     if kill and stray:
         confirm = ",".join(sorted({*(expect or []), *(r.job_id for r in stray)}, key=int))
         return Check("slurm_jobs", "failed",
-                     "job(s) nobody confirmed hold the GPU: " + ", ".join(f"job {r.job_id} ({_owner(r)})" for r in stray)
+                     "job(s) nobody confirmed hold the GPU: " + ", ".join(f"job {r.job_id} ({r.owner})" for r in stray)
                      + f" (confirmed: {', '.join(expect or []) or 'none'})",
                      f"look again (fleetops-agent reset --gpu GPU --dry-run); if they may lose the GPU, rerun with "
                      f"--expect-jobs {confirm}", data)
@@ -350,12 +352,6 @@ def check_jobs(gpu: model.Gpu, records: list[Any] | None, errors: list[str], whe
                   f"`fleetops-agent job end --job-id {j}`" for j in sorted(gone, key=int)),
         data,
     )
-
-
-def _owner(rec: Any) -> str:
-    if rec.user:
-        return f"user {rec.user}"
-    return f"uid {rec.uid}" if rec.uid is not None else "user unknown"
 
 
 def check_clients(
